@@ -1,0 +1,12 @@
+//! exitless: a KVM virtual machine monitor built around the cost of VM exits.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod bench;
+pub mod boot;
+pub mod bus;
+pub mod config;
+pub mod devices;
+pub mod kvm;
+pub mod memory;
+pub mod profile;
+pub mod vcpu;
