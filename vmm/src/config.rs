@@ -1,1 +1,681 @@
-//! config
+//! The typed VM configuration, shared by the command line and JSON config files.
+//!
+//! A JSON file holds a [`VmConfig`] with the field names below (snake_case, e.g.
+//! `"serial_log"`); unknown fields are rejected and missing ones take their defaults. Command
+//! line flags arrive as [`VmConfigOverrides`] and win over the file in [`VmConfig::merge_cli`].
+//! The value types ([`MemorySize`], [`IrqchipMode`], [`CpuAffinity`]) implement `FromStr`, so
+//! clap can parse flags straight into them.
+//!
+//! ```json
+//! { "kernel": "guest/vmlinux", "initrd": "guest/initramfs.cpio.gz",
+//!   "cpus": 2, "memory": "1G", "irqchip": "split", "cpu_affinity": [2, 3] }
+//! ```
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use thiserror::Error;
+
+use crate::memory::MIN_MEMORY;
+
+/// Default kernel command line.
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1";
+/// Default guest memory: 512 MiB.
+pub const DEFAULT_MEMORY_MIB: u64 = 512;
+/// Largest guest memory accepted: 1 TiB.
+pub const MAX_MEMORY: u64 = 1 << 40;
+/// Longest kernel command line, in bytes (x86 COMMAND_LINE_SIZE less the NUL).
+pub const MAX_CMDLINE_LEN: usize = 2047;
+
+/// Errors parsing, loading or validating a configuration.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("Invalid memory size '{input}': {reason}")]
+    MemorySize { input: String, reason: &'static str },
+    #[error("Invalid irqchip mode '{0}': expected kernel, split or none")]
+    Irqchip(String),
+    #[error("Invalid CPU list '{input}': {reason}")]
+    CpuList { input: String, reason: &'static str },
+    #[error("Cannot read config file {}: {source}", path.display())]
+    ReadFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("Invalid config file {} at line {line}, column {column}: {message}", path.display())]
+    Json {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("No kernel given: use --kernel or set \"kernel\" in the config file")]
+    NoKernel,
+    #[error("--cpus must be at least 1")]
+    NoCpus,
+    #[error("--cpus {cpus} exceeds the KVM limit of {max}")]
+    TooManyCpus { cpus: u8, max: usize },
+    #[error("--memory {0} is below the minimum of 16M")]
+    MemoryTooSmall(MemorySize),
+    #[error("--memory {0} exceeds the maximum of 1T")]
+    MemoryTooLarge(MemorySize),
+    #[error("--cpu-affinity lists {given} host CPUs for {cpus} vCPUs")]
+    AffinityLength { given: usize, cpus: u8 },
+    #[error("Kernel command line is {0} bytes long; the limit is {MAX_CMDLINE_LEN}")]
+    CmdlineTooLong(usize),
+    #[error("Kernel command line contains a NUL byte")]
+    CmdlineNul,
+}
+
+/// A guest memory size in bytes, always a non-zero multiple of 4 KiB.
+///
+/// Parsed from a number with an optional binary suffix, case-insensitive: `K`/`KiB`, `M`/`MiB`,
+/// `G`/`GiB`, `T`/`TiB`. **A bare number is MiB** (`"2048"` is 2 GiB). In JSON it may also be
+/// an integer (MiB). It is written back as a string in the largest exact unit (`"1G"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MemorySize(u64);
+
+impl MemorySize {
+    const UNITS: [(&'static str, u32); 4] = [("T", 40), ("G", 30), ("M", 20), ("K", 10)];
+
+    /// `mib` MiB (saturating; validation rejects absurd sizes).
+    pub const fn from_mib(mib: u64) -> Self {
+        Self(mib.saturating_mul(1 << 20))
+    }
+
+    /// The size in bytes.
+    pub const fn bytes(self) -> u64 {
+        self.0
+    }
+
+    /// The size in whole MiB.
+    pub const fn mib(self) -> u64 {
+        self.0 >> 20
+    }
+}
+
+impl Default for MemorySize {
+    fn default() -> Self {
+        Self::from_mib(DEFAULT_MEMORY_MIB)
+    }
+}
+
+/// Splits "512M" into ("512", shift 20); a bare number is MiB.
+fn split_size_suffix(s: &str) -> Option<(&str, u32)> {
+    let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, suffix) = s.split_at(digits_end);
+    let suffix = suffix.trim_start();
+    if suffix.is_empty() {
+        return Some((num, 20));
+    }
+    let unit = suffix.get(..1)?.to_ascii_uppercase();
+    let rest = &suffix[1..];
+    if !(rest.is_empty() || rest.eq_ignore_ascii_case("iB")) {
+        return None;
+    }
+    let shift = MemorySize::UNITS.iter().find(|(u, _)| *u == unit)?.1;
+    Some((num, shift))
+}
+
+impl FromStr for MemorySize {
+    type Err = ConfigError;
+
+    fn from_str(input: &str) -> Result<Self, ConfigError> {
+        let err = |reason| ConfigError::MemorySize {
+            input: input.to_string(),
+            reason,
+        };
+        let garbage = "expected a number with optional K, M or G suffix";
+        let (num, shift) = split_size_suffix(input.trim()).ok_or_else(|| err(garbage))?;
+        if num.is_empty() {
+            return Err(err(garbage));
+        }
+        let n: u64 = num.parse().map_err(|_| err("too large"))?;
+        let bytes = n.checked_mul(1 << shift).ok_or_else(|| err("too large"))?;
+        if bytes == 0 {
+            return Err(err("must be greater than zero"));
+        }
+        if bytes % 4096 != 0 {
+            return Err(err("must be a multiple of 4K"));
+        }
+        Ok(Self(bytes))
+    }
+}
+
+impl fmt::Display for MemorySize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (unit, shift) in Self::UNITS {
+            if self.0 != 0 && self.0 % (1 << shift) == 0 {
+                return write!(f, "{}{unit}", self.0 >> shift);
+            }
+        }
+        write!(f, "{}B", self.0)
+    }
+}
+
+impl Serialize for MemorySize {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+struct MemorySizeVisitor;
+
+impl Visitor<'_> for MemorySizeVisitor {
+    type Value = MemorySize;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a memory size such as \"512M\" or \"1G\", or a number of MiB")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<MemorySize, E> {
+        v.parse().map_err(E::custom)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<MemorySize, E> {
+        v.to_string().parse().map_err(E::custom)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<MemorySize, E> {
+        v.to_string().parse().map_err(E::custom)
+    }
+}
+
+impl<'de> Deserialize<'de> for MemorySize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(MemorySizeVisitor)
+    }
+}
+
+/// Where the interrupt controllers live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IrqchipMode {
+    /// PIC, IOAPIC and LAPICs all in KVM (plus the in-kernel PIT).
+    #[default]
+    Kernel,
+    /// LAPICs in KVM, PIC/IOAPIC in userspace (KVM_CAP_SPLIT_IRQCHIP).
+    Split,
+    /// No in-kernel irqchip at all.
+    None,
+}
+
+impl FromStr for IrqchipMode {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "kernel" => Ok(Self::Kernel),
+            "split" => Ok(Self::Split),
+            "none" => Ok(Self::None),
+            _ => Err(ConfigError::Irqchip(s.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for IrqchipMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Kernel => "kernel",
+            Self::Split => "split",
+            Self::None => "none",
+        })
+    }
+}
+
+/// vCPU pinning: vCPU `i` runs on host CPU `cpus()[i]`.
+///
+/// Parsed from a comma-separated list (`"2,3"`); in JSON an array (`[2, 3]`) or such a string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "AffinityRepr", into = "Vec<usize>")]
+pub struct CpuAffinity(Vec<usize>);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum AffinityRepr {
+    List(Vec<usize>),
+    Text(String),
+}
+
+impl TryFrom<AffinityRepr> for CpuAffinity {
+    type Error = ConfigError;
+
+    fn try_from(r: AffinityRepr) -> Result<Self, ConfigError> {
+        match r {
+            AffinityRepr::List(v) => Self::new(v),
+            AffinityRepr::Text(s) => s.parse(),
+        }
+    }
+}
+
+impl From<CpuAffinity> for Vec<usize> {
+    fn from(a: CpuAffinity) -> Self {
+        a.0
+    }
+}
+
+impl CpuAffinity {
+    /// An affinity from host CPU numbers; the list must not be empty.
+    pub fn new(cpus: Vec<usize>) -> Result<Self, ConfigError> {
+        if cpus.is_empty() {
+            return Err(ConfigError::CpuList {
+                input: String::new(),
+                reason: "the list is empty",
+            });
+        }
+        Ok(Self(cpus))
+    }
+
+    /// Host CPU of each vCPU, by vCPU index.
+    pub fn cpus(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// Host CPU for vCPU `vcpu`, if listed.
+    pub fn host_cpu(&self, vcpu: usize) -> Option<usize> {
+        self.0.get(vcpu).copied()
+    }
+}
+
+impl FromStr for CpuAffinity {
+    type Err = ConfigError;
+
+    fn from_str(input: &str) -> Result<Self, ConfigError> {
+        let err = |reason| ConfigError::CpuList {
+            input: input.to_string(),
+            reason,
+        };
+        if input.trim().is_empty() {
+            return Err(err("the list is empty"));
+        }
+        input
+            .split(',')
+            .map(|c| c.trim().parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+            .map(Self)
+            .map_err(|_| err("expected comma-separated host CPU numbers such as 0,1"))
+    }
+}
+
+impl fmt::Display for CpuAffinity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, c) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{c}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The whole VM configuration. See the module docs for the JSON form.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VmConfig {
+    /// Kernel image (ELF vmlinux or bzImage). Empty until given (checked by `validate`).
+    pub kernel: PathBuf,
+    /// Initial ramdisk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line.
+    pub cmdline: String,
+    /// Number of vCPUs.
+    pub cpus: u8,
+    /// Guest memory size.
+    pub memory: MemorySize,
+    /// File that also receives everything the guest writes to the serial console.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serial_log: Option<PathBuf>,
+    /// Interrupt controller placement.
+    pub irqchip: IrqchipMode,
+    /// vCPU to host CPU pinning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_affinity: Option<CpuAffinity>,
+}
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        Self {
+            kernel: PathBuf::new(),
+            initrd: None,
+            cmdline: DEFAULT_CMDLINE.to_string(),
+            cpus: 1,
+            memory: MemorySize::default(),
+            serial_log: None,
+            irqchip: IrqchipMode::default(),
+            cpu_affinity: None,
+        }
+    }
+}
+
+/// Command line values; each `Some` overrides the config file (clap fills this in).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VmConfigOverrides {
+    pub kernel: Option<PathBuf>,
+    pub initrd: Option<PathBuf>,
+    pub cmdline: Option<String>,
+    pub cpus: Option<u8>,
+    pub memory: Option<MemorySize>,
+    pub serial_log: Option<PathBuf>,
+    pub irqchip: Option<IrqchipMode>,
+    pub cpu_affinity: Option<CpuAffinity>,
+}
+
+impl VmConfig {
+    /// The defaults with `kernel` set.
+    pub fn new(kernel: impl Into<PathBuf>) -> Self {
+        Self {
+            kernel: kernel.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Parses a JSON config (`path` only names it in errors).
+    pub fn from_json_str(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        serde_json::from_str(text).map_err(|e| json_error(path, &e))
+    }
+
+    /// Reads and parses a JSON config file.
+    pub fn from_json_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_json_str(&text, path)
+    }
+
+    /// The config as pretty-printed JSON (readable back by [`VmConfig::from_json_str`]).
+    pub fn to_json(&self) -> String {
+        // Serializing plain strings, numbers and paths cannot fail; fall back to an empty
+        // object rather than panicking should a non-UTF-8 path ever be rejected.
+        serde_json::to_string_pretty(self).unwrap_or_else(|_| "{}".to_string())
+    }
+
+    /// The file config (or the defaults) with every `Some` of `cli` applied on top.
+    /// Fails if no kernel was given by either.
+    pub fn merge_cli(
+        file: Option<VmConfig>,
+        cli: VmConfigOverrides,
+    ) -> Result<VmConfig, ConfigError> {
+        let mut c = file.unwrap_or_default();
+        let o = cli;
+        if let Some(v) = o.kernel {
+            c.kernel = v;
+        }
+        c.initrd = o.initrd.or(c.initrd);
+        if let Some(v) = o.cmdline {
+            c.cmdline = v;
+        }
+        c.cpus = o.cpus.unwrap_or(c.cpus);
+        c.memory = o.memory.unwrap_or(c.memory);
+        c.serial_log = o.serial_log.or(c.serial_log);
+        c.irqchip = o.irqchip.unwrap_or(c.irqchip);
+        c.cpu_affinity = o.cpu_affinity.or(c.cpu_affinity);
+        if c.kernel.as_os_str().is_empty() {
+            return Err(ConfigError::NoKernel);
+        }
+        Ok(c)
+    }
+
+    /// Checks the values against each other and against `max_vcpus` (KVM_CAP_MAX_VCPUS).
+    /// Files are not opened here: the loaders report missing ones.
+    pub fn validate(&self, max_vcpus: usize) -> Result<(), ConfigError> {
+        if self.kernel.as_os_str().is_empty() {
+            return Err(ConfigError::NoKernel);
+        }
+        if self.cpus == 0 {
+            return Err(ConfigError::NoCpus);
+        }
+        if usize::from(self.cpus) > max_vcpus {
+            return Err(ConfigError::TooManyCpus {
+                cpus: self.cpus,
+                max: max_vcpus,
+            });
+        }
+        if self.memory.bytes() < MIN_MEMORY {
+            return Err(ConfigError::MemoryTooSmall(self.memory));
+        }
+        if self.memory.bytes() > MAX_MEMORY {
+            return Err(ConfigError::MemoryTooLarge(self.memory));
+        }
+        if let Some(a) = &self.cpu_affinity {
+            if a.cpus().len() != usize::from(self.cpus) {
+                return Err(ConfigError::AffinityLength {
+                    given: a.cpus().len(),
+                    cpus: self.cpus,
+                });
+            }
+        }
+        if self.cmdline.len() > MAX_CMDLINE_LEN {
+            return Err(ConfigError::CmdlineTooLong(self.cmdline.len()));
+        }
+        if self.cmdline.contains('\0') {
+            return Err(ConfigError::CmdlineNul);
+        }
+        Ok(())
+    }
+}
+
+fn json_error(path: &Path, e: &serde_json::Error) -> ConfigError {
+    let (line, column) = (e.line(), e.column());
+    let full = e.to_string();
+    let message = full
+        .strip_suffix(&format!(" at line {line} column {column}"))
+        .unwrap_or(&full)
+        .to_string();
+    ConfigError::Json {
+        path: path.to_path_buf(),
+        line,
+        column,
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem(s: &str) -> Result<u64, String> {
+        s.parse::<MemorySize>()
+            .map(|m| m.bytes())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn memory_sizes_parse() {
+        assert_eq!(mem("512M"), Ok(512 << 20));
+        assert_eq!(mem("1G"), Ok(1 << 30));
+        assert_eq!(mem("1GiB"), Ok(1 << 30));
+        assert_eq!(mem("1g"), Ok(1 << 30));
+        assert_eq!(mem("2048"), Ok(2048 << 20));
+        assert_eq!(mem("4096K"), Ok(4 << 20));
+        assert_eq!(mem(" 64 MiB "), Ok(64 << 20));
+        assert_eq!(mem("1T"), Ok(1 << 40));
+    }
+
+    #[test]
+    fn bad_memory_sizes_are_rejected() {
+        assert_eq!(
+            mem("abc").unwrap_err(),
+            "Invalid memory size 'abc': expected a number with optional K, M or G suffix"
+        );
+        for bad in ["", "M", "12X", "1.5G", "-1G", "1GB", "1Gi", "5Mé", "1 2M"] {
+            assert!(mem(bad).unwrap_err().contains("expected a number"), "{bad}");
+        }
+        assert_eq!(
+            mem("0").unwrap_err(),
+            "Invalid memory size '0': must be greater than zero"
+        );
+        assert!(mem("99999999999999999999999")
+            .unwrap_err()
+            .ends_with("too large"));
+        assert!(mem("17179869184G").unwrap_err().ends_with("too large"));
+        assert!(mem("1K").unwrap_err().ends_with("multiple of 4K"));
+    }
+
+    #[test]
+    fn memory_sizes_print_in_largest_exact_unit() {
+        let show = |s: &str| s.parse::<MemorySize>().unwrap().to_string();
+        assert_eq!(show("1024M"), "1G");
+        assert_eq!(show("1536M"), "1536M");
+        assert_eq!(show("4100K"), "4100K");
+        assert_eq!(MemorySize::default().to_string(), "512M");
+        assert_eq!(MemorySize::default().mib(), 512);
+    }
+
+    #[test]
+    fn irqchip_modes_parse_and_print() {
+        for m in [IrqchipMode::Kernel, IrqchipMode::Split, IrqchipMode::None] {
+            assert_eq!(m.to_string().parse::<IrqchipMode>().unwrap(), m);
+        }
+        assert_eq!("SPLIT".parse::<IrqchipMode>().unwrap(), IrqchipMode::Split);
+        assert_eq!(
+            "userspace".parse::<IrqchipMode>().unwrap_err().to_string(),
+            "Invalid irqchip mode 'userspace': expected kernel, split or none"
+        );
+    }
+
+    #[test]
+    fn cpu_affinity_parses() {
+        let a: CpuAffinity = "0, 2,3".parse().unwrap();
+        assert_eq!(a.cpus(), &[0, 2, 3]);
+        assert_eq!(a.host_cpu(1), Some(2));
+        assert_eq!(a.host_cpu(3), None);
+        assert_eq!(a.to_string(), "0,2,3");
+        for bad in ["", "a", "1,,2", "-1", "1;2"] {
+            assert!(bad.parse::<CpuAffinity>().is_err(), "{bad}");
+        }
+        assert!(CpuAffinity::new(vec![]).is_err());
+    }
+
+    fn full() -> VmConfig {
+        VmConfig {
+            kernel: "guest/vmlinux".into(),
+            initrd: Some("guest/initramfs.cpio.gz".into()),
+            cmdline: "console=ttyS0".into(),
+            cpus: 2,
+            memory: "1G".parse().unwrap(),
+            serial_log: Some("serial.log".into()),
+            irqchip: IrqchipMode::Split,
+            cpu_affinity: Some("2,3".parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn json_round_trip() {
+        let c = full();
+        let text = c.to_json();
+        assert!(text.contains("\"memory\": \"1G\""), "{text}");
+        assert!(text.contains("\"irqchip\": \"split\""), "{text}");
+        assert_eq!(VmConfig::from_json_str(&text, Path::new("x")).unwrap(), c);
+        let d = VmConfig::new("k");
+        let back = VmConfig::from_json_str(&d.to_json(), Path::new("x")).unwrap();
+        assert_eq!(back, d);
+    }
+
+    #[test]
+    fn json_defaults_and_alternate_forms() {
+        let text = r#"{"kernel": "k", "memory": 256, "cpu_affinity": "1,0", "cpus": 2}"#;
+        let c = VmConfig::from_json_str(text, Path::new("x")).unwrap();
+        assert_eq!(c.memory.bytes(), 256 << 20);
+        assert_eq!(c.cpu_affinity.unwrap().cpus(), &[1, 0]);
+        assert_eq!(c.cmdline, DEFAULT_CMDLINE);
+        assert_eq!(c.irqchip, IrqchipMode::Kernel);
+        assert_eq!(c.initrd, None);
+    }
+
+    #[test]
+    fn json_errors_are_clear() {
+        let p = Path::new("vm.json");
+        let e = VmConfig::from_json_str("{\"kernel\": \"k\",\n \"cpu\": 2}", p).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("Invalid config file vm.json at line 2, column"),
+            "{msg}"
+        );
+        assert!(msg.contains("unknown field `cpu`"), "{msg}");
+        let e = VmConfig::from_json_str(r#"{"memory": "lots"}"#, p).unwrap_err();
+        assert!(e.to_string().contains("Invalid memory size 'lots'"), "{e}");
+        let e = VmConfig::from_json_str("{\"kernel\": ", p).unwrap_err();
+        assert!(matches!(e, ConfigError::Json { line: 1, .. }), "{e}");
+        let e = VmConfig::from_json_file(Path::new("/nonexistent/vm.json")).unwrap_err();
+        assert!(e
+            .to_string()
+            .starts_with("Cannot read config file /nonexistent/vm.json: "));
+    }
+
+    #[test]
+    fn json_file_loads() {
+        let path = std::env::temp_dir().join(format!("exitless-cfg-{}.json", std::process::id()));
+        std::fs::write(&path, full().to_json()).unwrap();
+        let c = VmConfig::from_json_file(&path);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(c.unwrap(), full());
+    }
+
+    #[test]
+    fn cli_overrides_file() {
+        let cli = VmConfigOverrides {
+            cpus: Some(4),
+            memory: Some("2G".parse().unwrap()),
+            irqchip: Some(IrqchipMode::None),
+            ..Default::default()
+        };
+        let c = VmConfig::merge_cli(Some(full()), cli).unwrap();
+        assert_eq!(c.cpus, 4);
+        assert_eq!(c.memory.bytes(), 2 << 30);
+        assert_eq!(c.irqchip, IrqchipMode::None);
+        assert_eq!(c.kernel, full().kernel);
+        assert_eq!(c.initrd, full().initrd);
+        assert_eq!(c.cpu_affinity, full().cpu_affinity);
+
+        let only_cli = VmConfigOverrides {
+            kernel: Some("vmlinux".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            VmConfig::merge_cli(None, only_cli).unwrap(),
+            VmConfig::new("vmlinux")
+        );
+        let e = VmConfig::merge_cli(None, VmConfigOverrides::default()).unwrap_err();
+        assert!(matches!(e, ConfigError::NoKernel));
+    }
+
+    #[test]
+    fn validation_errors() {
+        let check = |f: &dyn Fn(&mut VmConfig)| {
+            let mut c = full();
+            f(&mut c);
+            c.validate(8).err().map(|e| e.to_string())
+        };
+        assert_eq!(check(&|_| {}), None);
+        assert_eq!(check(&|c| c.cpus = 0).unwrap(), "--cpus must be at least 1");
+        assert_eq!(
+            check(&|c| c.cpus = 9).unwrap(),
+            "--cpus 9 exceeds the KVM limit of 8"
+        );
+        assert_eq!(
+            check(&|c| c.memory = MemorySize::from_mib(8)).unwrap(),
+            "--memory 8M is below the minimum of 16M"
+        );
+        assert!(check(&|c| c.memory = MemorySize::from_mib(16)).is_none());
+        assert!(check(&|c| c.memory = MemorySize::from_mib(2 << 20))
+            .unwrap()
+            .contains("exceeds the maximum"));
+        assert_eq!(
+            check(&|c| c.cpus = 3).unwrap(),
+            "--cpu-affinity lists 2 host CPUs for 3 vCPUs"
+        );
+        assert!(check(&|c| c.kernel = PathBuf::new())
+            .unwrap()
+            .starts_with("No kernel given"));
+        assert!(check(&|c| c.cmdline = "x".repeat(3000))
+            .unwrap()
+            .contains("3000 bytes"));
+        assert!(check(&|c| c.cmdline.push('\0')).unwrap().contains("NUL"));
+    }
+}

@@ -9,4 +9,6 @@ pub mod devices;
 pub mod kvm;
 pub mod memory;
 pub mod profile;
+pub mod terminal;
 pub mod vcpu;
+pub mod vm;

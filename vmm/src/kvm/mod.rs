@@ -1,1 +1,185 @@
-//! kvm
+//! The KVM layer: opening /dev/kvm, capabilities, memory slots, quirks and binary stats.
+//! This is the only module with `unsafe` KVM calls.
+
+pub mod kick;
+pub mod stats;
+
+use kvm_bindings::{
+    kvm_enable_cap, kvm_userspace_memory_region, KVM_CAP_DISABLE_QUIRKS2, KVM_CAP_SPLIT_IRQCHIP,
+    KVM_X86_QUIRK_FIX_HYPERCALL_INSN,
+};
+use kvm_ioctls::{Cap, Kvm, VmFd};
+use serde::Serialize;
+use std::io;
+use thiserror::Error;
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+pub use stats::{StatsFd, StatsSchema, StatsSnapshot};
+
+/// Errors from the KVM layer.
+#[derive(Debug, Error)]
+pub enum KvmError {
+    #[error("/dev/kvm does not exist: this host has no KVM (load kvm_intel/kvm_amd or run on a KVM-capable host)")]
+    Missing,
+    #[error("Permission denied opening /dev/kvm: run as root or add your user to the 'kvm' group")]
+    NoPermission,
+    #[error("Cannot open /dev/kvm: {0}")]
+    Open(io::Error),
+    #[error("KVM API version {0} is not supported (need 12)")]
+    ApiVersion(i32),
+    #[error("Cannot create VM: {0}")]
+    CreateVm(kvm_ioctls::Error),
+    #[error("Cannot register guest memory: {0}")]
+    Memory(kvm_ioctls::Error),
+    #[error("KVM lacks {0}")]
+    MissingCap(&'static str),
+    #[error("KVM ioctl {0} failed: {1}")]
+    Ioctl(&'static str, kvm_ioctls::Error),
+    #[error("Cannot read KVM stats: {0}")]
+    Stats(io::Error),
+    #[error("Cannot install the vCPU kick signal handler: {0}")]
+    Signal(io::Error),
+}
+
+/// Opens /dev/kvm with errors a user can act on.
+pub fn open() -> Result<Kvm, KvmError> {
+    let kvm = Kvm::new().map_err(|e| match e.errno() {
+        libc::ENOENT | libc::ENXIO | libc::ENODEV => KvmError::Missing,
+        libc::EACCES | libc::EPERM => KvmError::NoPermission,
+        errno => KvmError::Open(io::Error::from_raw_os_error(errno)),
+    })?;
+    match kvm.get_api_version() {
+        12 => Ok(kvm),
+        v => Err(KvmError::ApiVersion(v)),
+    }
+}
+
+/// The KVM capabilities exitless uses or reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct Capabilities {
+    pub sync_regs: u32,
+    pub ioeventfd: bool,
+    pub ioeventfd_any_length: bool,
+    pub coalesced_mmio: bool,
+    pub coalesced_pio: bool,
+    pub irqchip: bool,
+    pub split_irqchip: bool,
+    pub immediate_exit: bool,
+    pub binary_stats_fd: bool,
+    pub disable_quirks2: bool,
+    pub x86_disable_exits: u32,
+    pub max_vcpus: usize,
+}
+
+impl Capabilities {
+    pub fn probe(kvm: &Kvm) -> Self {
+        let raw = |c: u32| kvm.check_extension_raw(c as libc::c_ulong);
+        Capabilities {
+            sync_regs: kvm.check_extension_int(Cap::SyncRegs).max(0) as u32,
+            ioeventfd: kvm.check_extension(Cap::Ioeventfd),
+            ioeventfd_any_length: raw(kvm_bindings::KVM_CAP_IOEVENTFD_ANY_LENGTH) > 0,
+            coalesced_mmio: kvm.check_extension(Cap::CoalescedMmio),
+            coalesced_pio: raw(kvm_bindings::KVM_CAP_COALESCED_PIO) > 0,
+            irqchip: kvm.check_extension(Cap::Irqchip),
+            split_irqchip: raw(KVM_CAP_SPLIT_IRQCHIP) > 0,
+            immediate_exit: kvm.check_extension(Cap::ImmediateExit),
+            binary_stats_fd: raw(kvm_bindings::KVM_CAP_BINARY_STATS_FD) > 0,
+            disable_quirks2: raw(KVM_CAP_DISABLE_QUIRKS2) > 0,
+            x86_disable_exits: raw(kvm_bindings::KVM_CAP_X86_DISABLE_EXITS).max(0) as u32,
+            max_vcpus: kvm.get_max_vcpus(),
+        }
+    }
+}
+
+/// Registers every region of `mem` as a KVM memory slot.
+pub fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), KvmError> {
+    for (slot, region) in mem.iter().enumerate() {
+        let host = mem
+            .get_host_address(region.start_addr())
+            .map_err(|_| KvmError::Memory(kvm_ioctls::Error::new(libc::EFAULT)))?;
+        let desc = kvm_userspace_memory_region {
+            slot: slot as u32,
+            flags: 0,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+        };
+        // SAFETY: the region is a live mmap owned by `mem`, which the caller keeps alive for as
+        // long as the VM runs; the slot numbers are distinct.
+        unsafe { vm.set_user_memory_region(desc) }.map_err(KvmError::Memory)?;
+    }
+    Ok(())
+}
+
+/// Makes `vmcall`/`vmmcall` in the guest fail with #UD instead of being rewritten and re-run
+/// (on PVM the rewrite loops forever). Returns false when KVM cannot disable the quirk.
+pub fn disable_hypercall_rewrite(vm: &VmFd) -> bool {
+    let mut cap = kvm_enable_cap {
+        cap: KVM_CAP_DISABLE_QUIRKS2,
+        ..Default::default()
+    };
+    cap.args[0] = KVM_X86_QUIRK_FIX_HYPERCALL_INSN as u64;
+    vm.enable_cap(&cap).is_ok()
+}
+
+/// Creates the in-kernel split irqchip (LAPIC in the kernel, IOAPIC/PIC in userspace).
+pub fn enable_split_irqchip(vm: &VmFd, ioapic_pins: u64) -> Result<(), KvmError> {
+    let mut cap = kvm_enable_cap {
+        cap: KVM_CAP_SPLIT_IRQCHIP,
+        ..Default::default()
+    };
+    cap.args[0] = ioapic_pins;
+    vm.enable_cap(&cap)
+        .map_err(|e| KvmError::Ioctl("KVM_ENABLE_CAP(SPLIT_IRQCHIP)", e))
+}
+
+/// Whether a coalesced ring entry is a port write (KVM_CAP_COALESCED_PIO) rather than MMIO.
+pub fn coalesced_entry_is_pio(entry: &kvm_bindings::kvm_coalesced_mmio) -> bool {
+    // SAFETY: the union holds `pio` (u32) or `padding` (u32) at the same place; any bit
+    // pattern is a valid u32, and KVM zeroes it for MMIO entries.
+    unsafe { entry.__bindgen_anon_1.pio != 0 }
+}
+
+vmm_sys_util::ioctl_iow_nr!(
+    KVM_IOEVENTFD,
+    kvm_bindings::KVMIO,
+    0x79,
+    kvm_bindings::kvm_ioeventfd
+);
+
+/// Registers an ioeventfd of exactly `len` bytes (0: any length, KVM's "fast MMIO" path for
+/// MMIO), optionally only for writes of `datamatch`. kvm-ioctls ties the length to the
+/// datamatch type, which cannot express a 4-byte ioeventfd without datamatch.
+pub fn register_ioeventfd(
+    vm: &VmFd,
+    evt: &vmm_sys_util::eventfd::EventFd,
+    pio: bool,
+    addr: u64,
+    len: u32,
+    datamatch: Option<u64>,
+) -> Result<(), KvmError> {
+    use std::os::fd::AsRawFd;
+    let mut flags = 0;
+    if datamatch.is_some() {
+        flags |= 1 << kvm_bindings::kvm_ioeventfd_flag_nr_datamatch;
+    }
+    if pio {
+        flags |= 1 << kvm_bindings::kvm_ioeventfd_flag_nr_pio;
+    }
+    let req = kvm_bindings::kvm_ioeventfd {
+        datamatch: datamatch.unwrap_or(0),
+        addr,
+        len,
+        fd: evt.as_raw_fd(),
+        flags,
+        ..Default::default()
+    };
+    // SAFETY: `vm` is a VM fd and `req` a fully initialised kvm_ioeventfd that KVM only reads;
+    // the return value is checked.
+    let ret = unsafe { vmm_sys_util::ioctl::ioctl_with_ref(vm, KVM_IOEVENTFD(), &req) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(KvmError::Ioctl("KVM_IOEVENTFD", kvm_ioctls::Error::last()))
+    }
+}

@@ -1,1 +1,260 @@
-//! vcpu
+//! vCPUs: one thread per vCPU owning its `VcpuFd`, dispatching exits through the frozen buses.
+//!
+//! Nothing shared is written per exit: the profile is the vCPU's own (padded, single-writer),
+//! the stop flag is only read, and no lock is held across KVM_RUN.
+
+pub mod exit;
+pub mod regs;
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use kvm_ioctls::{IoEventAddress, SyncReg, VcpuFd};
+use thiserror::Error;
+
+use crate::kvm::{self, StatsFd, StatsSnapshot};
+use crate::profile::{self, ExitReason, VcpuProfile, VcpuProfileSnapshot};
+pub use exit::{handle_exit, Buses, ExitAction, Handled, VmEnd};
+
+/// Errors running a vCPU.
+#[derive(Debug, Error)]
+pub enum VcpuError {
+    #[error("KVM ioctl {0} failed: {1}")]
+    Ioctl(&'static str, kvm_ioctls::Error),
+    #[error("KVM_RUN failed: {0}")]
+    Run(kvm_ioctls::Error),
+    #[error("Device failed on the host: {0}")]
+    Device(#[from] io::Error),
+    #[error(transparent)]
+    Kvm(#[from] kvm::KvmError),
+}
+
+/// How the VMM reads guest registers on each userspace exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum RegsAccess {
+    /// From the kvm_run page (KVM_CAP_SYNC_REGS): no extra ioctl.
+    SyncRegs,
+    /// KVM_GET_REGS per exit (what a VMM without sync_regs pays).
+    GetRegs,
+    /// KVM_GET_REGS and KVM_SET_REGS per exit.
+    GetSetRegs,
+}
+
+/// A moment the guest marked (bench begin/end): the vCPU's counters then.
+#[derive(Debug, Clone)]
+pub struct Marker {
+    pub value: u32,
+    pub tsc: u64,
+    pub profile: VcpuProfileSnapshot,
+    pub kvm_stats: Option<StatsSnapshot>,
+}
+
+/// What a vCPU thread hands back when it ends.
+#[derive(Debug)]
+pub struct VcpuOutcome {
+    pub id: usize,
+    pub end: VmEnd,
+    pub markers: Vec<Marker>,
+    pub kvm_stats: Option<StatsSnapshot>,
+    /// Sum of the registers read on exits (keeps the reads honest; see [`RegsAccess`]).
+    pub regs_checksum: u64,
+}
+
+/// State the VM shares with its vCPU threads: read per exit, written only to stop.
+#[derive(Debug, Default)]
+pub struct VmControl {
+    pub stop: AtomicBool,
+}
+
+/// A vCPU ready to run on its own thread.
+pub struct Vcpu {
+    pub id: usize,
+    fd: VcpuFd,
+    buses: Arc<Buses>,
+    control: Arc<VmControl>,
+    profile: Arc<VcpuProfile>,
+    stats: Option<StatsFd>,
+    regs: RegsAccess,
+    coalesced_ring: bool,
+    markers: Vec<Marker>,
+    regs_checksum: u64,
+    warned_unmapped: bool,
+}
+
+impl Vcpu {
+    /// Wraps `fd`; sync regs are enabled when `regs` is `SyncRegs`.
+    pub fn new(
+        id: usize,
+        mut fd: VcpuFd,
+        buses: Arc<Buses>,
+        control: Arc<VmControl>,
+        profile: Arc<VcpuProfile>,
+        regs: RegsAccess,
+    ) -> Result<Self, VcpuError> {
+        if regs == RegsAccess::SyncRegs {
+            fd.set_sync_valid_reg(SyncReg::Register);
+            fd.set_sync_valid_reg(SyncReg::SystemRegister);
+            fd.set_sync_valid_reg(SyncReg::VcpuEvents);
+        }
+        let stats = StatsFd::open(&fd).ok();
+        Ok(Vcpu {
+            id,
+            fd,
+            buses,
+            control,
+            profile,
+            stats,
+            regs,
+            coalesced_ring: false,
+            markers: Vec::new(),
+            regs_checksum: 0,
+            warned_unmapped: false,
+        })
+    }
+
+    pub fn fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
+    /// Maps the coalesced MMIO/PIO ring so it is drained on every userspace exit.
+    pub fn map_coalesced_ring(&mut self) -> Result<(), VcpuError> {
+        self.fd
+            .map_coalesced_mmio_ring()
+            .map_err(|e| VcpuError::Ioctl("mmap(coalesced ring)", e))?;
+        self.coalesced_ring = true;
+        Ok(())
+    }
+
+    /// The vCPU's stats fd, if KVM offers one.
+    pub fn stats(&self) -> Option<&StatsFd> {
+        self.stats.as_ref()
+    }
+
+    /// Runs until the guest ends the VM or the VMM stops it.
+    pub fn run(mut self) -> Result<VcpuOutcome, VcpuError> {
+        kvm::kick::arm(&mut self.fd);
+        let result = self.run_loop();
+        kvm::kick::disarm();
+        let end = result?;
+        let kvm_stats = self.stats.as_ref().and_then(|s| s.read().ok());
+        Ok(VcpuOutcome {
+            id: self.id,
+            end,
+            markers: self.markers,
+            kvm_stats,
+            regs_checksum: self.regs_checksum,
+        })
+    }
+
+    fn run_loop(&mut self) -> Result<VmEnd, VcpuError> {
+        let mut t_entry = profile::rdtsc();
+        loop {
+            if self.control.stop.load(Ordering::Acquire) {
+                return Ok(VmEnd::Stopped);
+            }
+            let result = self.fd.run();
+            let t_exit = profile::rdtsc();
+            self.profile.record_in_kvm(t_exit - t_entry);
+            let handled = match result {
+                Ok(exit) => handle_exit(&self.buses, exit)?,
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    self.fd.set_kvm_immediate_exit(0);
+                    Handled {
+                        reason: ExitReason::Intr,
+                        device: None,
+                        action: ExitAction::Resume,
+                    }
+                }
+                Err(e) => return Err(VcpuError::Run(e)),
+            };
+            self.after_exit(&handled)?;
+            t_entry = profile::rdtsc();
+            self.profile
+                .record_exit(handled.reason, handled.device, t_entry - t_exit);
+            if let Some(cpu) = profile::current_cpu() {
+                self.profile.record_cpu(cpu);
+            }
+            match handled.action {
+                ExitAction::Resume => {}
+                ExitAction::Marker(value) => self.mark(value),
+                ExitAction::End(end) => return Ok(end),
+            }
+        }
+    }
+
+    /// Work common to every userspace exit: registers, the coalesced ring, first-fault logging.
+    fn after_exit(&mut self, h: &Handled) -> Result<(), VcpuError> {
+        let (rip, rax) = self.read_regs()?;
+        self.regs_checksum = self.regs_checksum.wrapping_add(rax);
+        if self.coalesced_ring {
+            self.drain_coalesced()?;
+        }
+        let io = matches!(
+            h.reason,
+            ExitReason::IoIn | ExitReason::IoOut | ExitReason::MmioRead | ExitReason::MmioWrite
+        );
+        if io && h.device.is_none() && !self.warned_unmapped {
+            self.warned_unmapped = true;
+            eprintln!(
+                "exitless: vcpu{} {:?} to an unmapped address at rip {rip:#x} (further ones are only counted)",
+                self.id, h.reason
+            );
+        }
+        Ok(())
+    }
+
+    fn read_regs(&mut self) -> Result<(u64, u64), VcpuError> {
+        match self.regs {
+            RegsAccess::SyncRegs => Ok(kvm::kick::sync_rip_rax(&mut self.fd)),
+            RegsAccess::GetRegs | RegsAccess::GetSetRegs => {
+                let regs = self
+                    .fd
+                    .get_regs()
+                    .map_err(|e| VcpuError::Ioctl("KVM_GET_REGS", e))?;
+                if self.regs == RegsAccess::GetSetRegs {
+                    self.fd
+                        .set_regs(&regs)
+                        .map_err(|e| VcpuError::Ioctl("KVM_SET_REGS", e))?;
+                }
+                Ok((regs.rip, regs.rax))
+            }
+        }
+    }
+
+    fn drain_coalesced(&mut self) -> Result<(), VcpuError> {
+        while let Some(entry) = self
+            .fd
+            .coalesced_mmio_read()
+            .map_err(|e| VcpuError::Ioctl("coalesced ring", e))?
+        {
+            let len = (entry.len as usize).min(entry.data.len());
+            let bus = if kvm::coalesced_entry_is_pio(&entry) {
+                &self.buses.pio
+            } else {
+                &self.buses.mmio
+            };
+            bus.write(entry.phys_addr, &entry.data[..len])?;
+        }
+        Ok(())
+    }
+
+    fn mark(&mut self, value: u32) {
+        let kvm_stats = self.stats.as_ref().and_then(|s| s.read().ok());
+        self.markers.push(Marker {
+            value,
+            tsc: profile::rdtsc(),
+            profile: self.profile.snapshot(),
+            kvm_stats,
+        });
+    }
+}
+
+/// Where an ioeventfd or coalesced zone sits.
+pub fn io_address(pio: bool, addr: u64) -> IoEventAddress {
+    if pio {
+        IoEventAddress::Pio(addr)
+    } else {
+        IoEventAddress::Mmio(addr)
+    }
+}

@@ -1,0 +1,52 @@
+//! Builds the bench guest (C and assembly under guest/) into a standalone ELF with a PVH note,
+//! embedded in the library with `include_bytes!`.
+
+use std::env;
+use std::path::PathBuf;
+use std::process::Command;
+
+const SOURCES: &[&str] = &["guest/entry.S", "guest/bench.c"];
+const FLAGS: &[&str] = &[
+    "-ffreestanding",
+    "-fno-pic",
+    "-fno-pie",
+    "-fno-stack-protector",
+    "-fno-asynchronous-unwind-tables",
+    "-mno-red-zone",
+    "-mgeneral-regs-only",
+    "-mcmodel=small",
+    "-O2",
+    "-Wall",
+    "-Wextra",
+];
+
+fn main() {
+    for f in SOURCES
+        .iter()
+        .chain(["guest/layout.h", "guest/link.ld"].iter())
+    {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR is set by cargo"));
+    let mut build = cc::Build::new();
+    build
+        .files(SOURCES)
+        .include("guest")
+        .pic(false)
+        .warnings_into_errors(true);
+    for f in FLAGS {
+        build.flag(f);
+    }
+    let objects = build.compile_intermediates();
+    let compiler = build.get_compiler();
+    let elf = out.join("bench-guest.elf");
+    let status = Command::new(compiler.path())
+        .args(["-nostdlib", "-static", "-no-pie", "-Wl,--build-id=none"])
+        .arg("-Wl,-T,guest/link.ld")
+        .arg("-o")
+        .arg(&elf)
+        .args(&objects)
+        .status()
+        .expect("the C compiler runs to link the bench guest");
+    assert!(status.success(), "linking the bench guest failed");
+}

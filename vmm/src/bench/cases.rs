@@ -1,0 +1,219 @@
+//! The bench cases and the configurations each runs in.
+
+use serde::Serialize;
+
+use crate::config::IrqchipMode;
+use crate::vcpu::RegsAccess;
+
+/// What KVM is told about the bench target (port 0x7e0 / MMIO 0xd0000000) before the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Target {
+    /// Nothing: accesses exit to userspace (the VMM's bus has no device there).
+    Unclaimed,
+    /// An ioeventfd of `len` bytes (0 = any length, "fast MMIO"), optionally with datamatch.
+    Ioeventfd {
+        pio: bool,
+        len: u32,
+        datamatch: bool,
+    },
+    /// A coalesced PIO or MMIO zone: writes are queued in a ring, drained on userspace exits.
+    Coalesced { pio: bool },
+}
+
+/// The userspace exits a configuration must produce per iteration, checked after the run.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Expect {
+    /// Exactly one userspace exit per iteration.
+    OnePerIteration,
+    /// No userspace exit at all during the loop.
+    None,
+    /// At most this fraction of iterations exit to userspace (coalesced ring drains).
+    AtMost(f64),
+    /// Whatever this host does is reported, not judged (the textbook answer is in the note).
+    Observe,
+}
+
+/// One way of running a case.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct CaseConfig {
+    pub name: &'static str,
+    /// The guest loop (guest/bench.c) this configuration runs.
+    pub guest_case: &'static str,
+    pub irqchip: IrqchipMode,
+    pub target: Target,
+    pub regs: RegsAccess,
+    pub expect: Expect,
+    /// Every guest interrupt handler must run once per iteration (self-IPI cases).
+    pub expect_ipis: bool,
+    /// What a VT-x/SVM host would do, reported when this host differs.
+    pub textbook: Option<&'static str>,
+}
+
+/// A case: an exit kind and its configurations; the first configuration is the baseline.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct BenchCase {
+    pub name: &'static str,
+    pub what: &'static str,
+    pub configs: &'static [CaseConfig],
+}
+
+const fn cfg(
+    name: &'static str,
+    guest_case: &'static str,
+    target: Target,
+    expect: Expect,
+) -> CaseConfig {
+    CaseConfig {
+        name,
+        guest_case,
+        irqchip: IrqchipMode::Kernel,
+        target,
+        regs: RegsAccess::SyncRegs,
+        expect,
+        expect_ipis: false,
+        textbook: None,
+    }
+}
+
+const fn with_irqchip(mut c: CaseConfig, irqchip: IrqchipMode) -> CaseConfig {
+    c.irqchip = irqchip;
+    c
+}
+
+const fn with_regs(mut c: CaseConfig, regs: RegsAccess) -> CaseConfig {
+    c.regs = regs;
+    c
+}
+
+const fn with_ipis(mut c: CaseConfig) -> CaseConfig {
+    c.expect_ipis = true;
+    c
+}
+
+const fn with_textbook(mut c: CaseConfig, note: &'static str) -> CaseConfig {
+    c.textbook = Some(note);
+    c
+}
+
+use Expect::{AtMost, None as NoExit, Observe, OnePerIteration as One};
+use Target::{Coalesced, Ioeventfd, Unclaimed};
+
+const RING_FRACTION: f64 = 0.05;
+
+/// Every case, in the order they run.
+pub const CASES: &[BenchCase] = &[
+    BenchCase {
+        name: "cpuid",
+        what: "cpuid leaf 0 at CPL0, answered inside KVM (CPL3 cpuid never reaches KVM on PVM)",
+        configs: &[cfg("in-kernel", "cpuid", Unclaimed, NoExit)],
+    },
+    BenchCase {
+        name: "hypercall",
+        what: "vmcall KVM_HC_VAPIC_POLL_IRQ at CPL0, with KVM_X86_QUIRK_FIX_HYPERCALL_INSN disabled",
+        configs: &[cfg("in-kernel", "hypercall", Unclaimed, NoExit)],
+    },
+    BenchCase {
+        name: "msr_read",
+        what: "rdmsr MSR_KERNEL_GS_BASE at CPL0, handled inside KVM",
+        configs: &[cfg("in-kernel", "msr_read", Unclaimed, NoExit)],
+    },
+    BenchCase {
+        name: "msr_write",
+        what: "wrmsr MSR_KERNEL_GS_BASE at CPL0, handled inside KVM",
+        configs: &[cfg("in-kernel", "msr_write", Unclaimed, NoExit)],
+    },
+    BenchCase {
+        name: "pio_out",
+        what: "4-byte OUT to port 0x7e0 at CPL3 (TSS I/O bitmap)",
+        configs: &[
+            cfg("userspace", "pio_out", Unclaimed, One),
+            cfg("ioeventfd", "pio_out", Ioeventfd { pio: true, len: 4, datamatch: false }, NoExit),
+            cfg("ioeventfd-datamatch", "pio_out", Ioeventfd { pio: true, len: 4, datamatch: true }, NoExit),
+            cfg("coalesced-pio", "pio_out", Coalesced { pio: true }, AtMost(RING_FRACTION)),
+        ],
+    },
+    BenchCase {
+        name: "pio_in",
+        what: "4-byte IN from port 0x7e0 at CPL3: reads always reach the device model",
+        configs: &[cfg("userspace", "pio_in", Unclaimed, One)],
+    },
+    BenchCase {
+        name: "mmio_write",
+        what: "4-byte store to 0xd0000000 (no memory slot) at CPL3",
+        configs: &[
+            cfg("userspace", "mmio_write", Unclaimed, One),
+            cfg("ioeventfd", "mmio_write", Ioeventfd { pio: false, len: 4, datamatch: false }, NoExit),
+            cfg("ioeventfd-datamatch", "mmio_write", Ioeventfd { pio: false, len: 4, datamatch: true }, NoExit),
+            cfg("fast-mmio", "mmio_write", Ioeventfd { pio: false, len: 0, datamatch: false }, NoExit),
+            cfg("coalesced-mmio", "mmio_write", Coalesced { pio: false }, AtMost(RING_FRACTION)),
+        ],
+    },
+    BenchCase {
+        name: "mmio_read",
+        what: "4-byte load from 0xd0000000 at CPL3: reads always reach the device model",
+        configs: &[cfg("userspace", "mmio_read", Unclaimed, One)],
+    },
+    BenchCase {
+        name: "cr8",
+        what: "mov to CR8 (TPR), alternating 1 and 0, at CPL0",
+        configs: &[
+            cfg("in-kernel-lapic", "cr8", Unclaimed, NoExit),
+            with_textbook(
+                with_irqchip(cfg("no-irqchip", "cr8", Unclaimed, Observe), IrqchipMode::None),
+                "VT-x/SVM with a userspace LAPIC exit to userspace (KVM_EXIT_SET_TPR) when the TPR drops below the threshold",
+            ),
+        ],
+    },
+    BenchCase {
+        name: "hlt",
+        what: "hlt at CPL0: to userspace without an irqchip; woken at once in the kernel by a pending self-IPI with one",
+        configs: &[
+            with_irqchip(cfg("no-irqchip", "hlt", Unclaimed, One), IrqchipMode::None),
+            with_ipis(cfg("in-kernel-lapic", "hlt_ipi", Unclaimed, NoExit)),
+        ],
+    },
+    BenchCase {
+        name: "self_ipi",
+        what: "self-IPI through the xAPIC ICR, handler and EOI, at CPL0 (in-kernel LAPIC)",
+        configs: &[with_ipis(cfg("in-kernel-lapic", "self_ipi", Unclaimed, NoExit))],
+    },
+    BenchCase {
+        name: "regs",
+        what: "OUT to an unclaimed port at CPL0; the VMM reads RIP/RAX on every exit",
+        configs: &[
+            cfg("sync-regs", "pio_out_cpl0", Unclaimed, One),
+            with_regs(cfg("get-regs", "pio_out_cpl0", Unclaimed, One), RegsAccess::GetRegs),
+            with_regs(cfg("get-set-regs", "pio_out_cpl0", Unclaimed, One), RegsAccess::GetSetRegs),
+        ],
+    },
+];
+
+/// Finds a case by name.
+pub fn find(name: &str) -> Option<&'static BenchCase> {
+    CASES.iter().find(|c| c.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn case_names_are_unique_and_every_case_has_a_baseline() {
+        for (i, c) in CASES.iter().enumerate() {
+            assert!(!c.configs.is_empty(), "{} has no configuration", c.name);
+            assert!(CASES[i + 1..].iter().all(|d| d.name != c.name));
+        }
+    }
+
+    #[test]
+    fn guest_cases_exist_in_the_guest_source() {
+        let src = include_str!("../../guest/bench.c");
+        for c in CASES.iter().flat_map(|c| c.configs) {
+            assert!(
+                src.contains(&format!("{{\"{}\",", c.guest_case)),
+                "{}",
+                c.guest_case
+            );
+        }
+    }
+}

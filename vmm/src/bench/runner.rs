@@ -1,0 +1,303 @@
+//! Running one case configuration: a fresh VM set up as the configuration says, the bench
+//! guest told which loop to run, and the run checked against the configuration's design.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvm_ioctls::IoEventAddress;
+use serde::Serialize;
+use thiserror::Error;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::cases::{BenchCase, CaseConfig, Expect, Target};
+use super::guest::{self, GuestError};
+use super::result::{parse_line, GuestLine, GuestResult, ParseError};
+use crate::bus::BusBuilder;
+use crate::devices::bench_ports::{ExitPort, MarkerPort};
+use crate::devices::serial::{LineCapture, SerialDevice, SerialOutput};
+use crate::kvm::{self, KvmError};
+use crate::profile::{VcpuProfile, VcpuProfileSnapshot};
+use crate::vcpu::{regs, Buses, Marker, Vcpu, VcpuError, VcpuOutcome};
+use crate::vm::{Vm, VmError};
+
+const GUEST_MEMORY: u64 = 64 << 20;
+
+/// Errors running a configuration.
+#[derive(Debug, Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    #[error(transparent)]
+    Kvm(#[from] KvmError),
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    #[error(transparent)]
+    Guest(#[from] GuestError),
+    #[error(transparent)]
+    Parse(#[from] ParseError),
+    #[error("Cannot create eventfd: {0}")]
+    EventFd(std::io::Error),
+    #[error("The guest reported: {0}")]
+    GuestError(String),
+    #[error("The guest skipped the case: {0}")]
+    Skipped(String),
+    #[error("The guest printed no result (output: {0:?})")]
+    NoResult(String),
+    #[error("The guest did not mark its measured loop")]
+    NoMarkers,
+}
+
+/// What one configuration measured, with the checks it passed or failed.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigRun {
+    pub case: &'static str,
+    pub config: CaseConfig,
+    pub cpl: u8,
+    pub iterations: u64,
+    pub cycles_per_iter: f64,
+    pub ns_per_iter: f64,
+    /// Userspace exits during the loop, counted by exitless from KVM_RUN returns.
+    pub user_exits: u64,
+    /// In-kernel exits during the loop: KVM's per-vCPU `exits` stat minus the userspace ones.
+    pub kernel_exits: Option<u64>,
+    /// Non-zero per-vCPU KVM stat deltas over the loop.
+    pub kvm_stats: Vec<(String, u64)>,
+    /// Signals counted on the ioeventfd (must equal the iterations).
+    pub ioeventfd_signals: Option<u64>,
+    /// Host cycles from KVM_RUN returning to the next KVM_RUN, per userspace exit.
+    pub vmm_cycles_per_exit: Option<f64>,
+    pub ipis: u64,
+    pub uds: u64,
+    /// The vCPU's exit profile over the loop.
+    #[serde(skip)]
+    pub profile: VcpuProfileSnapshot,
+    /// Everything the guest printed.
+    #[serde(skip)]
+    pub guest_output: String,
+    /// Where the run broke the configuration's design; non-empty means an error.
+    pub problems: Vec<String>,
+    /// What this host did that a VT-x/SVM host would not.
+    pub observations: Vec<String>,
+}
+
+struct Prepared {
+    vm: Vm,
+    vcpu: Vcpu,
+    serial: LineCapture,
+    ioeventfd: Option<EventFd>,
+}
+
+fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
+    let vm = Vm::new(kvm::open()?, GUEST_MEMORY, config.irqchip)?;
+    if vm.caps.disable_quirks2 {
+        kvm::disable_hypercall_rewrite(&vm.fd);
+    }
+    let serial = LineCapture::default();
+    let irq = EventFd::new(EFD_NONBLOCK).map_err(RunError::EventFd)?;
+    let com1 = SerialDevice::new(irq, SerialOutput::discard().with_capture(serial.clone()));
+    let mut pio = BusBuilder::new();
+    pio.insert("com1", guest::COM1_PORT, 8, Arc::new(Mutex::new(com1)))
+        .and_then(|_| {
+            pio.insert(
+                "exit-port",
+                guest::EXIT_PORT,
+                4,
+                Arc::new(Mutex::new(ExitPort)),
+            )
+        })
+        .and_then(|_| {
+            pio.insert(
+                "marker",
+                guest::MARKER_PORT,
+                4,
+                Arc::new(Mutex::new(MarkerPort)),
+            )
+        })
+        .expect("fixed bench port ranges do not overlap");
+    let buses = Arc::new(Buses {
+        pio: pio.freeze(),
+        mmio: BusBuilder::new().freeze(),
+    });
+    let ioeventfd = setup_target(&vm, config.target)?;
+    let cmdline = format!("case={} iters={iterations}", config.guest_case);
+    let loaded = guest::load(&vm.mem, GUEST_MEMORY, &cmdline)?;
+    let fd = vm
+        .fd
+        .create_vcpu(0)
+        .map_err(|e| KvmError::Ioctl("KVM_CREATE_VCPU", e))?;
+    let cpuid = vm
+        .kvm
+        .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+        .map_err(|e| KvmError::Ioctl("KVM_GET_SUPPORTED_CPUID", e))?;
+    fd.set_cpuid2(&cpuid)
+        .map_err(|e| KvmError::Ioctl("KVM_SET_CPUID2", e))?;
+    regs::set_pvh_entry(&fd, loaded.entry, loaded.start_info)?;
+    let profile = Arc::new(VcpuProfile::new(0, buses.pio.ranges().len(), 0));
+    let mut vcpu = Vcpu::new(0, fd, buses, vm.control.clone(), profile, config.regs)?;
+    if matches!(config.target, Target::Coalesced { .. }) {
+        vcpu.map_coalesced_ring()?;
+    }
+    Ok(Prepared {
+        vm,
+        vcpu,
+        serial,
+        ioeventfd,
+    })
+}
+
+fn setup_target(vm: &Vm, target: Target) -> Result<Option<EventFd>, RunError> {
+    match target {
+        Target::Unclaimed => Ok(None),
+        Target::Ioeventfd {
+            pio,
+            len,
+            datamatch,
+        } => {
+            let evt = EventFd::new(EFD_NONBLOCK).map_err(RunError::EventFd)?;
+            let addr = if pio {
+                guest::BENCH_PORT
+            } else {
+                guest::BENCH_MMIO
+            };
+            let dm = datamatch.then_some(u64::from(guest::BENCH_MAGIC));
+            kvm::register_ioeventfd(&vm.fd, &evt, pio, addr, len, dm)?;
+            Ok(Some(evt))
+        }
+        Target::Coalesced { pio } => {
+            let addr = if pio {
+                IoEventAddress::Pio(guest::BENCH_PORT)
+            } else {
+                IoEventAddress::Mmio(guest::BENCH_MMIO)
+            };
+            vm.fd
+                .register_coalesced_mmio(addr, 4)
+                .map_err(|e| KvmError::Ioctl("KVM_REGISTER_COALESCED_MMIO", e))?;
+            Ok(None)
+        }
+    }
+}
+
+fn guest_result(output: &str, guest_case: &str) -> Result<GuestResult, RunError> {
+    for line in output.lines() {
+        match parse_line(line)? {
+            GuestLine::Result(r) if r.case == guest_case => return Ok(r),
+            GuestLine::Error(e) => return Err(RunError::GuestError(e)),
+            GuestLine::Skip { reason, .. } => return Err(RunError::Skipped(reason)),
+            _ => {}
+        }
+    }
+    Err(RunError::NoResult(output.chars().take(400).collect()))
+}
+
+/// Runs `config` of `case` for `iterations` loop iterations.
+pub fn run_config(
+    case: &'static BenchCase,
+    config: &CaseConfig,
+    iterations: u64,
+    tsc_khz: u64,
+) -> Result<ConfigRun, RunError> {
+    let p = prepare(config, iterations)?;
+    let schema = p.vcpu.stats().map(|s| s.schema().clone());
+    let timeout = Duration::from_secs(20) + Duration::from_micros(500) * iterations as u32;
+    let outcomes = p.vm.start(vec![p.vcpu])?.wait(Some(timeout))?;
+    let output = p.serial.take_lines().join("\n");
+    let result = guest_result(&output, config.guest_case)?;
+    let outcome = outcomes.into_iter().next().ok_or(RunError::NoMarkers)?;
+    let (begin, end) = loop_markers(&outcome)?;
+    let signals = p.ioeventfd.as_ref().map(|e| e.read().unwrap_or(0));
+    let mut run = measure(case, config, &result, begin, end, tsc_khz);
+    run.ioeventfd_signals = signals;
+    run.guest_output = output;
+    if let (Some(schema), Some(a), Some(b)) = (schema, &begin.kvm_stats, &end.kvm_stats) {
+        let deltas = schema.deltas(a, b);
+        let exits = deltas.iter().find(|(n, _)| n == "exits").map(|(_, v)| *v);
+        run.kernel_exits = exits.map(|e| e.saturating_sub(run.user_exits + 1));
+        run.kvm_stats = deltas.into_iter().filter(|(_, v)| *v != 0).collect();
+    }
+    check(&mut run, config);
+    Ok(run)
+}
+
+fn loop_markers(o: &VcpuOutcome) -> Result<(&Marker, &Marker), RunError> {
+    let begin = o.markers.iter().find(|m| m.value == guest::MARKER_BEGIN);
+    let end = o.markers.iter().find(|m| m.value == guest::MARKER_END);
+    begin.zip(end).ok_or(RunError::NoMarkers)
+}
+
+fn measure(
+    case: &'static BenchCase,
+    config: &CaseConfig,
+    r: &GuestResult,
+    begin: &Marker,
+    end: &Marker,
+    tsc_khz: u64,
+) -> ConfigRun {
+    let profile = end.profile.delta(&begin.profile);
+    // The end marker's own exit is inside the window; the begin marker's is not.
+    let user_exits = profile.exit_count().saturating_sub(1);
+    let cycles = r.cycles_per_iter();
+    let vmm = (user_exits > 0).then(|| profile.userspace_cycles() as f64 / (user_exits + 1) as f64);
+    ConfigRun {
+        case: case.name,
+        config: *config,
+        cpl: r.cpl,
+        iterations: r.iters,
+        cycles_per_iter: cycles,
+        ns_per_iter: cycles * 1e6 / tsc_khz.max(1) as f64,
+        user_exits,
+        kernel_exits: None,
+        kvm_stats: Vec::new(),
+        ioeventfd_signals: None,
+        vmm_cycles_per_exit: vmm,
+        ipis: r.ipis,
+        uds: r.uds,
+        profile,
+        guest_output: String::new(),
+        problems: Vec::new(),
+        observations: Vec::new(),
+    }
+}
+
+/// Compares a run with its configuration's design.
+pub fn check(run: &mut ConfigRun, config: &CaseConfig) {
+    let n = run.iterations;
+    let u = run.user_exits;
+    match config.expect {
+        Expect::OnePerIteration if u != n => run.problems.push(format!(
+            "expected {n} userspace exits (one per iteration), counted {u}"
+        )),
+        Expect::None if u != 0 => run
+            .problems
+            .push(format!("expected no userspace exits, counted {u}")),
+        Expect::AtMost(f) if u as f64 > f * n as f64 => run.problems.push(format!(
+            "expected at most {:.0} userspace exits, counted {u}",
+            f * n as f64
+        )),
+        Expect::Observe => {
+            if let Some(note) = config.textbook {
+                run.observations.push(format!(
+                    "observed {u} userspace exits for {n} iterations; textbook: {note}"
+                ));
+            }
+        }
+        _ => {}
+    }
+    if let Some(s) = run.ioeventfd_signals {
+        if s != n {
+            run.problems
+                .push(format!("ioeventfd signalled {s} times for {n} writes"));
+        }
+    }
+    if config.expect_ipis && run.ipis != n {
+        run.problems.push(format!(
+            "guest handled {} IPIs for {n} iterations",
+            run.ipis
+        ));
+    }
+    if run.uds > 0 {
+        run.observations.push(format!(
+            "{} of {n} hypercalls raised #UD in the guest",
+            run.uds
+        ));
+    }
+}

@@ -1,0 +1,538 @@
+//! COM1: a 16550 UART (vm-superio) on the I/O bus.
+//!
+//! The guest's output is teed by [`SerialOutput`] to a sink (usually stdout), an optional log
+//! file and an optional in-memory [`LineCapture`] that the bench reads result lines from. The
+//! interrupt is an [`EventFd`] that the VMM registers as irqfd for [`COM1_IRQ`].
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+use vm_superio::serial::{Error as UartError, NoEvents};
+use vm_superio::{Serial, Trigger};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::bus::{BusDevice, DeviceEvent};
+
+/// First I/O port of COM1.
+pub const COM1_BASE: u64 = 0x3f8;
+/// Number of I/O ports of a 16550.
+pub const COM1_LEN: u64 = 8;
+/// Legacy IRQ line of COM1.
+pub const COM1_IRQ: u32 = 4;
+
+/// Pending output is written out at the latest when it reaches this size.
+const PENDING_MAX: usize = 4096;
+
+/// Errors setting up the serial output.
+#[derive(Debug, Error)]
+pub enum SerialError {
+    #[error("Cannot open serial log {}: {source}", path.display())]
+    OpenLog {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Locks a mutex even if a holder panicked: the protected data stays consistent per call.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Debug, Default)]
+struct CaptureState {
+    partial: Vec<u8>,
+    lines: VecDeque<String>,
+    max_lines: usize,
+    dropped: u64,
+}
+
+impl CaptureState {
+    fn end_line(&mut self) {
+        let mut line = String::from_utf8_lossy(&self.partial).into_owned();
+        self.partial.clear();
+        if line.ends_with('\r') {
+            line.pop();
+        }
+        if self.lines.len() >= self.max_lines {
+            self.lines.pop_front();
+            self.dropped += 1;
+        }
+        self.lines.push_back(line);
+    }
+}
+
+/// A bounded, shareable capture of the guest's output, split into lines.
+///
+/// Clones share the same buffer: keep one clone, give the other to [`SerialOutput`].
+/// When more than `max_lines` complete lines are held, the oldest are dropped (and counted);
+/// a line longer than [`LineCapture::MAX_LINE_LEN`] bytes is split.
+#[derive(Debug, Clone)]
+pub struct LineCapture {
+    inner: Arc<(Mutex<CaptureState>, Condvar)>,
+}
+
+impl Default for LineCapture {
+    fn default() -> Self {
+        Self::new(Self::DEFAULT_MAX_LINES)
+    }
+}
+
+impl LineCapture {
+    /// Lines held by [`LineCapture::default`].
+    pub const DEFAULT_MAX_LINES: usize = 4096;
+    /// Longest line kept in one piece, in bytes.
+    pub const MAX_LINE_LEN: usize = 4096;
+
+    /// A capture holding at most `max_lines` complete lines (at least one).
+    pub fn new(max_lines: usize) -> Self {
+        let state = CaptureState {
+            max_lines: max_lines.max(1),
+            ..CaptureState::default()
+        };
+        Self {
+            inner: Arc::new((Mutex::new(state), Condvar::new())),
+        }
+    }
+
+    /// Adds guest output; `\n` ends a line, a trailing `\r` is stripped.
+    pub fn push_bytes(&self, bytes: &[u8]) {
+        let mut st = lock(&self.inner.0);
+        let mut ended = false;
+        for &b in bytes {
+            if b == b'\n' {
+                st.end_line();
+                ended = true;
+            } else {
+                st.partial.push(b);
+                if st.partial.len() >= Self::MAX_LINE_LEN {
+                    st.end_line();
+                    ended = true;
+                }
+            }
+        }
+        if ended {
+            self.inner.1.notify_all();
+        }
+    }
+
+    /// Removes and returns the complete lines captured so far, oldest first.
+    pub fn take_lines(&self) -> Vec<String> {
+        lock(&self.inner.0).lines.drain(..).collect()
+    }
+
+    /// Like [`LineCapture::take_lines`], but waits up to `timeout` for at least one line.
+    pub fn wait_lines(&self, timeout: Duration) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        let mut st = lock(&self.inner.0);
+        while st.lines.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = match self.inner.1.wait_timeout(st, left) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
+        st.lines.drain(..).collect()
+    }
+
+    /// Number of lines dropped because the capture was full.
+    pub fn dropped(&self) -> u64 {
+        lock(&self.inner.0).dropped
+    }
+}
+
+/// When [`SerialOutput`] passes pending output on to its sink and log file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FlushPolicy {
+    /// On every flush from the UART, i.e. every byte: right for an interactive console.
+    #[default]
+    EveryWrite,
+    /// At each newline (or when 4 KiB are pending, or on drop): fewer host writes.
+    Newline,
+}
+
+/// Where the guest's serial output goes: a sink, an optional log file, an optional capture.
+///
+/// Bytes reach the capture at once and the sink and log file as [`FlushPolicy`] says; pending
+/// bytes are written out on drop. A failed write is returned as an error (a host failure).
+pub struct SerialOutput {
+    sink: Box<dyn Write + Send>,
+    log: Option<File>,
+    capture: Option<LineCapture>,
+    policy: FlushPolicy,
+    pending: Vec<u8>,
+}
+
+impl SerialOutput {
+    /// Output to `sink` only.
+    pub fn new(sink: Box<dyn Write + Send>) -> Self {
+        Self {
+            sink,
+            log: None,
+            capture: None,
+            policy: FlushPolicy::default(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Output to the VMM's stdout.
+    pub fn stdout() -> Self {
+        Self::new(Box::new(io::stdout()))
+    }
+
+    /// Output discarded (a capture or log file may still be added).
+    pub fn discard() -> Self {
+        Self::new(Box::new(io::sink()))
+    }
+
+    /// Also writes everything to `path` (created or truncated).
+    pub fn with_log_file(mut self, path: &Path) -> Result<Self, SerialError> {
+        let file = File::create(path).map_err(|source| SerialError::OpenLog {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.log = Some(file);
+        Ok(self)
+    }
+
+    /// Also feeds everything to `capture`.
+    pub fn with_capture(mut self, capture: LineCapture) -> Self {
+        self.capture = Some(capture);
+        self
+    }
+
+    /// Sets when the sink and log file are written.
+    pub fn with_flush_policy(mut self, policy: FlushPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The capture, if one was added.
+    pub fn capture(&self) -> Option<&LineCapture> {
+        self.capture.as_ref()
+    }
+
+    /// Writes all pending bytes to the log file, then the sink; returns the first error.
+    pub fn flush_pending(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let log_res = match self.log.as_mut() {
+            Some(f) => f.write_all(&self.pending).and_then(|()| f.flush()),
+            None => Ok(()),
+        };
+        let sink_res = self
+            .sink
+            .write_all(&self.pending)
+            .and_then(|()| self.sink.flush());
+        self.pending.clear();
+        log_res.and(sink_res)
+    }
+}
+
+impl Write for SerialOutput {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(c) = &self.capture {
+            c.push_bytes(buf);
+        }
+        self.pending.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let due = match self.policy {
+            FlushPolicy::EveryWrite => true,
+            FlushPolicy::Newline => {
+                self.pending.len() >= PENDING_MAX || self.pending.contains(&b'\n')
+            }
+        };
+        if due {
+            self.flush_pending()
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Drop for SerialOutput {
+    fn drop(&mut self) {
+        if let Err(e) = self.flush_pending() {
+            eprintln!("serial: Lost output at exit: {e}");
+        }
+    }
+}
+
+/// The interrupt line: each trigger adds 1 to the eventfd (an irqfd in KVM).
+#[derive(Debug)]
+pub struct IrqTrigger(EventFd);
+
+impl Trigger for IrqTrigger {
+    type E = io::Error;
+
+    fn trigger(&self) -> io::Result<()> {
+        self.0.write(1)
+    }
+}
+
+fn uart_error(e: UartError<io::Error>) -> io::Error {
+    match e {
+        UartError::Trigger(e) | UartError::IOError(e) => e,
+        UartError::FullFifo => io::Error::other("Serial input FIFO full"),
+    }
+}
+
+/// The COM1 device: a [`BusDevice`] of [`COM1_LEN`] ports.
+pub struct SerialDevice {
+    uart: Serial<IrqTrigger, NoEvents, SerialOutput>,
+    faults: u64,
+}
+
+impl SerialDevice {
+    /// A UART raising `irq` and writing to `out`.
+    pub fn new(irq: EventFd, out: SerialOutput) -> Self {
+        Self {
+            uart: Serial::new(IrqTrigger(irq), out),
+            faults: 0,
+        }
+    }
+
+    /// The interrupt eventfd, to be registered as irqfd for [`COM1_IRQ`].
+    pub fn interrupt_evt(&self) -> &EventFd {
+        &self.uart.interrupt_evt().0
+    }
+
+    /// Queues host input for the guest; returns how many bytes fit in the receive FIFO (0 when
+    /// it is full: the caller keeps the rest and retries once the guest has read).
+    /// An error means the interrupt could not be raised (the accepted bytes stay queued).
+    pub fn enqueue_input(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        if bytes.is_empty() || self.uart.fifo_capacity() == 0 {
+            return Ok(0);
+        }
+        self.uart.enqueue_raw_bytes(bytes).map_err(uart_error)
+    }
+
+    /// Free space in the receive FIFO, in bytes.
+    pub fn fifo_capacity(&self) -> usize {
+        self.uart.fifo_capacity()
+    }
+
+    /// Number of guest accesses that were invalid (bad offset or width).
+    pub fn faults(&self) -> u64 {
+        self.faults
+    }
+
+    /// The output (e.g. to reach its capture).
+    pub fn output(&self) -> &SerialOutput {
+        self.uart.writer()
+    }
+
+    /// Writes out any output held back by [`FlushPolicy::Newline`].
+    pub fn flush_output(&mut self) -> io::Result<()> {
+        self.uart.writer_mut().flush_pending()
+    }
+
+    /// Counts a guest fault; returns the register offset if the access is valid.
+    fn check(&mut self, op: &str, offset: u64, len: usize) -> Option<u8> {
+        if len == 1 && offset < COM1_LEN {
+            return u8::try_from(offset).ok();
+        }
+        self.faults += 1;
+        if self.faults == 1 {
+            eprintln!(
+                "serial: Guest {op} of {len} bytes at offset {offset:#x} ignored \
+                 (further faults are only counted)"
+            );
+        }
+        None
+    }
+}
+
+impl BusDevice for SerialDevice {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        match self.check("read", offset, data.len()) {
+            Some(reg) => data[0] = self.uart.read(reg),
+            None => data.fill(0xff),
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
+        if let Some(reg) = self.check("write", offset, data.len()) {
+            self.uart.write(reg, data[0]).map_err(uart_error)?;
+        }
+        Ok(DeviceEvent::None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const THR: u64 = 0;
+    const IER: u64 = 1;
+    const LSR: u64 = 5;
+
+    /// A sink shared with the test.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    struct Broken;
+
+    impl Write for Broken {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(io::Error::other("broken pipe"))
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn evt() -> EventFd {
+        EventFd::new(libc::EFD_NONBLOCK).unwrap()
+    }
+
+    fn device(policy: FlushPolicy) -> (SerialDevice, Shared, LineCapture) {
+        let sink = Shared::default();
+        let cap = LineCapture::default();
+        let out = SerialOutput::new(Box::new(sink.clone()))
+            .with_capture(cap.clone())
+            .with_flush_policy(policy);
+        (SerialDevice::new(evt(), out), sink, cap)
+    }
+
+    fn put(dev: &mut SerialDevice, s: &[u8]) {
+        for &b in s {
+            assert_eq!(dev.write(THR, &[b]).unwrap(), DeviceEvent::None);
+        }
+    }
+
+    #[test]
+    fn thr_writes_reach_sink_and_capture() {
+        let (mut dev, sink, cap) = device(FlushPolicy::EveryWrite);
+        put(&mut dev, b"hello\r\nresult: 42\npart");
+        assert_eq!(&*sink.0.lock().unwrap(), b"hello\r\nresult: 42\npart");
+        assert_eq!(cap.take_lines(), vec!["hello", "result: 42"]);
+        assert!(cap.take_lines().is_empty());
+        put(&mut dev, b"ial\n");
+        assert_eq!(cap.wait_lines(Duration::from_secs(1)), vec!["partial"]);
+        assert_eq!(dev.faults(), 0);
+    }
+
+    #[test]
+    fn newline_policy_holds_back_until_newline() {
+        let (mut dev, sink, _cap) = device(FlushPolicy::Newline);
+        put(&mut dev, b"ab");
+        assert!(sink.0.lock().unwrap().is_empty());
+        put(&mut dev, b"\nc");
+        assert_eq!(&*sink.0.lock().unwrap(), b"ab\n");
+        dev.flush_output().unwrap();
+        assert_eq!(&*sink.0.lock().unwrap(), b"ab\nc");
+        put(&mut dev, b"d");
+        drop(dev);
+        assert_eq!(&*sink.0.lock().unwrap(), b"ab\ncd");
+    }
+
+    #[test]
+    fn log_file_gets_everything() {
+        let path = std::env::temp_dir().join(format!("exitless-serial-{}.log", std::process::id()));
+        let out = SerialOutput::discard().with_log_file(&path).unwrap();
+        let mut dev = SerialDevice::new(evt(), out);
+        put(&mut dev, b"boot\nok");
+        assert_eq!(std::fs::read(&path).unwrap(), b"boot\nok");
+        std::fs::remove_file(&path).unwrap();
+        let bad = SerialOutput::discard().with_log_file(Path::new("/nonexistent/dir/x.log"));
+        let msg = bad.err().unwrap().to_string();
+        assert!(
+            msg.starts_with("Cannot open serial log /nonexistent/dir/x.log"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn sink_error_is_a_host_failure() {
+        let out = SerialOutput::new(Box::new(Broken));
+        let mut dev = SerialDevice::new(evt(), out);
+        assert!(dev.write(THR, b"x").is_err());
+    }
+
+    #[test]
+    fn lsr_reports_thr_empty() {
+        let (mut dev, _, _) = device(FlushPolicy::EveryWrite);
+        let mut d = [0u8];
+        dev.read(LSR, &mut d);
+        assert_eq!(d[0] & 0x60, 0x60, "THRE and TEMT set");
+        assert_eq!(d[0] & 0x01, 0, "no data ready");
+    }
+
+    #[test]
+    fn input_is_readable_via_rbr_and_raises_irq() {
+        let (mut dev, _, _) = device(FlushPolicy::EveryWrite);
+        dev.write(IER, &[0x01]).unwrap();
+        assert_eq!(dev.enqueue_input(b"ok").unwrap(), 2);
+        assert_eq!(dev.interrupt_evt().read().unwrap(), 1);
+        let mut d = [0u8];
+        dev.read(LSR, &mut d);
+        assert_eq!(d[0] & 0x01, 0x01);
+        dev.read(THR, &mut d);
+        assert_eq!(d[0], b'o');
+        dev.read(THR, &mut d);
+        assert_eq!(d[0], b'k');
+        dev.read(LSR, &mut d);
+        assert_eq!(d[0] & 0x01, 0);
+    }
+
+    #[test]
+    fn full_fifo_accepts_only_what_fits() {
+        let (mut dev, _, _) = device(FlushPolicy::EveryWrite);
+        let big = [b'x'; 100];
+        let n = dev.enqueue_input(&big).unwrap();
+        assert!(n > 0 && n < big.len());
+        assert_eq!(dev.fifo_capacity(), 0);
+        assert_eq!(dev.enqueue_input(&big[n..]).unwrap(), 0);
+        assert_eq!(dev.enqueue_input(&[]).unwrap(), 0);
+    }
+
+    #[test]
+    fn bad_accesses_are_counted_faults() {
+        let (mut dev, sink, _) = device(FlushPolicy::EveryWrite);
+        let mut d = [0u8; 2];
+        dev.read(THR, &mut d);
+        assert_eq!(d, [0xff, 0xff]);
+        assert_eq!(dev.write(THR, b"ab").unwrap(), DeviceEvent::None);
+        assert_eq!(dev.write(8, b"a").unwrap(), DeviceEvent::None);
+        dev.read(9, &mut d[..1]);
+        dev.read(0, &mut []);
+        assert_eq!(dev.faults(), 5);
+        assert!(sink.0.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn capture_is_bounded() {
+        let cap = LineCapture::new(2);
+        cap.push_bytes(b"1\n2\n3\n");
+        assert_eq!(cap.dropped(), 1);
+        assert_eq!(cap.take_lines(), vec!["2", "3"]);
+        cap.push_bytes(&vec![b'a'; LineCapture::MAX_LINE_LEN + 1]);
+        let lines = cap.take_lines();
+        assert_eq!(lines.len(), 1);
+        assert_eq!(lines[0].len(), LineCapture::MAX_LINE_LEN);
+        assert!(cap.wait_lines(Duration::from_millis(1)).is_empty());
+    }
+}

@@ -1,0 +1,637 @@
+//! Human tables and the JSON document built from profile snapshots.
+//!
+//! # JSON schema `exitless.profile/1`
+//!
+//! `ProfileReport` serializes (with `serde`) to:
+//!
+//! ```text
+//! {
+//!   "schema": "exitless.profile/1",
+//!   "tsc_khz": u64,                 // TSC frequency used for cycles -> ns
+//!   "wall_seconds": f64,            // wall-clock length of the window
+//!   "vcpus": [ {
+//!     "id": u32,
+//!     "host_cpus": [usize],         // host CPUs the vCPU thread ran on
+//!     "kvm_run": { "count", "cycles", "ns" },          // time inside KVM_RUN
+//!     "userspace": { "exits", "cycles", "ns" },        // exit handling time
+//!     "reasons": [ REASON ]         // only reasons with count > 0, by count desc
+//!   } ],
+//!   "totals": {                     // all vCPUs merged
+//!     "exits", "exits_per_second", "userspace_percent",
+//!     "kvm_run": {...}, "userspace": {...}, "reasons": [ REASON ]
+//!   },
+//!   "kvm_stats": [ { "scope": "vm" | "vcpuN", "name", "delta" } ]
+//! }
+//! REASON = { "reason": "IO_OUT", "count", "total_ns", "min_ns", "max_ns",
+//!            "avg_ns" (f64), "p50_ns", "p99_ns",
+//!            "devices": [ { "device": name | "<unmapped>", "index": usize | null,
+//!                           "count", "total_ns", "min_ns", "max_ns",
+//!                           "avg_ns", "p50_ns", "p99_ns" } ] }   // count > 0 only
+//! ```
+//!
+//! All `*_ns` latencies are userspace handling time per exit (from
+//! `KVM_RUN` returning to re-entering it). Percentiles come from the
+//! log-linear histogram (bucket upper bound, at most 25% high).
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize, Serializer};
+
+use super::vcpu_profile::{ExitStatsSnapshot, ReasonSnapshot, VcpuProfileSnapshot};
+use super::ExitReason;
+
+/// Value of the `"schema"` key of the JSON document.
+pub const PROFILE_SCHEMA: &str = "exitless.profile/1";
+/// Device name used for IO/MMIO accesses that hit no device.
+pub const UNMAPPED_DEVICE: &str = "<unmapped>";
+
+/// Change of one KVM binary-stats counter over the profiled window.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvmStatDelta {
+    /// `"vm"` or `"vcpuN"`.
+    pub scope: String,
+    /// KVM statistic name, e.g. `"exits"`.
+    pub name: String,
+    /// Later value minus earlier value (gauges may go down).
+    pub delta: i64,
+}
+
+/// Everything needed to print or export a profile.
+#[derive(Clone, Debug)]
+pub struct ProfileReport {
+    /// One snapshot (or window delta) per vCPU.
+    pub vcpus: Vec<VcpuProfileSnapshot>,
+    /// PIO bus device names, by bus index.
+    pub device_names_io: Vec<String>,
+    /// MMIO bus device names, by bus index.
+    pub device_names_mmio: Vec<String>,
+    /// KVM statistics deltas over the same window.
+    pub kvm_stats: Vec<KvmStatDelta>,
+    /// TSC frequency, for cycles to time conversion (0 is treated as 1 GHz).
+    pub tsc_khz: u64,
+    /// Wall-clock length of the window in seconds.
+    pub wall_seconds: f64,
+}
+
+/// Cycles to time conversion.
+#[derive(Clone, Copy)]
+struct TimeScale {
+    tsc_khz: u64,
+}
+
+impl TimeScale {
+    fn new(tsc_khz: u64) -> Self {
+        Self {
+            tsc_khz: if tsc_khz == 0 { 1_000_000 } else { tsc_khz },
+        }
+    }
+
+    fn ns(self, cycles: u64) -> u64 {
+        (u128::from(cycles) * 1_000_000 / u128::from(self.tsc_khz)) as u64
+    }
+
+    fn ns_f64(self, cycles: f64) -> f64 {
+        cycles * 1_000_000.0 / self.tsc_khz as f64
+    }
+
+    fn us(self, cycles: f64) -> f64 {
+        self.ns_f64(cycles) / 1000.0
+    }
+
+    fn seconds(self, cycles: u64) -> f64 {
+        self.ns_f64(cycles as f64) / 1e9
+    }
+}
+
+fn percent(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 {
+        part * 100.0 / whole
+    } else {
+        0.0
+    }
+}
+
+/// One line of the reason table, in cycles and percent.
+#[derive(Clone, Debug, PartialEq)]
+struct ReasonRow {
+    label: String,
+    stats: ExitStatsSnapshot,
+    samples_percent: f64,
+    time_percent: f64,
+}
+
+/// One line of the by-device table.
+#[derive(Clone, Debug)]
+struct DeviceRow {
+    device: String,
+    index: Option<usize>,
+    reason: ExitReason,
+    stats: ExitStatsSnapshot,
+}
+
+fn merge_reason(into: &mut ReasonSnapshot, other: &ReasonSnapshot) {
+    into.stats.merge(&other.stats);
+    if into.devices.len() < other.devices.len() {
+        into.devices
+            .resize(other.devices.len(), ExitStatsSnapshot::default());
+    }
+    for (mine, theirs) in into.devices.iter_mut().zip(&other.devices) {
+        mine.merge(theirs);
+    }
+    match (&mut into.unmapped, &other.unmapped) {
+        (Some(mine), Some(theirs)) => mine.merge(theirs),
+        (mine @ None, Some(theirs)) => *mine = Some(theirs.clone()),
+        _ => {}
+    }
+}
+
+/// Reasons with samples, most frequent first (ties in `ExitReason` order).
+fn active_sorted(reasons: &[ReasonSnapshot]) -> Vec<&ReasonSnapshot> {
+    let mut active: Vec<&ReasonSnapshot> = reasons.iter().filter(|r| r.stats.count > 0).collect();
+    active.sort_by(|a, b| {
+        b.stats
+            .count
+            .cmp(&a.stats.count)
+            .then(a.reason.cmp(&b.reason))
+    });
+    active
+}
+
+fn reason_rows(reasons: &[ReasonSnapshot]) -> Vec<ReasonRow> {
+    let total_count: u64 = reasons.iter().map(|r| r.stats.count).sum();
+    let total_cycles: u64 = reasons.iter().map(|r| r.stats.total_cycles).sum();
+    active_sorted(reasons)
+        .into_iter()
+        .map(|r| ReasonRow {
+            label: r.reason.as_str().to_string(),
+            stats: r.stats.clone(),
+            samples_percent: percent(r.stats.count as f64, total_count as f64),
+            time_percent: percent(r.stats.total_cycles as f64, total_cycles as f64),
+        })
+        .collect()
+}
+
+fn total_row(reasons: &[ReasonSnapshot]) -> ReasonRow {
+    let mut stats = ExitStatsSnapshot::default();
+    reasons.iter().for_each(|r| stats.merge(&r.stats));
+    let has_samples = stats.count > 0;
+    let full = if has_samples { 100.0 } else { 0.0 };
+    ReasonRow {
+        label: "Total".to_string(),
+        stats,
+        samples_percent: full,
+        time_percent: full,
+    }
+}
+
+impl ProfileReport {
+    /// Builds a report; host CPU sets are taken from the snapshots.
+    pub fn new(
+        vcpus: Vec<VcpuProfileSnapshot>,
+        device_names_io: Vec<String>,
+        device_names_mmio: Vec<String>,
+        kvm_stats: Vec<KvmStatDelta>,
+        tsc_khz: u64,
+        wall_seconds: f64,
+    ) -> Self {
+        Self {
+            vcpus,
+            device_names_io,
+            device_names_mmio,
+            kvm_stats,
+            tsc_khz,
+            wall_seconds,
+        }
+    }
+
+    /// `(vcpu id, host CPUs it ran on)` for every vCPU.
+    pub fn cpu_sets(&self) -> Vec<(u32, Vec<usize>)> {
+        self.vcpus
+            .iter()
+            .map(|v| (v.vcpu_id, v.host_cpus.clone()))
+            .collect()
+    }
+
+    /// Per-reason statistics of all vCPUs merged, in `ExitReason::ALL` order.
+    pub fn merged_reasons(&self) -> Vec<ReasonSnapshot> {
+        let mut merged: Vec<ReasonSnapshot> = ExitReason::ALL
+            .iter()
+            .map(|&reason| ReasonSnapshot {
+                reason,
+                stats: ExitStatsSnapshot::default(),
+                devices: Vec::new(),
+                unmapped: None,
+            })
+            .collect();
+        for reason in self.vcpus.iter().flat_map(|v| &v.reasons) {
+            merge_reason(&mut merged[reason.reason as usize], reason);
+        }
+        merged
+    }
+
+    /// Total userspace-handled exits over all vCPUs.
+    pub fn exit_count(&self) -> u64 {
+        self.vcpus.iter().map(VcpuProfileSnapshot::exit_count).sum()
+    }
+
+    fn kvm_run_cycles(&self) -> u64 {
+        self.vcpus.iter().map(|v| v.kvm_run_cycles).sum()
+    }
+
+    fn kvm_run_count(&self) -> u64 {
+        self.vcpus.iter().map(|v| v.kvm_run_count).sum()
+    }
+
+    fn userspace_cycles(&self) -> u64 {
+        self.vcpus
+            .iter()
+            .map(VcpuProfileSnapshot::userspace_cycles)
+            .sum()
+    }
+
+    fn scale(&self) -> TimeScale {
+        TimeScale::new(self.tsc_khz)
+    }
+
+    fn device_name(&self, reason: ExitReason, index: usize) -> String {
+        let (names, bus) = match reason {
+            ExitReason::IoIn | ExitReason::IoOut => (&self.device_names_io, "io"),
+            _ => (&self.device_names_mmio, "mmio"),
+        };
+        names
+            .get(index)
+            .cloned()
+            .unwrap_or_else(|| format!("{bus}#{index}"))
+    }
+
+    /// Devices with samples for every IO/MMIO reason, most samples first.
+    fn device_rows(&self, reasons: &[ReasonSnapshot]) -> Vec<DeviceRow> {
+        let mut rows = Vec::new();
+        for reason in reasons.iter().filter(|r| r.reason.has_devices()) {
+            for (index, stats) in reason.devices.iter().enumerate() {
+                rows.push(DeviceRow {
+                    device: self.device_name(reason.reason, index),
+                    index: Some(index),
+                    reason: reason.reason,
+                    stats: stats.clone(),
+                });
+            }
+            if let Some(stats) = &reason.unmapped {
+                rows.push(DeviceRow {
+                    device: UNMAPPED_DEVICE.to_string(),
+                    index: None,
+                    reason: reason.reason,
+                    stats: stats.clone(),
+                });
+            }
+        }
+        rows.retain(|row| row.stats.count > 0);
+        rows.sort_by(|a, b| {
+            b.stats
+                .count
+                .cmp(&a.stats.count)
+                .then(a.reason.cmp(&b.reason))
+        });
+        rows
+    }
+
+    /// A `perf kvm stat report`-like text report. With `per_vcpu`, the
+    /// reason table is repeated for every vCPU.
+    pub fn render_table(&self, per_vcpu: bool) -> String {
+        let mut out = String::new();
+        let merged = self.merged_reasons();
+        let _ = writeln!(
+            out,
+            "VM-exit profile: {} vCPU(s), {:.2} s wall, TSC {} kHz, {} exits ({:.0}/s)",
+            self.vcpus.len(),
+            self.wall_seconds,
+            self.tsc_khz,
+            self.exit_count(),
+            self.exits_per_second()
+        );
+        out.push_str("\nUserspace exit handling, all vCPUs (times in µs):\n");
+        self.write_reason_table(&mut out, &merged);
+        if per_vcpu {
+            for vcpu in &self.vcpus {
+                let _ = writeln!(out, "\nvcpu{} (times in µs):", vcpu.vcpu_id);
+                self.write_reason_table(&mut out, &vcpu.reasons);
+            }
+        }
+        self.write_device_table(&mut out, &merged);
+        self.write_time_split(&mut out);
+        self.write_kvm_stats(&mut out);
+        self.write_host_cpus(&mut out);
+        out
+    }
+
+    fn write_reason_table(&self, out: &mut String, reasons: &[ReasonSnapshot]) {
+        let _ = writeln!(
+            out,
+            "{:<16} {:>10} {:>9} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "Reason", "Samples", "Samples%", "Time%", "Min", "Max", "Avg", "p50", "p99"
+        );
+        let rows = reason_rows(reasons);
+        for row in rows.iter().chain(std::iter::once(&total_row(reasons))) {
+            self.write_reason_row(out, row);
+        }
+    }
+
+    fn write_reason_row(&self, out: &mut String, row: &ReasonRow) {
+        let scale = self.scale();
+        let us = |cycles: u64| scale.us(cycles as f64);
+        let _ = writeln!(
+            out,
+            "{:<16} {:>10} {:>8.2}% {:>7.2}% {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+            row.label,
+            row.stats.count,
+            row.samples_percent,
+            row.time_percent,
+            us(row.stats.min_cycles()),
+            us(row.stats.max_cycles()),
+            scale.us(row.stats.avg_cycles()),
+            us(row.stats.percentile_cycles(50.0)),
+            us(row.stats.percentile_cycles(99.0)),
+        );
+    }
+
+    fn write_device_table(&self, out: &mut String, merged: &[ReasonSnapshot]) {
+        let rows = self.device_rows(merged);
+        if rows.is_empty() {
+            return;
+        }
+        let scale = self.scale();
+        out.push_str("\nBy device (times in µs):\n");
+        let _ = writeln!(
+            out,
+            "{:<20} {:<16} {:>10} {:>10} {:>10}",
+            "Device", "Reason", "Samples", "Avg", "p99"
+        );
+        for row in rows {
+            let _ = writeln!(
+                out,
+                "{:<20} {:<16} {:>10} {:>10.2} {:>10.2}",
+                row.device,
+                row.reason.as_str(),
+                row.stats.count,
+                scale.us(row.stats.avg_cycles()),
+                scale.us(row.stats.percentile_cycles(99.0) as f64),
+            );
+        }
+    }
+
+    fn write_time_split(&self, out: &mut String) {
+        let scale = self.scale();
+        let kvm = self.kvm_run_cycles();
+        let user = self.userspace_cycles();
+        let whole = (kvm + user) as f64;
+        out.push_str("\nvCPU thread time:\n");
+        let _ = writeln!(
+            out,
+            "  time in KVM_RUN:            {:>12.6} s {:>7.2}%  ({} KVM_RUN calls)",
+            scale.seconds(kvm),
+            percent(kvm as f64, whole),
+            self.kvm_run_count()
+        );
+        let _ = writeln!(
+            out,
+            "  time in userspace handling: {:>12.6} s {:>7.2}%  ({} exits)",
+            scale.seconds(user),
+            percent(user as f64, whole),
+            self.exit_count()
+        );
+    }
+
+    fn write_kvm_stats(&self, out: &mut String) {
+        let changed: Vec<&KvmStatDelta> = self.kvm_stats.iter().filter(|s| s.delta != 0).collect();
+        if changed.is_empty() {
+            return;
+        }
+        out.push_str("\nKVM stats (delta):\n");
+        for stat in changed {
+            let _ = writeln!(
+                out,
+                "  {:<8} {:<32} {:>14}",
+                stat.scope, stat.name, stat.delta
+            );
+        }
+    }
+
+    fn write_host_cpus(&self, out: &mut String) {
+        out.push_str("\nHost CPUs:\n");
+        for (vcpu_id, cpus) in self.cpu_sets() {
+            let list = if cpus.is_empty() {
+                "(unknown)".to_string()
+            } else {
+                let names: Vec<String> = cpus.iter().map(usize::to_string).collect();
+                names.join(",")
+            };
+            let _ = writeln!(out, "  vcpu{vcpu_id} ran on host CPUs {list}");
+        }
+    }
+
+    /// Exits handled in userspace per wall-clock second.
+    pub fn exits_per_second(&self) -> f64 {
+        if self.wall_seconds > 0.0 {
+            self.exit_count() as f64 / self.wall_seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// Share of vCPU thread time spent handling exits in userspace.
+    pub fn userspace_percent(&self) -> f64 {
+        let user = self.userspace_cycles() as f64;
+        percent(user, user + self.kvm_run_cycles() as f64)
+    }
+
+    /// One line for a live `--profile-interval` display.
+    pub fn render_summary(&self) -> String {
+        let merged = self.merged_reasons();
+        let total = self.exit_count();
+        let top = match active_sorted(&merged).first() {
+            Some(top) => format!(
+                "{} {:.1}%",
+                top.reason.as_str(),
+                percent(top.stats.count as f64, total as f64)
+            ),
+            None => "-".to_string(),
+        };
+        format!(
+            "{:.0} exits/s ({} in {:.2} s), top {}, userspace {:.1}% of vCPU time",
+            self.exits_per_second(),
+            total,
+            self.wall_seconds,
+            top,
+            self.userspace_percent()
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------
+// JSON document (schema `exitless.profile/1`, see the module docs).
+
+#[derive(Serialize)]
+struct StatsDocument {
+    count: u64,
+    total_ns: u64,
+    min_ns: u64,
+    max_ns: u64,
+    avg_ns: f64,
+    p50_ns: u64,
+    p99_ns: u64,
+}
+
+#[derive(Serialize)]
+struct DeviceDocument {
+    device: String,
+    index: Option<usize>,
+    #[serde(flatten)]
+    stats: StatsDocument,
+}
+
+#[derive(Serialize)]
+struct ReasonDocument {
+    reason: ExitReason,
+    #[serde(flatten)]
+    stats: StatsDocument,
+    devices: Vec<DeviceDocument>,
+}
+
+#[derive(Serialize)]
+struct KvmRunDocument {
+    count: u64,
+    cycles: u64,
+    ns: u64,
+}
+
+#[derive(Serialize)]
+struct UserspaceDocument {
+    exits: u64,
+    cycles: u64,
+    ns: u64,
+}
+
+#[derive(Serialize)]
+struct VcpuDocument {
+    id: u32,
+    host_cpus: Vec<usize>,
+    kvm_run: KvmRunDocument,
+    userspace: UserspaceDocument,
+    reasons: Vec<ReasonDocument>,
+}
+
+#[derive(Serialize)]
+struct TotalsDocument {
+    exits: u64,
+    exits_per_second: f64,
+    userspace_percent: f64,
+    kvm_run: KvmRunDocument,
+    userspace: UserspaceDocument,
+    reasons: Vec<ReasonDocument>,
+}
+
+#[derive(Serialize)]
+struct ProfileDocument<'a> {
+    schema: &'static str,
+    tsc_khz: u64,
+    wall_seconds: f64,
+    vcpus: Vec<VcpuDocument>,
+    totals: TotalsDocument,
+    kvm_stats: &'a [KvmStatDelta],
+}
+
+impl StatsDocument {
+    fn new(stats: &ExitStatsSnapshot, scale: TimeScale) -> Self {
+        Self {
+            count: stats.count,
+            total_ns: scale.ns(stats.total_cycles),
+            min_ns: scale.ns(stats.min_cycles()),
+            max_ns: scale.ns(stats.max_cycles()),
+            avg_ns: scale.ns_f64(stats.avg_cycles()),
+            p50_ns: scale.ns(stats.percentile_cycles(50.0)),
+            p99_ns: scale.ns(stats.percentile_cycles(99.0)),
+        }
+    }
+}
+
+impl ProfileReport {
+    fn reason_documents(&self, reasons: &[ReasonSnapshot]) -> Vec<ReasonDocument> {
+        let scale = self.scale();
+        active_sorted(reasons)
+            .into_iter()
+            .map(|reason| ReasonDocument {
+                reason: reason.reason,
+                stats: StatsDocument::new(&reason.stats, scale),
+                devices: self
+                    .device_rows(std::slice::from_ref(reason))
+                    .into_iter()
+                    .map(|row| DeviceDocument {
+                        device: row.device,
+                        index: row.index,
+                        stats: StatsDocument::new(&row.stats, scale),
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    fn vcpu_document(&self, vcpu: &VcpuProfileSnapshot) -> VcpuDocument {
+        let scale = self.scale();
+        VcpuDocument {
+            id: vcpu.vcpu_id,
+            host_cpus: vcpu.host_cpus.clone(),
+            kvm_run: KvmRunDocument {
+                count: vcpu.kvm_run_count,
+                cycles: vcpu.kvm_run_cycles,
+                ns: scale.ns(vcpu.kvm_run_cycles),
+            },
+            userspace: UserspaceDocument {
+                exits: vcpu.exit_count(),
+                cycles: vcpu.userspace_cycles(),
+                ns: scale.ns(vcpu.userspace_cycles()),
+            },
+            reasons: self.reason_documents(&vcpu.reasons),
+        }
+    }
+
+    fn totals_document(&self) -> TotalsDocument {
+        let scale = self.scale();
+        TotalsDocument {
+            exits: self.exit_count(),
+            exits_per_second: self.exits_per_second(),
+            userspace_percent: self.userspace_percent(),
+            kvm_run: KvmRunDocument {
+                count: self.kvm_run_count(),
+                cycles: self.kvm_run_cycles(),
+                ns: scale.ns(self.kvm_run_cycles()),
+            },
+            userspace: UserspaceDocument {
+                exits: self.exit_count(),
+                cycles: self.userspace_cycles(),
+                ns: scale.ns(self.userspace_cycles()),
+            },
+            reasons: self.reason_documents(&self.merged_reasons()),
+        }
+    }
+
+    fn document(&self) -> ProfileDocument<'_> {
+        ProfileDocument {
+            schema: PROFILE_SCHEMA,
+            tsc_khz: self.tsc_khz,
+            wall_seconds: self.wall_seconds,
+            vcpus: self.vcpus.iter().map(|v| self.vcpu_document(v)).collect(),
+            totals: self.totals_document(),
+            kvm_stats: &self.kvm_stats,
+        }
+    }
+}
+
+impl Serialize for ProfileReport {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.document().serialize(serializer)
+    }
+}
+
+#[cfg(test)]
+#[path = "report_tests.rs"]
+mod tests;

@@ -1,0 +1,217 @@
+//! Exit dispatch as a pure function: a KVM exit in, what the vCPU loop should do out.
+
+use std::io;
+
+use kvm_ioctls::VcpuExit;
+
+use crate::bus::{Bus, DeviceEvent};
+use crate::profile::ExitReason;
+
+/// The VM's two buses, frozen before any vCPU runs.
+#[derive(Clone, Default)]
+pub struct Buses {
+    pub pio: Bus,
+    pub mmio: Bus,
+}
+
+/// How a guest (or KVM) ended the VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum VmEnd {
+    /// The guest powered off with a status (exit port or ACPI-style shutdown).
+    PowerOff(u32),
+    /// The guest asked for a reset (i8042, triple fault reboot request).
+    Reset,
+    /// KVM_EXIT_SHUTDOWN: a triple fault.
+    TripleFault,
+    /// KVM_EXIT_SYSTEM_EVENT of the given type.
+    SystemEvent(u32),
+    /// KVM could not run the guest (internal error or failed entry).
+    KvmFailure(u64),
+    /// The VMM stopped the vCPU (Ctrl-C, timeout, another vCPU ended the VM).
+    Stopped,
+}
+
+/// What the vCPU loop does after an exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitAction {
+    Resume,
+    Marker(u32),
+    End(VmEnd),
+}
+
+/// One handled exit: its reason, the device that took it (index on its bus), the action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handled {
+    pub reason: ExitReason,
+    pub device: Option<usize>,
+    pub action: ExitAction,
+}
+
+const SYSTEM_EVENT_SHUTDOWN: u32 = kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN;
+const SYSTEM_EVENT_RESET: u32 = kvm_bindings::KVM_SYSTEM_EVENT_RESET;
+
+fn event_action(event: DeviceEvent) -> ExitAction {
+    match event {
+        DeviceEvent::None => ExitAction::Resume,
+        DeviceEvent::Marker(v) => ExitAction::Marker(v),
+        DeviceEvent::Reset => ExitAction::End(VmEnd::Reset),
+        DeviceEvent::Shutdown(s) => ExitAction::End(VmEnd::PowerOff(s)),
+    }
+}
+
+fn write(bus: &Bus, reason: ExitReason, addr: u64, data: &[u8]) -> io::Result<Handled> {
+    let (device, action) = match bus.write(addr, data)? {
+        Some((i, ev)) => (Some(i), event_action(ev)),
+        None => (None, ExitAction::Resume),
+    };
+    Ok(Handled {
+        reason,
+        device,
+        action,
+    })
+}
+
+fn handled(reason: ExitReason, action: ExitAction) -> Handled {
+    Handled {
+        reason,
+        device: None,
+        action,
+    }
+}
+
+/// Dispatches one exit to the buses. `Err` only for host failures (a device could not write its
+/// output); everything the guest does wrong is a counted, resumable exit.
+pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
+    use ExitReason as R;
+    Ok(match exit {
+        VcpuExit::IoOut(port, data) => write(&buses.pio, R::IoOut, port.into(), data)?,
+        VcpuExit::IoIn(port, data) => Handled {
+            reason: R::IoIn,
+            device: buses.pio.read(port.into(), data),
+            action: ExitAction::Resume,
+        },
+        VcpuExit::MmioWrite(addr, data) => write(&buses.mmio, R::MmioWrite, addr, data)?,
+        VcpuExit::MmioRead(addr, data) => Handled {
+            reason: R::MmioRead,
+            device: buses.mmio.read(addr, data),
+            action: ExitAction::Resume,
+        },
+        VcpuExit::Hlt => handled(R::Hlt, ExitAction::Resume),
+        VcpuExit::IrqWindowOpen => handled(R::IrqWindowOpen, ExitAction::Resume),
+        VcpuExit::Shutdown => handled(R::Shutdown, ExitAction::End(VmEnd::TripleFault)),
+        VcpuExit::SystemEvent(kind, _) => {
+            let end = match kind {
+                SYSTEM_EVENT_SHUTDOWN => VmEnd::PowerOff(0),
+                SYSTEM_EVENT_RESET => VmEnd::Reset,
+                other => VmEnd::SystemEvent(other),
+            };
+            handled(R::SystemEvent, ExitAction::End(end))
+        }
+        VcpuExit::InternalError => handled(R::InternalError, ExitAction::End(VmEnd::KvmFailure(0))),
+        VcpuExit::FailEntry(reason, _) => {
+            handled(R::FailEntry, ExitAction::End(VmEnd::KvmFailure(reason)))
+        }
+        _ => handled(R::Other, ExitAction::Resume),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::{BusBuilder, BusDevice};
+    use std::sync::{Arc, Mutex};
+
+    /// A fake device: reads return its offset, writes of 0xff ask for shutdown, 0xee for a marker.
+    struct Fake;
+
+    impl BusDevice for Fake {
+        fn read(&mut self, offset: u64, data: &mut [u8]) {
+            data.fill(offset as u8 + 1);
+        }
+        fn write(&mut self, _offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
+            Ok(match data[0] {
+                0xff => DeviceEvent::Shutdown(7),
+                0xee => DeviceEvent::Marker(2),
+                0xdd => return Err(io::Error::other("sink closed")),
+                _ => DeviceEvent::None,
+            })
+        }
+    }
+
+    fn buses() -> Buses {
+        let mut pio = BusBuilder::new();
+        pio.insert("fake", 0x3f8, 8, Arc::new(Mutex::new(Fake)))
+            .unwrap();
+        let mut mmio = BusBuilder::new();
+        mmio.insert("fake-mmio", 0xd000_0000, 0x1000, Arc::new(Mutex::new(Fake)))
+            .unwrap();
+        Buses {
+            pio: pio.freeze(),
+            mmio: mmio.freeze(),
+        }
+    }
+
+    #[test]
+    fn pio_write_reaches_device_and_maps_events() {
+        let b = buses();
+        let h = handle_exit(&b, VcpuExit::IoOut(0x3f8, &[1])).unwrap();
+        assert_eq!(
+            h,
+            Handled {
+                reason: ExitReason::IoOut,
+                device: Some(0),
+                action: ExitAction::Resume
+            }
+        );
+        let h = handle_exit(&b, VcpuExit::IoOut(0x3f9, &[0xff])).unwrap();
+        assert_eq!(h.action, ExitAction::End(VmEnd::PowerOff(7)));
+        let h = handle_exit(&b, VcpuExit::IoOut(0x3f9, &[0xee])).unwrap();
+        assert_eq!(h.action, ExitAction::Marker(2));
+    }
+
+    #[test]
+    fn unmapped_accesses_resume_with_no_device_and_read_all_ones() {
+        let b = buses();
+        let h = handle_exit(&b, VcpuExit::IoOut(0x80, &[1])).unwrap();
+        assert_eq!((h.device, h.action), (None, ExitAction::Resume));
+        let mut data = [0u8; 4];
+        let h = handle_exit(&b, VcpuExit::MmioRead(0xc000_0000, &mut data)).unwrap();
+        assert_eq!((h.reason, h.device), (ExitReason::MmioRead, None));
+        assert_eq!(data, [0xff; 4]);
+    }
+
+    #[test]
+    fn reads_are_filled_by_the_device() {
+        let b = buses();
+        let mut data = [0u8; 1];
+        let h = handle_exit(&b, VcpuExit::IoIn(0x3fd, &mut data)).unwrap();
+        assert_eq!(
+            (h.reason, h.device, data[0]),
+            (ExitReason::IoIn, Some(0), 6)
+        );
+        let mut data = [0u8; 2];
+        handle_exit(&b, VcpuExit::MmioRead(0xd000_0010, &mut data)).unwrap();
+        assert_eq!(data, [0x11, 0x11]);
+    }
+
+    #[test]
+    fn host_failures_are_errors() {
+        assert!(handle_exit(&buses(), VcpuExit::IoOut(0x3f8, &[0xdd])).is_err());
+    }
+
+    #[test]
+    fn terminal_exits_end_the_vm() {
+        let b = buses();
+        let end = |e| handle_exit(&b, e).unwrap().action;
+        assert_eq!(end(VcpuExit::Shutdown), ExitAction::End(VmEnd::TripleFault));
+        assert_eq!(end(VcpuExit::Hlt), ExitAction::Resume);
+        assert_eq!(
+            end(VcpuExit::SystemEvent(SYSTEM_EVENT_RESET, &[])),
+            ExitAction::End(VmEnd::Reset)
+        );
+        assert_eq!(
+            end(VcpuExit::FailEntry(5, 0)),
+            ExitAction::End(VmEnd::KvmFailure(5))
+        );
+    }
+}

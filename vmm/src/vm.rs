@@ -1,0 +1,155 @@
+//! A VM: its KVM fd, guest memory, irqchip, and the threads running its vCPUs.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::{Kvm, VmFd};
+use thiserror::Error;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::signal::Killable;
+
+use crate::config::IrqchipMode;
+use crate::kvm::{self, Capabilities, KvmError, StatsFd};
+use crate::memory::{self, MemoryError};
+use crate::vcpu::{Vcpu, VcpuError, VcpuOutcome, VmControl, VmEnd};
+
+/// Errors setting up or running a VM.
+#[derive(Debug, Error)]
+pub enum VmError {
+    #[error(transparent)]
+    Kvm(#[from] KvmError),
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    #[error("Split irqchip is not supported by this KVM")]
+    NoSplitIrqchip,
+    #[error("Cannot start vCPU thread: {0}")]
+    Thread(std::io::Error),
+    #[error("vCPU {0} thread panicked")]
+    Panicked(usize),
+    #[error("Guest did not finish within {0:?}")]
+    Timeout(Duration),
+}
+
+/// A created VM with its memory registered.
+pub struct Vm {
+    pub kvm: Kvm,
+    pub fd: VmFd,
+    pub mem: GuestMemoryMmap,
+    pub caps: Capabilities,
+    pub irqchip: IrqchipMode,
+    pub control: Arc<VmControl>,
+    pub stats: Option<StatsFd>,
+}
+
+impl Vm {
+    /// Creates a VM with `mem_size` bytes of RAM and the chosen interrupt controller.
+    pub fn new(kvm: Kvm, mem_size: u64, irqchip: IrqchipMode) -> Result<Self, VmError> {
+        let caps = Capabilities::probe(&kvm);
+        let fd = kvm.create_vm().map_err(KvmError::CreateVm)?;
+        let mem = memory::create_guest_memory(mem_size)?;
+        kvm::register_memory(&fd, &mem)?;
+        match irqchip {
+            IrqchipMode::Kernel => fd
+                .create_irq_chip()
+                .map_err(|e| KvmError::Ioctl("KVM_CREATE_IRQCHIP", e))?,
+            IrqchipMode::Split if !caps.split_irqchip => return Err(VmError::NoSplitIrqchip),
+            IrqchipMode::Split => kvm::enable_split_irqchip(&fd, 24)?,
+            IrqchipMode::None => {}
+        }
+        kvm::kick::install_handler()?;
+        let stats = StatsFd::open(&fd).ok();
+        Ok(Vm {
+            kvm,
+            fd,
+            mem,
+            caps,
+            irqchip,
+            control: Arc::new(VmControl::default()),
+            stats,
+        })
+    }
+
+    /// Starts one thread per vCPU.
+    pub fn start(&self, vcpus: Vec<Vcpu>) -> Result<RunningVm, VmError> {
+        let mut threads = Vec::new();
+        for vcpu in vcpus {
+            let id = vcpu.id;
+            let handle = thread::Builder::new()
+                .name(format!("vcpu{id}"))
+                .spawn(move || vcpu.run())
+                .map_err(VmError::Thread)?;
+            threads.push((id, handle));
+        }
+        Ok(RunningVm {
+            threads,
+            control: self.control.clone(),
+        })
+    }
+}
+
+/// vCPU threads of a running VM.
+pub struct RunningVm {
+    threads: Vec<(usize, JoinHandle<Result<VcpuOutcome, VcpuError>>)>,
+    control: Arc<VmControl>,
+}
+
+impl RunningVm {
+    /// Asks every vCPU to stop: sets the flag, then kicks each thread out of KVM_RUN.
+    pub fn stop(&self) {
+        self.control.stop.store(true, Ordering::Release);
+        for (_, t) in &self.threads {
+            if !t.is_finished() {
+                let _ = t.kill(kvm::kick::kick_signal());
+            }
+        }
+    }
+
+    /// Waits until a vCPU ends the VM (then stops the others), the VMM's stop flag is set, or
+    /// `timeout` passes (an error). Returns every vCPU's outcome.
+    pub fn wait(self, timeout: Option<Duration>) -> Result<Vec<VcpuOutcome>, VmError> {
+        let start = Instant::now();
+        let mut timed_out = false;
+        loop {
+            if self.threads.iter().any(|(_, t)| t.is_finished())
+                || self.control.stop.load(Ordering::Acquire)
+            {
+                break;
+            }
+            if timeout.is_some_and(|t| start.elapsed() > t) {
+                timed_out = true;
+                break;
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
+        self.stop();
+        let mut outcomes = Vec::new();
+        let mut first_err = None;
+        for (id, t) in self.threads {
+            match t.join() {
+                Ok(Ok(o)) => outcomes.push(o),
+                Ok(Err(e)) => first_err = first_err.or(Some(VmError::Vcpu(e))),
+                Err(_) => first_err = first_err.or(Some(VmError::Panicked(id))),
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        match timeout {
+            Some(t) if timed_out => Err(VmError::Timeout(t)),
+            _ => Ok(outcomes),
+        }
+    }
+}
+
+/// The end that describes the whole VM: the first vCPU end that was not a VMM stop.
+pub fn vm_end(outcomes: &[VcpuOutcome]) -> VmEnd {
+    outcomes
+        .iter()
+        .map(|o| o.end)
+        .find(|e| *e != VmEnd::Stopped)
+        .unwrap_or(VmEnd::Stopped)
+}
