@@ -47,6 +47,8 @@ pub struct CaseConfig {
     pub expect_ipis: bool,
     /// What a VT-x/SVM host would do, reported when this host differs.
     pub textbook: Option<&'static str>,
+    /// Whether the exit profiler records every exit (off only to measure its own cost).
+    pub profiling: bool,
 }
 
 /// A case: an exit kind and its configurations; the first configuration is the baseline.
@@ -55,6 +57,9 @@ pub struct BenchCase {
     pub name: &'static str,
     pub what: &'static str,
     pub configs: &'static [CaseConfig],
+    /// Rounds over all configurations, interleaved; the median run of each is kept (more than
+    /// one where configurations differ by less than run-to-run noise).
+    pub rounds: usize,
 }
 
 const fn cfg(
@@ -72,6 +77,7 @@ const fn cfg(
         expect,
         expect_ipis: false,
         textbook: None,
+        profiling: true,
     }
 }
 
@@ -90,6 +96,11 @@ const fn with_ipis(mut c: CaseConfig) -> CaseConfig {
     c
 }
 
+const fn without_profiling(mut c: CaseConfig) -> CaseConfig {
+    c.profiling = false;
+    c
+}
+
 const fn with_textbook(mut c: CaseConfig, note: &'static str) -> CaseConfig {
     c.textbook = Some(note);
     c
@@ -105,26 +116,31 @@ pub const CASES: &[BenchCase] = &[
     BenchCase {
         name: "cpuid",
         what: "cpuid leaf 0 at CPL0, answered inside KVM (CPL3 cpuid never reaches KVM on PVM)",
+        rounds: 1,
         configs: &[cfg("in-kernel", "cpuid", Unclaimed, NoExit)],
     },
     BenchCase {
         name: "hypercall",
         what: "vmcall KVM_HC_VAPIC_POLL_IRQ at CPL0, with KVM_X86_QUIRK_FIX_HYPERCALL_INSN disabled",
+        rounds: 1,
         configs: &[cfg("in-kernel", "hypercall", Unclaimed, NoExit)],
     },
     BenchCase {
         name: "msr_read",
         what: "rdmsr MSR_KERNEL_GS_BASE at CPL0, handled inside KVM",
+        rounds: 1,
         configs: &[cfg("in-kernel", "msr_read", Unclaimed, NoExit)],
     },
     BenchCase {
         name: "msr_write",
         what: "wrmsr MSR_KERNEL_GS_BASE at CPL0, handled inside KVM",
+        rounds: 1,
         configs: &[cfg("in-kernel", "msr_write", Unclaimed, NoExit)],
     },
     BenchCase {
         name: "pio_out",
         what: "4-byte OUT to port 0x7e0 at CPL3 (TSS I/O bitmap)",
+        rounds: 1,
         configs: &[
             cfg("userspace", "pio_out", Unclaimed, One),
             cfg("ioeventfd", "pio_out", Ioeventfd { pio: true, len: 4, datamatch: false }, NoExit),
@@ -135,11 +151,13 @@ pub const CASES: &[BenchCase] = &[
     BenchCase {
         name: "pio_in",
         what: "4-byte IN from port 0x7e0 at CPL3: reads always reach the device model",
+        rounds: 1,
         configs: &[cfg("userspace", "pio_in", Unclaimed, One)],
     },
     BenchCase {
         name: "mmio_write",
         what: "4-byte store to 0xd0000000 (no memory slot) at CPL3",
+        rounds: 1,
         configs: &[
             cfg("userspace", "mmio_write", Unclaimed, One),
             cfg("ioeventfd", "mmio_write", Ioeventfd { pio: false, len: 4, datamatch: false }, NoExit),
@@ -151,11 +169,13 @@ pub const CASES: &[BenchCase] = &[
     BenchCase {
         name: "mmio_read",
         what: "4-byte load from 0xd0000000 at CPL3: reads always reach the device model",
+        rounds: 1,
         configs: &[cfg("userspace", "mmio_read", Unclaimed, One)],
     },
     BenchCase {
         name: "cr8",
         what: "mov to CR8 (TPR), alternating 1 and 0, at CPL0",
+        rounds: 1,
         configs: &[
             cfg("in-kernel-lapic", "cr8", Unclaimed, NoExit),
             with_textbook(
@@ -167,6 +187,7 @@ pub const CASES: &[BenchCase] = &[
     BenchCase {
         name: "hlt",
         what: "hlt at CPL0: to userspace without an irqchip; woken at once in the kernel by a pending self-IPI with one",
+        rounds: 1,
         configs: &[
             with_irqchip(cfg("no-irqchip", "hlt", Unclaimed, One), IrqchipMode::None),
             with_ipis(cfg("in-kernel-lapic", "hlt_ipi", Unclaimed, NoExit)),
@@ -175,15 +196,26 @@ pub const CASES: &[BenchCase] = &[
     BenchCase {
         name: "self_ipi",
         what: "self-IPI through the xAPIC ICR, handler and EOI, at CPL0 (in-kernel LAPIC)",
+        rounds: 1,
         configs: &[with_ipis(cfg("in-kernel-lapic", "self_ipi", Unclaimed, NoExit))],
     },
     BenchCase {
         name: "regs",
         what: "OUT to an unclaimed port at CPL0; the VMM reads RIP/RAX on every exit",
+        rounds: 1,
         configs: &[
             cfg("sync-regs", "pio_out_cpl0", Unclaimed, One),
             with_regs(cfg("get-regs", "pio_out_cpl0", Unclaimed, One), RegsAccess::GetRegs),
             with_regs(cfg("get-set-regs", "pio_out_cpl0", Unclaimed, One), RegsAccess::GetSetRegs),
+        ],
+    },
+    BenchCase {
+        name: "profiler",
+        what: "OUT to an unclaimed port at CPL3 with the exit profiler recording every exit vs off",
+        rounds: 7,
+        configs: &[
+            cfg("profiler-on", "pio_out", Unclaimed, One),
+            without_profiling(cfg("profiler-off", "pio_out", Unclaimed, One)),
         ],
     },
 ];

@@ -68,6 +68,8 @@ pub struct ConfigRun {
     pub vmm_cycles_per_exit: Option<f64>,
     pub ipis: u64,
     pub uds: u64,
+    /// Names of the port-I/O devices, by bus index (for the profile).
+    pub io_devices: Vec<String>,
     /// The vCPU's exit profile over the loop.
     #[serde(skip)]
     pub profile: VcpuProfileSnapshot,
@@ -81,6 +83,7 @@ pub struct ConfigRun {
 }
 
 struct Prepared {
+    io_devices: Vec<String>,
     vm: Vm,
     vcpu: Vcpu,
     serial: LineCapture,
@@ -118,6 +121,7 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
         pio: pio.freeze(),
         mmio: BusBuilder::new().freeze(),
     });
+    let io_devices = buses.pio.ranges().iter().map(|r| r.name.clone()).collect();
     let ioeventfd = setup_target(&vm, config.target)?;
     let cmdline = format!("case={} iters={iterations}", config.guest_case);
     let loaded = guest::load(&vm.mem, GUEST_MEMORY, &cmdline)?;
@@ -134,10 +138,13 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
     regs::set_pvh_entry(&fd, loaded.entry, loaded.start_info)?;
     let profile = Arc::new(VcpuProfile::new(0, buses.pio.ranges().len(), 0));
     let mut vcpu = Vcpu::new(0, fd, buses, vm.control.clone(), profile, config.regs)?;
+    vcpu.set_log_unmapped(false);
+    vcpu.set_profiling(config.profiling);
     if matches!(config.target, Target::Coalesced { .. }) {
         vcpu.map_coalesced_ring()?;
     }
     Ok(Prepared {
+        io_devices,
         vm,
         vcpu,
         serial,
@@ -198,6 +205,7 @@ pub fn run_config(
 ) -> Result<ConfigRun, RunError> {
     let p = prepare(config, iterations)?;
     let schema = p.vcpu.stats().map(|s| s.schema().clone());
+    let io_devices = p.io_devices.clone();
     let timeout = Duration::from_secs(20) + Duration::from_micros(500) * iterations as u32;
     let outcomes = p.vm.start(vec![p.vcpu])?.wait(Some(timeout))?;
     let output = p.serial.take_lines().join("\n");
@@ -208,6 +216,7 @@ pub fn run_config(
     let mut run = measure(case, config, &result, begin, end, tsc_khz);
     run.ioeventfd_signals = signals;
     run.guest_output = output;
+    run.io_devices = io_devices;
     if let (Some(schema), Some(a), Some(b)) = (schema, &begin.kvm_stats, &end.kvm_stats) {
         let deltas = schema.deltas(a, b);
         let exits = deltas.iter().find(|(n, _)| n == "exits").map(|(_, v)| *v);
@@ -234,9 +243,10 @@ fn measure(
 ) -> ConfigRun {
     let profile = end.profile.delta(&begin.profile);
     // The end marker's own exit is inside the window; the begin marker's is not.
-    let user_exits = profile.exit_count().saturating_sub(1);
+    let user_exits = (end.user_exits - begin.user_exits).saturating_sub(1);
     let cycles = r.cycles_per_iter();
-    let vmm = (user_exits > 0).then(|| profile.userspace_cycles() as f64 / (user_exits + 1) as f64);
+    let vmm = (user_exits > 0 && profile.exit_count() > 0)
+        .then(|| profile.userspace_cycles() as f64 / profile.exit_count() as f64);
     ConfigRun {
         case: case.name,
         config: *config,
@@ -252,10 +262,18 @@ fn measure(
         ipis: r.ipis,
         uds: r.uds,
         profile,
+        io_devices: Vec::new(),
         guest_output: String::new(),
         problems: Vec::new(),
         observations: Vec::new(),
     }
+}
+
+fn stat(run: &ConfigRun, name: &str) -> u64 {
+    run.kvm_stats
+        .iter()
+        .find(|(n, _)| n == name)
+        .map_or(0, |(_, v)| *v)
 }
 
 /// Compares a run with its configuration's design.
@@ -295,9 +313,20 @@ pub fn check(run: &mut ConfigRun, config: &CaseConfig) {
         ));
     }
     if run.uds > 0 {
+        let failed = stat(run, "insn_emulation_fail");
         run.observations.push(format!(
-            "{} of {n} hypercalls raised #UD in the guest",
+            "{} of {n} hypercalls raised #UD in the guest (KVM insn_emulation_fail +{failed}): \
+             this host's emulator does not hand vmcall to KVM's hypercall handler, so the figure \
+             is #UD delivery and return, not a hypercall",
             run.uds
+        ));
+    }
+    if config.expect_ipis && run.ns_per_iter > 100_000.0 {
+        run.observations.push(format!(
+            "each self-IPI took {:.0} us to reach the guest: a pending interrupt is injected only \
+             when KVM next enters the guest, which a CPL0 guest spinning in the emulator delays \
+             (compare hlt/in-kernel-lapic, where hlt lets KVM inject at once)",
+            run.ns_per_iter / 1000.0
         ));
     }
 }

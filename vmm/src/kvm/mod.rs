@@ -25,7 +25,7 @@ pub enum KvmError {
     NoPermission,
     #[error("Cannot open /dev/kvm: {0}")]
     Open(io::Error),
-    #[error("KVM API version {0} is not supported (need 12)")]
+    #[error("KVM API version {0} is not supported (need 12): is this a KVM device?")]
     ApiVersion(i32),
     #[error("Cannot create VM: {0}")]
     CreateVm(kvm_ioctls::Error),
@@ -41,9 +41,15 @@ pub enum KvmError {
     Signal(io::Error),
 }
 
-/// Opens /dev/kvm with errors a user can act on.
+/// Environment variable naming another KVM device node than /dev/kvm (used by tests).
+pub const KVM_DEVICE_ENV: &str = "EXITLESS_KVM_DEVICE";
+
+/// Opens /dev/kvm (or `$EXITLESS_KVM_DEVICE`) with errors a user can act on.
 pub fn open() -> Result<Kvm, KvmError> {
-    let kvm = Kvm::new().map_err(|e| match e.errno() {
+    let path = std::env::var_os(KVM_DEVICE_ENV).unwrap_or_else(|| "/dev/kvm".into());
+    let path = std::ffi::CString::new(path.as_encoded_bytes())
+        .map_err(|_| KvmError::Open(io::Error::from(io::ErrorKind::InvalidInput)))?;
+    let kvm = Kvm::new_with_path(&path).map_err(|e| match e.errno() {
         libc::ENOENT | libc::ENXIO | libc::ENODEV => KvmError::Missing,
         libc::EACCES | libc::EPERM => KvmError::NoPermission,
         errno => KvmError::Open(io::Error::from_raw_os_error(errno)),

@@ -10,7 +10,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use kvm_ioctls::{IoEventAddress, SyncReg, VcpuFd};
+use kvm_ioctls::{SyncReg, VcpuFd};
 use thiserror::Error;
 
 use crate::kvm::{self, StatsFd, StatsSnapshot};
@@ -46,6 +46,8 @@ pub enum RegsAccess {
 pub struct Marker {
     pub value: u32,
     pub tsc: u64,
+    /// Userspace exits so far (counted whether or not profiling is on).
+    pub user_exits: u64,
     pub profile: VcpuProfileSnapshot,
     pub kvm_stats: Option<StatsSnapshot>,
 }
@@ -80,6 +82,9 @@ pub struct Vcpu {
     markers: Vec<Marker>,
     regs_checksum: u64,
     warned_unmapped: bool,
+    log_unmapped: bool,
+    profiling: bool,
+    user_exits: u64,
 }
 
 impl Vcpu {
@@ -110,7 +115,22 @@ impl Vcpu {
             markers: Vec::new(),
             regs_checksum: 0,
             warned_unmapped: false,
+            log_unmapped: true,
+            profiling: true,
+            user_exits: 0,
         })
+    }
+
+    /// Turns the per-exit profile off (only the plain exit count remains): for measuring what
+    /// the profiler itself costs.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profiling = on;
+    }
+
+    /// Whether the first access to an unmapped address is logged (the bench pokes one on
+    /// purpose).
+    pub fn set_log_unmapped(&mut self, on: bool) {
+        self.log_unmapped = on;
     }
 
     pub fn fd(&self) -> &VcpuFd {
@@ -148,14 +168,14 @@ impl Vcpu {
     }
 
     fn run_loop(&mut self) -> Result<VmEnd, VcpuError> {
-        let mut t_entry = profile::rdtsc();
+        let profiling = self.profiling;
+        let mut t_entry = tsc_if(profiling);
         loop {
             if self.control.stop.load(Ordering::Acquire) {
                 return Ok(VmEnd::Stopped);
             }
             let result = self.fd.run();
-            let t_exit = profile::rdtsc();
-            self.profile.record_in_kvm(t_exit - t_entry);
+            let t_exit = tsc_if(profiling);
             let handled = match result {
                 Ok(exit) => handle_exit(&self.buses, exit)?,
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
@@ -168,18 +188,28 @@ impl Vcpu {
                 }
                 Err(e) => return Err(VcpuError::Run(e)),
             };
+            self.user_exits += 1;
             self.after_exit(&handled)?;
-            t_entry = profile::rdtsc();
-            self.profile
-                .record_exit(handled.reason, handled.device, t_entry - t_exit);
-            if let Some(cpu) = profile::current_cpu() {
-                self.profile.record_cpu(cpu);
+            let t_done = tsc_if(profiling);
+            if profiling {
+                self.record(&handled, t_entry, t_exit, t_done);
             }
+            t_entry = t_done;
             match handled.action {
                 ExitAction::Resume => {}
                 ExitAction::Marker(value) => self.mark(value),
                 ExitAction::End(end) => return Ok(end),
             }
+        }
+    }
+
+    #[inline]
+    fn record(&self, h: &Handled, t_entry: u64, t_exit: u64, t_done: u64) {
+        self.profile.record_in_kvm(t_exit.wrapping_sub(t_entry));
+        self.profile
+            .record_exit(h.reason, h.device, t_done.wrapping_sub(t_exit));
+        if let Some(cpu) = profile::current_cpu() {
+            self.profile.record_cpu(cpu);
         }
     }
 
@@ -194,7 +224,7 @@ impl Vcpu {
             h.reason,
             ExitReason::IoIn | ExitReason::IoOut | ExitReason::MmioRead | ExitReason::MmioWrite
         );
-        if io && h.device.is_none() && !self.warned_unmapped {
+        if io && h.device.is_none() && self.log_unmapped && !self.warned_unmapped {
             self.warned_unmapped = true;
             eprintln!(
                 "exitless: vcpu{} {:?} to an unmapped address at rip {rip:#x} (further ones are only counted)",
@@ -244,17 +274,19 @@ impl Vcpu {
         self.markers.push(Marker {
             value,
             tsc: profile::rdtsc(),
+            user_exits: self.user_exits,
             profile: self.profile.snapshot(),
             kvm_stats,
         });
     }
 }
 
-/// Where an ioeventfd or coalesced zone sits.
-pub fn io_address(pio: bool, addr: u64) -> IoEventAddress {
-    if pio {
-        IoEventAddress::Pio(addr)
+/// The host TSC when profiling, else 0 (no rdtsc on the exit path).
+#[inline]
+fn tsc_if(profiling: bool) -> u64 {
+    if profiling {
+        profile::rdtsc()
     } else {
-        IoEventAddress::Mmio(addr)
+        0
     }
 }

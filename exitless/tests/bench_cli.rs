@@ -1,0 +1,128 @@
+//! `exitless bench` from the command line: bad input gets one clear line and a non-zero exit;
+//! a small run reports sane structure.
+
+use std::process::{Command, Output};
+
+fn exitless(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(args)
+        .output()
+        .expect("exitless runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn unknown_case_is_one_clear_line() {
+    let o = exitless(&["bench", "--cases", "pio_out,nope"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.contains("Unknown case 'nope'") && e.contains("pio_out"),
+        "{e}"
+    );
+}
+
+#[test]
+fn zero_and_absurd_iterations_are_rejected() {
+    for n in ["0", "99999999999"] {
+        let o = exitless(&["bench", "--iterations", n]);
+        assert!(!o.status.success());
+        let e = stderr(&o);
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(
+            e.contains("Iterations must be between 1 and 10000000"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn non_numeric_iterations_are_rejected_by_the_parser() {
+    let o = exitless(&["bench", "--iterations", "many"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("invalid value 'many'"));
+}
+
+#[test]
+fn missing_kvm_device_is_one_clear_line() {
+    let o = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(["bench", "--cases", "cpuid"])
+        .env("EXITLESS_KVM_DEVICE", "/nonexistent/kvm")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.contains("does not exist"), "{e}");
+}
+
+#[test]
+fn non_kvm_device_is_one_clear_line() {
+    let o = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(["bench", "--cases", "cpuid"])
+        .env("EXITLESS_KVM_DEVICE", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.contains("is this a KVM device?"), "{e}");
+}
+
+#[test]
+fn export_guest_writes_a_pvh_elf() {
+    let path = std::env::temp_dir().join(format!("exitless-guest-{}.elf", std::process::id()));
+    let o = exitless(&["bench", "--export-guest", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let elf = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    assert_eq!(&elf[..4], b"\x7fELF");
+    // The PVH note: name "Xen", type 18 (XEN_ELFNOTE_PHYS32_ENTRY).
+    let note = [4u8, 0, 0, 0, 4, 0, 0, 0, 18, 0, 0, 0, b'X', b'e', b'n', 0];
+    assert!(elf.windows(note.len()).any(|w| w == note));
+}
+
+#[test]
+fn small_run_reports_exits_that_match_iterations() {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        eprintln!("SKIPPED: /dev/kvm is missing on this host");
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("exitless-bench-{}.json", std::process::id()));
+    let o = exitless(&[
+        "bench",
+        "--cases",
+        "pio_out,cr8",
+        "--iterations",
+        "300",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.starts_with("case"), "{table}");
+    assert!(
+        stderr(&o).contains("[1/6] pio_out/userspace"),
+        "progress on stderr"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).ok();
+    assert_eq!(v["schema"], "exitless.bench/1");
+    assert!(v["host"]["tsc_khz"].as_u64().unwrap() > 0);
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 6);
+    let user = |cfg: &str| {
+        rows.iter()
+            .find(|r| r["case"] == "pio_out" && r["config"]["name"] == cfg)
+            .unwrap()["user_exits"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(user("userspace"), 300);
+    assert_eq!(user("ioeventfd"), 0);
+    assert!(v["failures"].as_array().unwrap().is_empty());
+}

@@ -1,0 +1,142 @@
+//! KVM integration tests: bench configurations run with small iteration counts and their exit
+//! counts and profiles are checked exactly. Skipped (with a printed reason) without /dev/kvm.
+
+use vmm::bench::cases::{self, CaseConfig};
+use vmm::bench::runner::{run_config, ConfigRun};
+use vmm::profile::ExitReason;
+
+const ITERS: u64 = 200;
+
+fn kvm_available() -> bool {
+    let ok = std::fs::metadata("/dev/kvm").is_ok();
+    if !ok {
+        eprintln!("SKIPPED: /dev/kvm is missing on this host");
+    }
+    ok
+}
+
+fn config(case: &str, config: &str) -> (&'static cases::BenchCase, CaseConfig) {
+    let c = cases::find(case).expect("case exists");
+    let cfg = *c
+        .configs
+        .iter()
+        .find(|x| x.name == config)
+        .expect("config exists");
+    (c, cfg)
+}
+
+fn run(case: &str, cfg: &str) -> ConfigRun {
+    let (c, config) = config(case, cfg);
+    let run = run_config(c, &config, ITERS, 2_000_000).expect("configuration runs");
+    assert!(run.problems.is_empty(), "{case}/{cfg}: {:?}", run.problems);
+    assert_eq!(run.iterations, ITERS);
+    run
+}
+
+#[test]
+fn unclaimed_port_exits_once_per_iteration_and_the_profile_counts_each_exit() {
+    if !kvm_available() {
+        return;
+    }
+    let r = run("pio_out", "userspace");
+    assert_eq!(r.user_exits, ITERS);
+    let out = r
+        .profile
+        .reason(ExitReason::IoOut)
+        .expect("IO_OUT recorded");
+    // The measured loop's exits plus the end marker's own exit.
+    assert_eq!(out.stats.count, ITERS + 1);
+    assert_eq!(out.unmapped.as_ref().map(|u| u.count), Some(ITERS));
+    let marker = r.io_devices.iter().position(|n| n == "marker").unwrap();
+    assert_eq!(out.devices[marker].count, 1);
+    assert_eq!(r.profile.exit_count(), ITERS + 1);
+}
+
+#[test]
+fn mmio_reads_are_profiled_as_mmio_reads() {
+    if !kvm_available() {
+        return;
+    }
+    let r = run("mmio_read", "userspace");
+    assert_eq!(r.user_exits, ITERS);
+    let reads = r
+        .profile
+        .reason(ExitReason::MmioRead)
+        .expect("MMIO_READ recorded");
+    assert_eq!(reads.stats.count, ITERS);
+}
+
+#[test]
+fn ioeventfd_writes_never_reach_userspace_and_signal_every_write() {
+    if !kvm_available() {
+        return;
+    }
+    for (case, cfg) in [
+        ("pio_out", "ioeventfd"),
+        ("pio_out", "ioeventfd-datamatch"),
+        ("mmio_write", "ioeventfd"),
+        ("mmio_write", "fast-mmio"),
+    ] {
+        let r = run(case, cfg);
+        assert_eq!(r.user_exits, 0, "{case}/{cfg}");
+        assert_eq!(r.ioeventfd_signals, Some(ITERS), "{case}/{cfg}");
+    }
+}
+
+#[test]
+fn coalesced_writes_exit_only_when_the_ring_fills() {
+    if !kvm_available() {
+        return;
+    }
+    let r = run("mmio_write", "coalesced-mmio");
+    assert!(r.user_exits < ITERS / 10, "{} exits", r.user_exits);
+}
+
+#[test]
+fn hlt_without_irqchip_exits_per_iteration_and_with_lapic_stays_in_kernel() {
+    if !kvm_available() {
+        return;
+    }
+    let r = run("hlt", "no-irqchip");
+    assert_eq!(r.user_exits, ITERS);
+    assert_eq!(
+        r.profile.reason(ExitReason::Hlt).map(|h| h.stats.count),
+        Some(ITERS)
+    );
+    let r = run("hlt", "in-kernel-lapic");
+    assert_eq!((r.user_exits, r.ipis), (0, ITERS));
+}
+
+#[test]
+fn register_ioctls_per_exit_still_count_one_exit_per_iteration() {
+    if !kvm_available() {
+        return;
+    }
+    for cfg in ["sync-regs", "get-regs", "get-set-regs"] {
+        let r = run("regs", cfg);
+        assert_eq!((r.cpl, r.user_exits), (0, ITERS), "{cfg}");
+    }
+}
+
+#[test]
+fn cpl0_cases_stay_in_the_kernel() {
+    if !kvm_available() {
+        return;
+    }
+    for case in ["cpuid", "msr_read", "msr_write", "hypercall"] {
+        let r = run(case, "in-kernel");
+        assert_eq!((r.cpl, r.user_exits), (0, 0), "{case}");
+    }
+    let r = run("cr8", "in-kernel-lapic");
+    assert_eq!(r.user_exits, 0);
+}
+
+#[test]
+fn profiling_off_still_counts_exits() {
+    if !kvm_available() {
+        return;
+    }
+    let r = run("profiler", "profiler-off");
+    assert_eq!(r.user_exits, ITERS);
+    assert_eq!(r.profile.exit_count(), 0);
+}
