@@ -1,0 +1,425 @@
+/*
+ * The exitless bench guest: runs each exit kind in a tight loop, times it with
+ * rdtsc, subtracts the empty loop, and prints one result line per case on COM1:
+ *
+ *   EXITLESS RESULT case=<name> cpl=<0|3> iters=<n> cycles=<loop> empty=<empty loop> ipis=<n> uds=<n>
+ *
+ * The command line (PVH cmdline) selects "case=<name>" and "iters=<n>"; with no
+ * case, every case this machine can run is run in turn (for QEMU and other VMMs).
+ */
+#include "layout.h"
+
+typedef unsigned long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+struct hvm_start_info {
+    u32 magic, version, flags, nr_modules;
+    u64 modlist_paddr, cmdline_paddr, rsdp_paddr, memmap_paddr;
+    u32 memmap_entries, reserved;
+};
+
+struct tss64 {
+    u32 reserved0;
+    u64 rsp[3];
+    u64 reserved1;
+    u64 ist[7];
+    u64 reserved2;
+    u16 reserved3, iomap_base;
+    u8 iomap[8192 + 1];
+} __attribute__((packed));
+
+struct idt_gate {
+    u16 off_lo, sel;
+    u8 ist, attr;
+    u16 off_mid;
+    u32 off_hi, zero;
+};
+
+extern u64 gdt[];
+extern struct { u16 limit; u64 base; } __attribute__((packed)) gdt_ptr;
+extern u64 ipi_count, ud_count, ud_rip;
+extern char kernel_stack_top[];
+extern void ipi_stub(void), ud_stub(void);
+#define X(v) extern void exc_stub_##v(void);
+X(0) X(1) X(2) X(3) X(4) X(5) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(16) X(17) X(18) X(19)
+#undef X
+u64 run_user(u64 (*fn)(u64), u64 arg, void *user_stack_top);
+
+static struct tss64 tss __attribute__((aligned(64)));
+static struct idt_gate idt[256] __attribute__((aligned(16)));
+static u8 user_stack[16384] __attribute__((aligned(16)));
+
+void *memset(void *d, int c, u64 n)
+{
+    u8 *p = d;
+    while (n--)
+        *p++ = (u8)c;
+    return d;
+}
+
+static inline void outb(u16 port, u8 v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(port)); }
+static inline void outl(u16 port, u32 v) { __asm__ volatile("outl %0, %1" ::"a"(v), "Nd"(port)); }
+static inline u32 mmio_read32(u64 addr) { return *(volatile u32 *)addr; }
+static inline void mmio_write32(u64 addr, u32 v) { *(volatile u32 *)addr = v; }
+
+static inline u64 rdtsc(void)
+{
+    u32 lo, hi;
+    __asm__ volatile("lfence; rdtsc" : "=a"(lo), "=d"(hi)::"memory");
+    return ((u64)hi << 32) | lo;
+}
+
+/* ---- console ---- */
+
+static void putc_(char c) { outb(COM1_PORT, (u8)c); }
+
+static void puts_(const char *s)
+{
+    while (*s)
+        putc_(*s++);
+}
+
+static void put_u64(u64 v)
+{
+    char buf[21];
+    int i = 20;
+    buf[i] = 0;
+    do {
+        buf[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    puts_(&buf[i]);
+}
+
+static void put_hex(u64 v)
+{
+    puts_("0x");
+    for (int s = 60; s >= 0; s -= 4)
+        putc_("0123456789abcdef"[(v >> s) & 0xf]);
+}
+
+static void guest_exit(u32 status)
+{
+    outl(EXIT_PORT, status);
+    for (;;)
+        __asm__ volatile("cli; hlt");
+}
+
+void guest_exception(u64 vector, u64 *frame)
+{
+    puts_("EXITLESS ERROR exception vector=");
+    put_u64(vector);
+    puts_(" frame=");
+    put_hex(frame[0]);
+    puts_(" ");
+    put_hex(frame[1]);
+    puts_(" ");
+    put_hex(frame[2]);
+    puts_("\n");
+    guest_exit(3);
+}
+
+/* ---- CPU set-up: TSS with an all-open I/O bitmap (PVM forces IOPL 0), IDT ---- */
+
+static void set_gate(int vec, void (*fn)(void), u8 attr)
+{
+    u64 a = (u64)fn;
+    idt[vec] = (struct idt_gate){(u16)a, SEL_KCODE, 0, attr, (u16)(a >> 16), (u32)(a >> 32), 0};
+}
+
+static void setup_cpu(void)
+{
+    u64 base = (u64)&tss, limit = sizeof(tss) - 1;
+    tss.rsp[0] = (u64)kernel_stack_top;
+    tss.iomap_base = (u16)__builtin_offsetof(struct tss64, iomap);
+    tss.iomap[8192] = 0xff;
+    gdt[SEL_TSS / 8] = (limit & 0xffff) | ((base & 0xffffff) << 16) | (0x89UL << 40) |
+                       (((limit >> 16) & 0xf) << 48) | (((base >> 24) & 0xff) << 56);
+    gdt[SEL_TSS / 8 + 1] = base >> 32;
+    __asm__ volatile("lgdt %0; ltr %w1" ::"m"(gdt_ptr), "r"(SEL_TSS));
+#define X(v) set_gate(v, exc_stub_##v, 0x8e);
+    X(0) X(1) X(2) X(3) X(4) X(5) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(16) X(17) X(18) X(19)
+#undef X
+    set_gate(6, ud_stub, 0x8e);
+    set_gate(VEC_IPI, ipi_stub, 0x8e);
+    struct { u16 limit; u64 base; } __attribute__((packed)) idtr = {sizeof(idt) - 1, (u64)idt};
+    __asm__ volatile("lidt %0" ::"m"(idtr));
+}
+
+static int lapic_present(void)
+{
+    return mmio_read32(APIC_BASE + 0x30) != 0xffffffff;
+}
+
+static void lapic_enable(void)
+{
+    mmio_write32(APIC_BASE + 0xf0, 0x1ff); /* spurious vector register: software enable */
+}
+
+/* ---- measured loops: n iterations each, one exiting instruction per iteration ---- */
+
+#define LOOP(name, setup, insn, ...)                                                     \
+    static u64 loop_##name(u64 n)                                                        \
+    {                                                                                    \
+        setup;                                                                           \
+        __asm__ volatile("1: " insn "\n dec %%rcx\n jnz 1b" : "+c"(n) : __VA_ARGS__);     \
+        return 0;                                                                        \
+    }
+
+LOOP(empty, (void)0, "", "r"(0))
+LOOP(pio_out, (void)0, "outl %%eax, %%dx", "a"(BENCH_MAGIC), "d"(BENCH_PORT))
+LOOP(pio_in, (void)0, "inl %%dx, %%eax", "d"(BENCH_PORT) : "rax")
+LOOP(mmio_write, (void)0, "movl %%eax, (%%rdx)", "a"(BENCH_MAGIC), "d"((u64)BENCH_MMIO))
+LOOP(mmio_read, (void)0, "movl (%%rdx), %%esi", "d"((u64)BENCH_MMIO) : "rsi")
+
+static u64 loop_cpuid(u64 n)
+{
+    for (; n; n--) {
+        u32 a = 0, b, c = 0, d;
+        __asm__ volatile("cpuid" : "+a"(a), "=b"(b), "+c"(c), "=d"(d));
+    }
+    return 0;
+}
+
+static u64 loop_msr_read(u64 n)
+{
+    for (; n; n--) {
+        u32 lo, hi;
+        __asm__ volatile("rdmsr" : "=a"(lo), "=d"(hi) : "c"(BENCH_MSR));
+    }
+    return 0;
+}
+
+static u64 loop_msr_write(u64 n)
+{
+    for (; n; n--)
+        __asm__ volatile("wrmsr" ::"a"(0), "d"(0), "c"(BENCH_MSR));
+    return 0;
+}
+
+static u64 loop_hypercall(u64 n)
+{
+    for (; n; n--) {
+        u64 nr = 1; /* KVM_HC_VAPIC_POLL_IRQ: a no-op hypercall */
+        __asm__ volatile("vmcall" : "+a"(nr)::"rbx", "rcx", "rdx", "rsi", "memory");
+    }
+    return 0;
+}
+
+static u64 loop_cr8(u64 n)
+{
+    u64 v = 0;
+    for (; n; n--) {
+        v ^= 1;
+        __asm__ volatile("mov %0, %%cr8" ::"r"(v));
+    }
+    __asm__ volatile("mov %0, %%cr8" ::"r"(0UL));
+    return 0;
+}
+
+static u64 loop_hlt(u64 n)
+{
+    for (; n; n--)
+        __asm__ volatile("hlt");
+    return 0;
+}
+
+static void send_self_ipi(void)
+{
+    mmio_write32(APIC_BASE + 0x300, (1u << 18) | VEC_IPI); /* shorthand: self, fixed */
+}
+
+static u64 loop_self_ipi(u64 n)
+{
+    __asm__ volatile("sti");
+    for (u64 want = ipi_count + 1; n; n--, want++) {
+        send_self_ipi();
+        while (*(volatile u64 *)&ipi_count != want) /* wait for the handler */
+            __asm__ volatile("pause");
+    }
+    __asm__ volatile("cli");
+    return 0;
+}
+
+static u64 loop_hlt_ipi(u64 n)
+{
+    for (; n; n--) {
+        send_self_ipi(); /* pending while IF=0, so hlt wakes at once */
+        __asm__ volatile("sti; hlt; cli");
+    }
+    return 0;
+}
+
+/* The empty loops mirror each case's loop shape without the exiting instruction. */
+static u64 loop_empty_c(u64 n)
+{
+    for (; n; n--)
+        __asm__ volatile("" ::: "memory");
+    return 0;
+}
+
+enum needs { ANY, NEEDS_LAPIC, NEEDS_NO_LAPIC };
+
+struct bench_case {
+    const char *name;
+    int cpl;
+    enum needs needs;
+    u64 (*loop)(u64);
+    u64 (*empty)(u64);
+};
+
+static const struct bench_case cases[] = {
+    {"pio_out", 3, ANY, loop_pio_out, loop_empty},
+    {"pio_in", 3, ANY, loop_pio_in, loop_empty},
+    {"mmio_write", 3, ANY, loop_mmio_write, loop_empty},
+    {"mmio_read", 3, ANY, loop_mmio_read, loop_empty},
+    {"pio_out_cpl0", 0, ANY, loop_pio_out, loop_empty},
+    {"cpuid", 0, ANY, loop_cpuid, loop_empty_c},
+    {"hypercall", 0, ANY, loop_hypercall, loop_empty_c},
+    {"msr_read", 0, ANY, loop_msr_read, loop_empty_c},
+    {"msr_write", 0, ANY, loop_msr_write, loop_empty_c},
+    {"cr8", 0, ANY, loop_cr8, loop_empty_c},
+    {"hlt", 0, NEEDS_NO_LAPIC, loop_hlt, loop_empty_c},
+    {"hlt_ipi", 0, NEEDS_LAPIC, loop_hlt_ipi, loop_empty_c},
+    {"self_ipi", 0, NEEDS_LAPIC, loop_self_ipi, loop_empty_c},
+};
+#define NR_CASES (sizeof(cases) / sizeof(cases[0]))
+
+/* ---- running a case ---- */
+
+struct timed_run {
+    u64 (*loop)(u64);
+    u64 iters;
+    int marked;
+};
+
+static u64 timed(u64 arg)
+{
+    struct timed_run *r = (struct timed_run *)arg;
+    if (r->marked)
+        outl(MARKER_PORT, MARKER_BEGIN);
+    u64 t0 = rdtsc();
+    r->loop(r->iters);
+    u64 t1 = rdtsc();
+    if (r->marked)
+        outl(MARKER_PORT, MARKER_END);
+    return t1 - t0;
+}
+
+static u64 run_at(int cpl, struct timed_run *r)
+{
+    if (cpl == 3)
+        return run_user(timed, (u64)r, user_stack + sizeof(user_stack));
+    return timed((u64)r);
+}
+
+static void run_case(const struct bench_case *c, u64 iters)
+{
+    struct timed_run empty = {c->empty, iters, 0}, loop = {c->loop, iters, 1};
+    u64 e = run_at(c->cpl, &empty);
+    ipi_count = 0;
+    ud_count = 0;
+    u64 t = run_at(c->cpl, &loop);
+    puts_("EXITLESS RESULT case=");
+    puts_(c->name);
+    puts_(" cpl=");
+    put_u64((u64)c->cpl);
+    puts_(" iters=");
+    put_u64(iters);
+    puts_(" cycles=");
+    put_u64(t);
+    puts_(" empty=");
+    put_u64(e);
+    puts_(" ipis=");
+    put_u64(ipi_count);
+    puts_(" uds=");
+    put_u64(ud_count);
+    if (ud_count) {
+        puts_(" ud_rip=");
+        put_hex(ud_rip);
+    }
+    puts_("\n");
+}
+
+static void skip_case(const struct bench_case *c, const char *why)
+{
+    puts_("EXITLESS SKIP case=");
+    puts_(c->name);
+    puts_(" reason=");
+    puts_(why);
+    puts_("\n");
+}
+
+/* ---- command line ---- */
+
+static int word_eq(const char *a, const char *b)
+{
+    while (*a && *a != ' ' && *a == *b)
+        a++, b++;
+    return (*a == 0 || *a == ' ') && *b == 0;
+}
+
+static const char *find_arg(const char *cmdline, const char *key)
+{
+    for (const char *p = cmdline; p && *p; p++) {
+        if (p != cmdline && p[-1] != ' ')
+            continue;
+        const char *k = key, *q = p;
+        while (*k && *q == *k)
+            k++, q++;
+        if (!*k)
+            return q;
+    }
+    return 0;
+}
+
+static u64 parse_u64(const char *s)
+{
+    u64 v = 0;
+    while (s && *s >= '0' && *s <= '9')
+        v = v * 10 + (u64)(*s++ - '0');
+    return v;
+}
+
+static int runnable(const struct bench_case *c, int lapic)
+{
+    if (c->needs == NEEDS_LAPIC && !lapic) {
+        skip_case(c, "no-lapic");
+        return 0;
+    }
+    if (c->needs == NEEDS_NO_LAPIC && lapic) {
+        skip_case(c, "lapic-present");
+        return 0;
+    }
+    return 1;
+}
+
+void bench_main(u32 start_info_addr)
+{
+    const struct hvm_start_info *si = (const struct hvm_start_info *)(u64)start_info_addr;
+    const char *cmdline = si && si->cmdline_paddr ? (const char *)si->cmdline_paddr : "";
+    setup_cpu();
+    puts_("EXITLESS START version=1\n");
+    const char *want = find_arg(cmdline, "case=");
+    u64 iters = parse_u64(find_arg(cmdline, "iters="));
+    if (!iters)
+        iters = 1000;
+    int lapic = lapic_present();
+    if (lapic)
+        lapic_enable();
+    int ran = 0;
+    for (u64 i = 0; i < NR_CASES; i++) {
+        const struct bench_case *c = &cases[i];
+        if (want && !word_eq(want, c->name))
+            continue;
+        if (runnable(c, lapic))
+            run_case(c, iters);
+        ran++;
+    }
+    if (!ran)
+        puts_("EXITLESS ERROR unknown case\n");
+    puts_("EXITLESS DONE\n");
+    guest_exit(ran ? 0 : 2);
+}

@@ -1,0 +1,26 @@
+/* Bench guest constants shared by C, assembly and (by value) the VMM's bench module. */
+#ifndef EXITLESS_GUEST_LAYOUT_H
+#define EXITLESS_GUEST_LAYOUT_H
+
+#define SEL_KCODE 0x08
+#define SEL_KDATA 0x10
+#define SEL_UDATA (0x18 | 3)
+#define SEL_UCODE (0x20 | 3)
+#define SEL_TSS   0x28
+
+#define VEC_IPI          0x40
+
+#define APIC_BASE        0xfee00000
+
+#define COM1_PORT        0x3f8
+#define EXIT_PORT        0xf4      /* QEMU isa-debug-exit compatible */
+#define MARKER_PORT      0x7e8     /* begin (1) / end (2) of a measured loop */
+#define BENCH_PORT       0x7e0     /* PIO target: unclaimed, ioeventfd or coalesced */
+#define BENCH_MMIO       0xd0000000 /* MMIO target in the MMIO gap */
+#define BENCH_MAGIC      0x600dcafe /* value written, for datamatch */
+#define BENCH_MSR        0xc0000102 /* MSR_KERNEL_GS_BASE: harmless */
+
+#define MARKER_BEGIN 1
+#define MARKER_END   2
+
+#endif
