@@ -28,9 +28,16 @@ pub const EXIT_TIMEOUT: i32 = 124;
 /// Exit code when SIGINT or SIGTERM stopped the VM.
 pub const EXIT_SIGNAL: i32 = 130;
 
-/// Options of `exitless run`. Command line values override the `--config` file.
+/// Options of `exitless run` (boxed: they are large next to the other subcommands).
 #[derive(Args)]
 pub struct RunArgs {
+    #[command(flatten)]
+    opts: Box<RunOptions>,
+}
+
+/// Options of `exitless run`. Command line values override the `--config` file.
+#[derive(Args)]
+pub struct RunOptions {
     /// Kernel image: ELF vmlinux (PVH boot) or bzImage [default: none, required here or in --config]
     #[arg(long, value_name = "PATH")]
     kernel: Option<PathBuf>,
@@ -101,7 +108,7 @@ fn cpu_count(n: u64) -> anyhow::Result<u8> {
     })
 }
 
-fn vm_config(args: &RunArgs) -> anyhow::Result<VmConfig> {
+fn vm_config(args: &RunOptions) -> anyhow::Result<VmConfig> {
     let file = args
         .config
         .as_deref()
@@ -121,6 +128,7 @@ fn vm_config(args: &RunArgs) -> anyhow::Result<VmConfig> {
 }
 
 pub fn main(args: RunArgs) -> anyhow::Result<i32> {
+    let args = *args.opts;
     let timeout = seconds("timeout", args.timeout)?;
     let interval = seconds("profile-interval", args.profile_interval)?;
     let config = vm_config(&args)?;
@@ -141,7 +149,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
 
 /// Waits for the VM, printing live summaries and SIGUSR1 reports, stopping on a signal.
 fn wait(
-    args: &RunArgs,
+    args: &RunOptions,
     vm: &mut LaunchedVm,
     timeout: Option<Duration>,
     interval: Option<Duration>,
@@ -176,7 +184,7 @@ fn crlf(text: &str) -> String {
     text.replace('\n', "\r\n")
 }
 
-fn output_profile(args: &RunArgs, report: &ProfileReport) -> anyhow::Result<()> {
+fn output_profile(args: &RunOptions, report: &ProfileReport) -> anyhow::Result<()> {
     if let Some(path) = &args.profile_json {
         let json = serde_json::to_string_pretty(report).context("Cannot serialize profile")?;
         std::fs::write(path, json + "\n")
