@@ -30,6 +30,11 @@ pub const EXIT_SIGNAL: i32 = 130;
 
 /// Options of `exitless run` (boxed: they are large next to the other subcommands).
 #[derive(Args)]
+#[command(
+    after_help = "Exit codes: 0 guest powered off or rebooted, 1 setup error, \
+3 triple fault, 4 KVM failure, 5 unknown KVM system event, 124 --timeout reached, \
+130 stopped by SIGINT/SIGTERM."
+)]
 pub struct RunArgs {
     #[command(flatten)]
     opts: Box<RunOptions>,

@@ -20,7 +20,7 @@ use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
 use crate::devices::serial::{self, SerialDevice, SerialError, SerialOutput};
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
 use crate::profile::{self, KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
-use crate::vcpu::{Buses, RegsAccess, Vcpu, VcpuError, VmEnd};
+use crate::vcpu::{Buses, RegsAccess, Vcpu, VcpuError, VcpuOutcome, VmEnd};
 use crate::vm::{self, RunningVm, Vm, VmError};
 
 /// Errors building or running a Linux VM.
@@ -54,6 +54,9 @@ pub enum LaunchError {
     #[error("The VM is no longer running")]
     NotRunning,
 }
+
+/// How long a stopped vCPU may take to leave KVM_RUN before it is left behind.
+pub const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// Launch choices that are not part of the VM configuration.
 #[derive(Debug, Clone, Copy)]
@@ -408,12 +411,32 @@ impl LaunchedVm {
             );
         }
         let running = self.running.take().ok_or(LaunchError::NotRunning)?;
-        let outcomes = running.wait(None)?;
+        let outcomes = Self::collect(running)?;
         if let Ok(mut s) = self.serial.lock() {
             // The console may be gone (closed pipe); the VM has ended either way.
             let _ = s.flush_output();
         }
-        Ok(end.unwrap_or(LaunchEnd::Guest(vm::vm_end(&outcomes))))
+        let guest_end = outcomes.map_or(VmEnd::Stopped, |o| vm::vm_end(&o));
+        Ok(end.unwrap_or(LaunchEnd::Guest(guest_end)))
+    }
+
+    /// Stops the vCPUs and joins them. A vCPU that does not leave KVM_RUN within
+    /// [`STOP_GRACE`] (seen on hosts whose KVM emulates long guest stretches without checking
+    /// for signals) is left behind: `None`, and the caller is expected to exit the process.
+    fn collect(running: RunningVm) -> Result<Option<Vec<VcpuOutcome>>, LaunchError> {
+        let start = Instant::now();
+        while !running.all_finished() {
+            if start.elapsed() >= STOP_GRACE {
+                eprintln!(
+                    "exitless: a vCPU did not leave KVM_RUN within {STOP_GRACE:?} of being \
+                     stopped; not waiting for it"
+                );
+                return Ok(None);
+            }
+            running.stop();
+            thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Some(running.wait(None)?))
     }
 
     /// The vCPUs' profiles now (cumulative since launch).

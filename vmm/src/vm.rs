@@ -114,6 +114,11 @@ impl RunningVm {
             || self.control.stop.load(Ordering::Acquire)
     }
 
+    /// Whether every vCPU thread has ended.
+    pub fn all_finished(&self) -> bool {
+        self.threads.iter().all(|(_, t)| t.is_finished())
+    }
+
     /// Waits until a vCPU ends the VM (then stops the others), the VMM's stop flag is set, or
     /// `timeout` passes (an error). Returns every vCPU's outcome.
     pub fn wait(self, timeout: Option<Duration>) -> Result<Vec<VcpuOutcome>, VmError> {
