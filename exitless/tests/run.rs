@@ -139,6 +139,49 @@ fn unparsable_timeout() {
 }
 
 #[test]
+fn config_file_values_are_validated() {
+    let path = std::env::temp_dir().join(format!("exitless-config-{}.json", std::process::id()));
+    std::fs::write(&path, r#"{"kernel": "Cargo.toml", "cpus": 0}"#).unwrap();
+    let p = path.to_str().unwrap();
+    assert_one_line_error(&["--config", p], &["--cpus must be at least 1"]);
+    // The command line overrides the file.
+    assert_one_line_error(
+        &["--config", p, "--cpus", "1", "--memory", "abc"],
+        &["Invalid memory size 'abc'"],
+    );
+    let _ = std::fs::remove_file(&path);
+    assert_one_line_error(&["--config", p], &["Cannot read config file", p]);
+}
+
+#[test]
+fn timeout_stops_the_vm_with_code_124_and_writes_the_profile() {
+    if !have_kvm("timeout_stops_the_vm") || !have_vmlinux("timeout_stops_the_vm") {
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("exitless-timeout-{}.json", std::process::id()));
+    let start = Instant::now();
+    let out = exitless()
+        .arg("--kernel")
+        .arg(vmlinux())
+        .args(["--memory", "256M", "--timeout", "2", "--profile-json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(124), "{stderr}");
+    assert!(stderr.contains("timeout reached"), "{stderr}");
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    let text = std::fs::read_to_string(&json).expect("profile JSON written");
+    let _ = std::fs::remove_file(&json);
+    let profile: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(profile["schema"], "exitless.profile/1");
+}
+
+#[test]
 fn help_states_every_default() {
     let out = Command::new(env!("CARGO_BIN_EXE_exitless"))
         .args(["run", "--help"])
