@@ -1,11 +1,232 @@
 //! `exitless run`: boot a Linux guest.
+//!
+//! Exit codes: 0 when the guest powers off or reboots (a reboot ends the VM with "guest
+//! rebooted"), 3 on a triple fault, 4 when KVM fails to run the guest, 5 on an unknown KVM
+//! system event, 124 when `--timeout` stopped the VM, 130 when SIGINT or SIGTERM stopped it,
+//! and 1 for any error setting the VM up (one line on stderr).
 
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
 use clap::Args;
+use vmm::config::{ConfigError, VmConfig, VmConfigOverrides};
+use vmm::launch::{self, LaunchEnd, LaunchOptions, LaunchedVm};
+use vmm::profile::ProfileReport;
+use vmm::terminal::RawTerminal;
+use vmm::vcpu::VmEnd;
 
-/// Options of `exitless run`.
+/// Exit code when the guest triple-faulted.
+pub const EXIT_TRIPLE_FAULT: i32 = 3;
+/// Exit code when KVM could not run the guest.
+pub const EXIT_KVM_FAILURE: i32 = 4;
+/// Exit code for a KVM system event exitless does not know.
+pub const EXIT_SYSTEM_EVENT: i32 = 5;
+/// Exit code when `--timeout` stopped the VM.
+pub const EXIT_TIMEOUT: i32 = 124;
+/// Exit code when SIGINT or SIGTERM stopped the VM.
+pub const EXIT_SIGNAL: i32 = 130;
+
+/// Options of `exitless run` (boxed: they are large next to the other subcommands).
 #[derive(Args)]
-pub struct RunArgs {}
+#[command(
+    after_help = "Exit codes: 0 guest powered off or rebooted, 1 setup error, \
+3 triple fault, 4 KVM failure, 5 unknown KVM system event, 124 --timeout reached, \
+130 stopped by SIGINT/SIGTERM."
+)]
+pub struct RunArgs {
+    #[command(flatten)]
+    opts: Box<RunOptions>,
+}
 
-pub fn main(_args: RunArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("Not implemented yet")
+/// Options of `exitless run`. Command line values override the `--config` file.
+#[derive(Args)]
+pub struct RunOptions {
+    /// Kernel image: ELF vmlinux (PVH boot) or bzImage [default: none, required here or in --config]
+    #[arg(long, value_name = "PATH")]
+    kernel: Option<PathBuf>,
+    /// Initial ramdisk [default: none]
+    #[arg(long, value_name = "PATH")]
+    initrd: Option<PathBuf>,
+    /// Kernel command line [default: "console=ttyS0 reboot=k panic=1"]
+    #[arg(long, value_name = "STR")]
+    cmdline: Option<String>,
+    /// Number of vCPUs [default: 1]
+    #[arg(long, value_name = "N")]
+    cpus: Option<u64>,
+    /// Guest RAM, e.g. 256M or 1G [default: 512M]
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
+    /// JSON VM config file; command line options override it [default: none]
+    #[arg(long, value_name = "FILE.json")]
+    config: Option<PathBuf>,
+    /// Also write the serial console to this file [default: none]
+    #[arg(long, value_name = "FILE")]
+    serial_log: Option<PathBuf>,
+    /// Interrupt controller: kernel, split or none [default: kernel]
+    #[arg(long, value_name = "MODE")]
+    irqchip: Option<String>,
+    /// Pin vCPU i to the i-th host CPU of this list, e.g. 0,1 [default: no pinning]
+    #[arg(long, value_name = "LIST")]
+    cpu_affinity: Option<String>,
+    /// Print the exit profile when the VM ends and on SIGUSR1 [default: off]
+    #[arg(long)]
+    profile: bool,
+    /// Write the exit profile as JSON to FILE when the VM ends [default: none]
+    #[arg(long, value_name = "FILE")]
+    profile_json: Option<PathBuf>,
+    /// Break the printed profile down per vCPU [default: off]
+    #[arg(long)]
+    profile_per_vcpu: bool,
+    /// Print a one-line exit summary on stderr every SECS seconds [default: off]
+    #[arg(long, value_name = "SECS")]
+    profile_interval: Option<f64>,
+    /// Stop the VM after SECS seconds and exit with code 124 [default: no timeout]
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<f64>,
+}
+
+fn seconds(name: &str, value: Option<f64>) -> anyhow::Result<Option<Duration>> {
+    value
+        .map(|s| {
+            Duration::try_from_secs_f64(s)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .with_context(|| format!("--{name} must be a positive number of seconds, got {s}"))
+        })
+        .transpose()
+}
+
+/// Parses an option here rather than in clap, so a bad value is one line like other errors.
+fn parse<T: FromStr<Err = ConfigError>>(value: Option<&str>) -> anyhow::Result<Option<T>> {
+    Ok(value.map(str::parse).transpose()?)
+}
+
+/// The VM config stores the vCPU count as u8; larger counts are reported like KVM's limit.
+fn cpu_count(n: u64) -> anyhow::Result<u8> {
+    u8::try_from(n).or_else(|_| {
+        let max = vmm::kvm::open().map_or(usize::from(u8::MAX), |k| {
+            k.get_max_vcpus().min(usize::from(u8::MAX))
+        });
+        anyhow::bail!("--cpus {n} exceeds the KVM limit of {max}")
+    })
+}
+
+fn vm_config(args: &RunOptions) -> anyhow::Result<VmConfig> {
+    let file = args
+        .config
+        .as_deref()
+        .map(VmConfig::from_json_file)
+        .transpose()?;
+    let cli = VmConfigOverrides {
+        kernel: args.kernel.clone(),
+        initrd: args.initrd.clone(),
+        cmdline: args.cmdline.clone(),
+        cpus: args.cpus.map(cpu_count).transpose()?,
+        memory: parse(args.memory.as_deref())?,
+        serial_log: args.serial_log.clone(),
+        irqchip: parse(args.irqchip.as_deref())?,
+        cpu_affinity: parse(args.cpu_affinity.as_deref())?,
+    };
+    Ok(VmConfig::merge_cli(file, cli)?)
+}
+
+pub fn main(args: RunArgs) -> anyhow::Result<i32> {
+    let args = *args.opts;
+    let timeout = seconds("timeout", args.timeout)?;
+    let interval = seconds("profile-interval", args.profile_interval)?;
+    let config = vm_config(&args)?;
+    launch::install_signal_handlers()?;
+    // Launch errors already include their causes in their messages: keep them one line.
+    let mut vm =
+        launch::launch(&config, LaunchOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut terminal = RawTerminal::enter();
+    let end = wait(&args, &mut vm, timeout, interval);
+    if let Ok(t) = terminal.as_mut() {
+        t.restore();
+    }
+    let end = end?;
+    let report = vm.report();
+    output_profile(&args, &report)?;
+    Ok(exit_code(end))
+}
+
+/// Waits for the VM, printing live summaries and SIGUSR1 reports, stopping on a signal.
+fn wait(
+    args: &RunOptions,
+    vm: &mut LaunchedVm,
+    timeout: Option<Duration>,
+    interval: Option<Duration>,
+) -> anyhow::Result<LaunchEnd> {
+    let mut last = (Instant::now(), vm.snapshots());
+    let end = vm
+        .wait(timeout, Duration::from_millis(10), |vm| {
+            if launch::stop_signal().is_some() {
+                return true;
+            }
+            if launch::take_report_request() && args.profile {
+                eprint!(
+                    "\r\n{}",
+                    crlf(&vm.report().render_table(args.profile_per_vcpu))
+                );
+            }
+            if let Some(every) = interval {
+                if last.0.elapsed() >= every {
+                    let window = vm.report_since(&last.1, last.0.elapsed());
+                    eprint!("\r{}\r\n", window.render_summary());
+                    last = (Instant::now(), vm.snapshots());
+                }
+            }
+            false
+        })
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(end)
+}
+
+/// Raw mode does not turn `\n` into `\r\n`; the report is printed while it may be on.
+fn crlf(text: &str) -> String {
+    text.replace('\n', "\r\n")
+}
+
+fn output_profile(args: &RunOptions, report: &ProfileReport) -> anyhow::Result<()> {
+    if let Some(path) = &args.profile_json {
+        let json = serde_json::to_string_pretty(report).context("Cannot serialize profile")?;
+        std::fs::write(path, json + "\n")
+            .with_context(|| format!("Cannot write profile to {}", path.display()))?;
+    }
+    if args.profile {
+        eprint!("{}", report.render_table(args.profile_per_vcpu));
+    }
+    Ok(())
+}
+
+fn exit_code(end: LaunchEnd) -> i32 {
+    match end {
+        LaunchEnd::TimedOut => {
+            eprintln!("exitless: timeout reached, VM stopped");
+            EXIT_TIMEOUT
+        }
+        LaunchEnd::StopRequested | LaunchEnd::Guest(VmEnd::Stopped) => {
+            eprintln!("exitless: stopped by signal");
+            EXIT_SIGNAL
+        }
+        LaunchEnd::Guest(VmEnd::PowerOff(_)) => 0,
+        LaunchEnd::Guest(VmEnd::Reset) => {
+            eprintln!("exitless: guest rebooted");
+            0
+        }
+        LaunchEnd::Guest(VmEnd::TripleFault) => {
+            eprintln!("exitless: guest triple fault (KVM_EXIT_SHUTDOWN)");
+            EXIT_TRIPLE_FAULT
+        }
+        LaunchEnd::Guest(VmEnd::KvmFailure(reason)) => {
+            eprintln!("exitless: KVM could not run the guest (hardware reason {reason:#x})");
+            EXIT_KVM_FAILURE
+        }
+        LaunchEnd::Guest(VmEnd::SystemEvent(kind)) => {
+            eprintln!("exitless: unknown KVM system event {kind}");
+            EXIT_SYSTEM_EVENT
+        }
+    }
 }

@@ -7,6 +7,7 @@ pub mod bus;
 pub mod config;
 pub mod devices;
 pub mod kvm;
+pub mod launch;
 pub mod memory;
 pub mod profile;
 pub mod terminal;

@@ -108,15 +108,24 @@ impl RunningVm {
         }
     }
 
+    /// Whether a vCPU thread has ended or the stop flag is set (what [`RunningVm::wait`] polls).
+    pub fn is_done(&self) -> bool {
+        self.threads.iter().any(|(_, t)| t.is_finished())
+            || self.control.stop.load(Ordering::Acquire)
+    }
+
+    /// Whether every vCPU thread has ended.
+    pub fn all_finished(&self) -> bool {
+        self.threads.iter().all(|(_, t)| t.is_finished())
+    }
+
     /// Waits until a vCPU ends the VM (then stops the others), the VMM's stop flag is set, or
     /// `timeout` passes (an error). Returns every vCPU's outcome.
     pub fn wait(self, timeout: Option<Duration>) -> Result<Vec<VcpuOutcome>, VmError> {
         let start = Instant::now();
         let mut timed_out = false;
         loop {
-            if self.threads.iter().any(|(_, t)| t.is_finished())
-                || self.control.stop.load(Ordering::Acquire)
-            {
+            if self.is_done() {
                 break;
             }
             if timeout.is_some_and(|t| start.elapsed() > t) {

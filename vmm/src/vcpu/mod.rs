@@ -3,6 +3,7 @@
 //! Nothing shared is written per exit: the profile is the vCPU's own (padded, single-writer),
 //! the stop flag is only read, and no lock is held across KVM_RUN.
 
+pub mod affinity;
 pub mod exit;
 pub mod regs;
 
@@ -15,6 +16,7 @@ use thiserror::Error;
 
 use crate::kvm::{self, StatsFd, StatsSnapshot};
 use crate::profile::{self, ExitReason, VcpuProfile, VcpuProfileSnapshot};
+pub use affinity::pin_current_thread;
 pub use exit::{handle_exit, Buses, ExitAction, Handled, VmEnd};
 
 /// Errors running a vCPU.
@@ -28,6 +30,8 @@ pub enum VcpuError {
     Device(#[from] io::Error),
     #[error(transparent)]
     Kvm(#[from] kvm::KvmError),
+    #[error("Cannot pin vCPU thread to host CPU {0}: {1}")]
+    Affinity(usize, io::Error),
 }
 
 /// How the VMM reads guest registers on each userspace exit.
@@ -85,6 +89,7 @@ pub struct Vcpu {
     log_unmapped: bool,
     profiling: bool,
     user_exits: u64,
+    affinity: Option<usize>,
 }
 
 impl Vcpu {
@@ -118,6 +123,7 @@ impl Vcpu {
             log_unmapped: true,
             profiling: true,
             user_exits: 0,
+            affinity: None,
         })
     }
 
@@ -151,8 +157,16 @@ impl Vcpu {
         self.stats.as_ref()
     }
 
+    /// Makes [`Vcpu::run`] pin its thread to host CPU `cpu` before entering the guest.
+    pub fn pin_to(&mut self, cpu: usize) {
+        self.affinity = Some(cpu);
+    }
+
     /// Runs until the guest ends the VM or the VMM stops it.
     pub fn run(mut self) -> Result<VcpuOutcome, VcpuError> {
+        if let Some(cpu) = self.affinity {
+            pin_current_thread(cpu).map_err(|e| VcpuError::Affinity(cpu, e))?;
+        }
         kvm::kick::arm(&mut self.fd);
         let result = self.run_loop();
         kvm::kick::disarm();
