@@ -41,6 +41,7 @@ extern u64 gdt[];
 extern struct { u16 limit; u64 base; } __attribute__((packed)) gdt_ptr;
 extern u64 ipi_count, ud_count, ud_rip;
 extern char kernel_stack_top[];
+extern char ap_trampoline[], ap_trampoline_end[];
 extern void ipi_stub(void), ud_stub(void);
 #define X(v) extern void exc_stub_##v(void);
 X(0) X(1) X(2) X(3) X(4) X(5) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(16) X(17) X(18) X(19)
@@ -100,9 +101,12 @@ static void put_hex(u64 v)
         putc_("0123456789abcdef"[(v >> s) & 0xf]);
 }
 
+/* Ends the VM: the exit port (exitless bench, QEMU isa-debug-exit), else an i8042 reset
+ * (exitless run, QEMU with -no-reboot), else halts. */
 static void guest_exit(u32 status)
 {
     outl(EXIT_PORT, status);
+    outb(0x64, 0xfe);
     for (;;)
         __asm__ volatile("cli; hlt");
 }
@@ -355,6 +359,70 @@ static void skip_case(const struct bench_case *c, const char *why)
     puts_("\n");
 }
 
+/* ---- SMP: INIT-SIPI-SIPI to every other CPU; each reports its APIC ID ---- */
+
+static volatile u32 aps_up;
+static volatile u32 console_lock;
+
+static u32 apic_id_from_cpuid(void)
+{
+    u32 a = 1, b, c = 0, d;
+    __asm__ volatile("cpuid" : "+a"(a), "=b"(b), "+c"(c), "=d"(d));
+    return b >> 24;
+}
+
+void ap_main(u32 index)
+{
+    u32 apic = apic_id_from_cpuid();
+    while (__atomic_exchange_n(&console_lock, 1, __ATOMIC_ACQUIRE))
+        ;
+    puts_("EXITLESS CPU ap=");
+    put_u64(index + 1);
+    puts_(" apic=");
+    put_u64(apic);
+    puts_(" up\n");
+    __atomic_store_n(&console_lock, 0, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&aps_up, 1, __ATOMIC_RELEASE);
+}
+
+static void delay_cycles(u64 cycles)
+{
+    u64 end = rdtsc() + cycles;
+    while (rdtsc() < end)
+        ;
+}
+
+static void send_to_others(u32 icr)
+{
+    mmio_write32(APIC_BASE + 0x300, (3u << 18) | icr); /* shorthand: all excluding self */
+}
+
+static void start_aps(u64 cpus)
+{
+    u8 *dst = (u8 *)AP_TRAMPOLINE;
+    for (const char *p = ap_trampoline; p < ap_trampoline_end; p++)
+        *dst++ = (u8)*p;
+    send_to_others(0x4500);                           /* INIT, level assert */
+    delay_cycles(10000000);
+    for (int i = 0; i < 2; i++) {
+        send_to_others(0x4600 | (AP_TRAMPOLINE >> 12)); /* STARTUP */
+        delay_cycles(1000000);
+    }
+    u64 deadline = rdtsc() + 20000000000UL;
+    while (aps_up < cpus - 1 && rdtsc() < deadline)
+        __asm__ volatile("pause");
+    while (__atomic_exchange_n(&console_lock, 1, __ATOMIC_ACQUIRE))
+        ;
+    puts_("EXITLESS SMP cpus=");
+    put_u64(cpus);
+    puts_(" up=");
+    put_u64(aps_up + 1);
+    puts_(" bsp_apic=");
+    put_u64(apic_id_from_cpuid());
+    puts_("\n");
+    __atomic_store_n(&console_lock, 0, __ATOMIC_RELEASE);
+}
+
 /* ---- command line ---- */
 
 static int word_eq(const char *a, const char *b)
@@ -412,6 +480,15 @@ void bench_main(u32 start_info_addr)
     int lapic = lapic_present();
     if (lapic)
         lapic_enable();
+    u64 cpus = parse_u64(find_arg(cmdline, "smp="));
+    if (cpus > MAX_APS + 1)
+        cpus = MAX_APS + 1;
+    if (cpus > 1 && lapic)
+        start_aps(cpus);
+    if (cpus && !want) {
+        puts_("EXITLESS DONE\n");
+        guest_exit(0);
+    }
     int ran = 0;
     for (u64 i = 0; i < NR_CASES; i++) {
         const struct bench_case *c = &cases[i];

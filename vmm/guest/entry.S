@@ -17,10 +17,8 @@
     .section .text.entry, "ax"
     .code32
     .globl pvh_start
-pvh_start:
-    cli
-    mov %ebx, %esi                  /* hvm_start_info, kept for bench_main */
-    lgdt gdt_ptr
+/* From 32-bit flat protected mode to long mode, continuing at \target (clobbers eax, ecx, edx). */
+    .macro ENTER_LONG_MODE target
     mov %cr4, %eax
     or $0x20, %eax                  /* PAE */
     mov %eax, %cr4
@@ -33,7 +31,63 @@ pvh_start:
     mov %cr0, %eax
     or $0x80000001, %eax            /* PG | PE */
     mov %eax, %cr0
-    ljmp $SEL_KCODE, $long_entry
+    ljmp $SEL_KCODE, $\target
+    .endm
+
+pvh_start:
+    cli
+    mov %ebx, %esi                  /* hvm_start_info, kept for bench_main */
+    lgdt gdt_ptr
+    ENTER_LONG_MODE long_entry
+
+/*
+ * AP start-up: bench_main copies [ap_trampoline, ap_trampoline_end) to AP_TRAMPOLINE and sends
+ * INIT-SIPI-SIPI; each AP starts there in real mode (CS = 0x0800, IP = 0).
+ */
+    .code16
+    .globl ap_trampoline, ap_trampoline_end
+ap_trampoline:
+    cli
+    xor %ax, %ax
+    mov %ax, %ds
+    lgdtl AP_TRAMPOLINE + (ap_gdt_ptr - ap_trampoline)
+    mov %cr0, %eax
+    or $1, %eax                     /* PE */
+    mov %eax, %cr0
+    ljmpl $SEL_KCODE32, $ap_entry32
+    .balign 8
+ap_gdt_ptr:
+    .word gdt_end - gdt - 1
+    .long gdt
+ap_trampoline_end:
+
+    .code32
+ap_entry32:
+    mov $SEL_KDATA, %eax
+    mov %eax, %ds
+    mov %eax, %es
+    mov %eax, %ss
+    ENTER_LONG_MODE ap_long_entry
+
+    .code64
+ap_long_entry:
+    mov $SEL_KDATA, %eax
+    mov %eax, %ds
+    mov %eax, %es
+    mov %eax, %ss
+    mov $1, %eax
+    lock xadd %eax, ap_next(%rip)   /* ticket: this AP's index */
+    cmp $MAX_APS, %eax
+    jae 2f                          /* no stack for it: stay halted */
+    mov %eax, %edi
+    inc %eax
+    imul $AP_STACK_SIZE, %eax
+    lea ap_stacks(%rip), %rsp
+    add %rax, %rsp
+    call ap_main
+2:  cli
+    hlt
+    jmp 2b
 
     .code64
 long_entry:
@@ -135,6 +189,7 @@ saved_kernel_rsp: .quad 0
     .globl ipi_count, ud_count
 ipi_count: .quad 0
 ud_count:  .quad 0
+ap_next:   .long 0
     .globl ud_rip
 ud_rip:    .quad 0
 
@@ -147,6 +202,7 @@ gdt:
     .quad 0x00cff2000000ffff        /* SEL_UDATA: DPL3 */
     .quad 0x00affa000000ffff        /* SEL_UCODE: 64-bit code, DPL3 */
     .quad 0, 0                      /* SEL_TSS: filled in by bench_main */
+    .quad 0x00cf9a000000ffff        /* SEL_KCODE32: 32-bit code, DPL0 */
 gdt_end:
     .globl gdt_ptr
 gdt_ptr:
@@ -176,3 +232,6 @@ pd:
     .space 16384
     .globl kernel_stack_top
 kernel_stack_top:
+    .balign 4096
+ap_stacks:
+    .space AP_STACK_SIZE * MAX_APS

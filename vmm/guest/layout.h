@@ -6,7 +6,8 @@
 #define SEL_KDATA 0x10
 #define SEL_UDATA (0x18 | 3)
 #define SEL_UCODE (0x20 | 3)
-#define SEL_TSS   0x28
+#define SEL_TSS   0x28      /* 16 bytes: 0x28 and 0x30 */
+#define SEL_KCODE32 0x38    /* 32-bit code, for APs leaving real mode */
 
 #define VEC_IPI          0x40
 
@@ -19,6 +20,10 @@
 #define BENCH_MMIO       0xd0000000 /* MMIO target in the MMIO gap */
 #define BENCH_MAGIC      0x600dcafe /* value written, for datamatch */
 #define BENCH_MSR        0xc0000102 /* MSR_KERNEL_GS_BASE: harmless */
+
+#define AP_TRAMPOLINE    0x8000   /* SIPI vector 0x08: APs start in real mode here */
+#define AP_STACK_SIZE    4096
+#define MAX_APS          15
 
 #define MARKER_BEGIN 1
 #define MARKER_END   2

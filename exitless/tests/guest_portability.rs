@@ -1,0 +1,120 @@
+//! The embedded bench guest as a test guest: SMP bring-up through `exitless run` (every vCPU
+//! reports in with its own APIC ID), and the very same exported file booted by QEMU.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn exitless() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_exitless"))
+}
+
+fn export_guest(tag: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("exitless-{tag}-{}.elf", std::process::id()));
+    let o = exitless()
+        .args(["bench", "--export-guest"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    path
+}
+
+fn kvm_available() -> bool {
+    let ok = Path::new("/dev/kvm").exists();
+    if !ok {
+        eprintln!("SKIPPED: /dev/kvm is missing on this host");
+    }
+    ok
+}
+
+fn stdout_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn every_vcpu_of_an_smp_guest_reports_in_with_its_apic_id() {
+    if !kvm_available() {
+        return;
+    }
+    let guest = export_guest("smp");
+    let o = exitless()
+        .args(["run", "--kernel"])
+        .arg(&guest)
+        .args([
+            "--cpus",
+            "3",
+            "--memory",
+            "64M",
+            "--cmdline",
+            "smp=3",
+            "--timeout",
+            "60",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    std::fs::remove_file(&guest).ok();
+    let out = stdout_of(&o);
+    // The guest ends itself with an i8042 reset once every CPU has reported.
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // APs race for their index, so check the set of APIC IDs: each non-boot vCPU once.
+    let mut apics: Vec<u32> = out
+        .lines()
+        .filter(|l| l.starts_with("EXITLESS CPU ap="))
+        .filter_map(|l| l.split("apic=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    apics.sort_unstable();
+    assert_eq!(apics, vec![1, 2], "{out}");
+    assert!(out.contains("EXITLESS SMP cpus=3 up=3 bsp_apic=0"), "{out}");
+}
+
+fn qemu() -> Option<&'static str> {
+    let found = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("SKIPPED: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)");
+    }
+    found.then_some("qemu-system-x86_64")
+}
+
+#[test]
+fn qemu_boots_the_exported_guest_and_it_reports_results() {
+    let Some(qemu) = qemu() else { return };
+    let guest = export_guest("qemu");
+    let o = Command::new("timeout")
+        .args([
+            "120", qemu, "-accel", "tcg", "-smp", "2", "-m", "128M", "-kernel",
+        ])
+        .arg(&guest)
+        .args([
+            "-serial",
+            "stdio",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-no-reboot",
+        ])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+        .args(["-append", "smp=2 case=pio_out iters=50"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    std::fs::remove_file(&guest).ok();
+    let out = stdout_of(&o);
+    // isa-debug-exit makes QEMU exit with (status << 1) | 1; the guest reports status 0.
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("EXITLESS CPU ap=1 apic=1 up"), "{out}");
+    assert!(
+        out.contains("EXITLESS RESULT case=pio_out cpl=3 iters=50 "),
+        "{out}"
+    );
+    assert!(out.contains("EXITLESS DONE"), "{out}");
+}
