@@ -5,6 +5,7 @@
 //! range but not emulated: they read as 0 and ignore writes (0x61, the PC speaker / NMI status
 //! port, is normally served by KVM's in-kernel PIT).
 
+use super::GuestFaults;
 use std::cell::Cell;
 use std::convert::Infallible;
 use std::io;
@@ -34,7 +35,7 @@ impl Trigger for ResetLatch {
 /// The i8042 device: a [`BusDevice`] of [`I8042_LEN`] ports.
 pub struct I8042 {
     dev: I8042Device<ResetLatch>,
-    faults: u64,
+    faults: GuestFaults,
 }
 
 impl Default for I8042 {
@@ -47,28 +48,18 @@ impl I8042 {
     pub fn new() -> Self {
         Self {
             dev: I8042Device::new(ResetLatch::default()),
-            faults: 0,
+            faults: GuestFaults::new("i8042"),
         }
     }
 
     /// Number of guest accesses that were invalid (bad offset or width).
     pub fn faults(&self) -> u64 {
-        self.faults
+        self.faults.count()
     }
 
-    /// Counts a guest fault; returns the port offset if the access is valid.
+    /// Checks a guest access: the register index, or None for a counted fault.
     fn check(&mut self, op: &str, offset: u64, len: usize) -> Option<u8> {
-        if len == 1 && offset < I8042_LEN {
-            return u8::try_from(offset).ok();
-        }
-        self.faults += 1;
-        if self.faults == 1 {
-            eprintln!(
-                "i8042: Guest {op} of {len} bytes at offset {offset:#x} ignored \
-                 (further faults are only counted)"
-            );
-        }
-        None
+        self.faults.check_byte_access(op, offset, len, I8042_LEN)
     }
 }
 

@@ -3,3 +3,45 @@
 pub mod bench_ports;
 pub mod i8042;
 pub mod serial;
+
+/// Counts guest-caused faults of one device (bad offsets, wrong access widths) and logs the
+/// first one; later ones are only counted.
+#[derive(Debug)]
+pub struct GuestFaults {
+    device: &'static str,
+    count: u64,
+}
+
+impl GuestFaults {
+    pub const fn new(device: &'static str) -> Self {
+        GuestFaults { device, count: 0 }
+    }
+
+    /// How many faults the guest has caused.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Checks a single-byte register access at `offset` of a device `len` registers long;
+    /// returns the register index, or counts (and the first time logs) a fault.
+    pub fn check_byte_access(
+        &mut self,
+        op: &str,
+        offset: u64,
+        width: usize,
+        len: u64,
+    ) -> Option<u8> {
+        if width == 1 && offset < len {
+            return u8::try_from(offset).ok();
+        }
+        self.count += 1;
+        if self.count == 1 {
+            eprintln!(
+                "{}: Guest {op} of {width} bytes at offset {offset:#x} ignored \
+                 (further faults are only counted)",
+                self.device
+            );
+        }
+        None
+    }
+}

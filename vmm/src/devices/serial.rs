@@ -4,6 +4,7 @@
 //! file and an optional in-memory [`LineCapture`] that the bench reads result lines from. The
 //! interrupt is an [`EventFd`] that the VMM registers as irqfd for [`COM1_IRQ`].
 
+use super::GuestFaults;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
@@ -292,7 +293,7 @@ fn uart_error(e: UartError<io::Error>) -> io::Error {
 /// The COM1 device: a [`BusDevice`] of [`COM1_LEN`] ports.
 pub struct SerialDevice {
     uart: Serial<IrqTrigger, NoEvents, SerialOutput>,
-    faults: u64,
+    faults: GuestFaults,
 }
 
 impl SerialDevice {
@@ -300,7 +301,7 @@ impl SerialDevice {
     pub fn new(irq: EventFd, out: SerialOutput) -> Self {
         Self {
             uart: Serial::new(IrqTrigger(irq), out),
-            faults: 0,
+            faults: GuestFaults::new("serial"),
         }
     }
 
@@ -326,7 +327,7 @@ impl SerialDevice {
 
     /// Number of guest accesses that were invalid (bad offset or width).
     pub fn faults(&self) -> u64 {
-        self.faults
+        self.faults.count()
     }
 
     /// The output (e.g. to reach its capture).
@@ -339,19 +340,9 @@ impl SerialDevice {
         self.uart.writer_mut().flush_pending()
     }
 
-    /// Counts a guest fault; returns the register offset if the access is valid.
+    /// Checks a guest access: the register index, or None for a counted fault.
     fn check(&mut self, op: &str, offset: u64, len: usize) -> Option<u8> {
-        if len == 1 && offset < COM1_LEN {
-            return u8::try_from(offset).ok();
-        }
-        self.faults += 1;
-        if self.faults == 1 {
-            eprintln!(
-                "serial: Guest {op} of {len} bytes at offset {offset:#x} ignored \
-                 (further faults are only counted)"
-            );
-        }
-        None
+        self.faults.check_byte_access(op, offset, len, COM1_LEN)
     }
 }
 
