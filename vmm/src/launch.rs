@@ -1,7 +1,7 @@
 //! Building and running a Linux VM from a [`VmConfig`]: KVM, memory, irqchip and PIT, the
 //! kernel and initrd, COM1 and the i8042, one thread per vCPU, and the exit profile.
 
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,7 +17,7 @@ use crate::boot::{self, cpuid, mptable, msrs, BootError, LinuxBoot};
 use crate::bus::{BusBuilder, BusError, SharedDevice};
 use crate::config::{ConfigError, IrqchipMode, VmConfig};
 use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
-use crate::devices::serial::{self, SerialDevice, SerialError, SerialOutput};
+use crate::devices::serial::{self, FlushPolicy, SerialDevice, SerialError, SerialOutput};
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
 use crate::profile::{self, KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
 use crate::vcpu::{Buses, RegsAccess, Vcpu, VcpuError, VcpuOutcome, VmEnd};
@@ -190,7 +190,14 @@ fn build_devices(
             .register_irqfd(&evt, serial::COM1_IRQ)
             .map_err(|e| KvmError::Ioctl("KVM_IRQFD", e))?;
     }
-    let mut out = SerialOutput::stdout();
+    // An interactive console needs every byte at once; a pipe or file gets whole lines, which
+    // saves a write syscall on most console exits.
+    let policy = if std::io::stdout().is_terminal() {
+        FlushPolicy::EveryWrite
+    } else {
+        FlushPolicy::Newline
+    };
+    let mut out = SerialOutput::stdout().with_flush_policy(policy);
     if let Some(path) = &config.serial_log {
         out = out.with_log_file(path)?;
     }
