@@ -112,7 +112,7 @@ fn register_ioctls_per_exit_still_count_one_exit_per_iteration() {
     if !kvm_available() {
         return;
     }
-    for cfg in ["sync-regs", "get-regs", "get-set-regs"] {
+    for cfg in ["no-regs", "sync-regs", "get-regs", "get-set-regs"] {
         let r = run("regs", cfg);
         assert_eq!((r.cpl, r.user_exits), (0, ITERS), "{cfg}");
     }

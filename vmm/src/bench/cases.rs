@@ -201,9 +201,10 @@ pub const CASES: &[BenchCase] = &[
     },
     BenchCase {
         name: "regs",
-        what: "OUT to an unclaimed port at CPL0; the VMM reads RIP/RAX on every exit",
-        rounds: 1,
+        what: "OUT to an unclaimed port at CPL0; the VMM reads RIP/RAX on every exit (or not at all)",
+        rounds: 5,
         configs: &[
+            with_regs(cfg("no-regs", "pio_out_cpl0", Unclaimed, One), RegsAccess::None),
             cfg("sync-regs", "pio_out_cpl0", Unclaimed, One),
             with_regs(cfg("get-regs", "pio_out_cpl0", Unclaimed, One), RegsAccess::GetRegs),
             with_regs(cfg("get-set-regs", "pio_out_cpl0", Unclaimed, One), RegsAccess::GetSetRegs),

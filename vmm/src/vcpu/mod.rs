@@ -37,6 +37,8 @@ pub enum VcpuError {
 /// How the VMM reads guest registers on each userspace exit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum RegsAccess {
+    /// Not at all: no sync regs, no ioctl (the floor; a VMM that never needs registers).
+    None,
     /// From the kvm_run page (KVM_CAP_SYNC_REGS): no extra ioctl.
     SyncRegs,
     /// KVM_GET_REGS per exit (what a VMM without sync_regs pays).
@@ -93,7 +95,7 @@ pub struct Vcpu {
 }
 
 impl Vcpu {
-    /// Wraps `fd`; sync regs are enabled when `regs` is `SyncRegs`.
+    /// Wraps `fd`; general registers are synced through kvm_run when `regs` is `SyncRegs`.
     pub fn new(
         id: usize,
         mut fd: VcpuFd,
@@ -103,9 +105,9 @@ impl Vcpu {
         regs: RegsAccess,
     ) -> Result<Self, VcpuError> {
         if regs == RegsAccess::SyncRegs {
+            // Only the general registers: exit handling reads nothing else, and each synced
+            // set is copied into kvm_run on every exit.
             fd.set_sync_valid_reg(SyncReg::Register);
-            fd.set_sync_valid_reg(SyncReg::SystemRegister);
-            fd.set_sync_valid_reg(SyncReg::VcpuEvents);
         }
         let stats = StatsFd::open(&fd).ok();
         Ok(Vcpu {
@@ -250,6 +252,7 @@ impl Vcpu {
 
     fn read_regs(&mut self) -> Result<(u64, u64), VcpuError> {
         match self.regs {
+            RegsAccess::None => Ok((0, 0)),
             RegsAccess::SyncRegs => Ok(kvm::kick::sync_rip_rax(&mut self.fd)),
             RegsAccess::GetRegs | RegsAccess::GetSetRegs => {
                 let regs = self
