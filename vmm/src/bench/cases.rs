@@ -213,7 +213,7 @@ pub const CASES: &[BenchCase] = &[
     BenchCase {
         name: "profiler",
         what: "OUT to an unclaimed port at CPL3 with the exit profiler recording every exit vs off",
-        rounds: 7,
+        rounds: 15,
         configs: &[
             cfg("profiler-on", "pio_out", Unclaimed, One),
             without_profiling(cfg("profiler-off", "pio_out", Unclaimed, One)),

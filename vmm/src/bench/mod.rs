@@ -111,12 +111,19 @@ fn collect_case(
     rows: &mut Vec<BenchRow>,
     failures: &mut Vec<BenchFailure>,
 ) {
+    let rounds: Vec<Vec<f64>> = runs
+        .iter()
+        .map(|r| r.iter().map(|x| x.ns_per_iter).collect())
+        .collect();
     let medians: Vec<Option<ConfigRun>> = runs.into_iter().map(median).collect();
     let baseline = medians[0].clone();
-    for ((config, run), error) in case.configs.iter().zip(medians).zip(failed) {
+    for (((config, run), error), round_ns) in
+        case.configs.iter().zip(medians).zip(failed).zip(rounds)
+    {
         match (run, error) {
             (_, Some(e)) => failures.push(failure(case, config.name, e)),
             (Some(run), None) => rows.push(BenchRow {
+                round_ns,
                 ratio_to_baseline: report::ratio(&run, baseline.as_ref()),
                 profile: report::run_profile(&run, tsc_khz),
                 run,

@@ -26,6 +26,8 @@ pub struct BenchFailure {
 pub struct BenchRow {
     #[serde(flatten)]
     pub run: ConfigRun,
+    /// ns/iteration of every round, in the order run (the row shows the median).
+    pub round_ns: Vec<f64>,
     /// ns/iteration divided by the baseline configuration's (None for the baseline itself).
     pub ratio_to_baseline: Option<f64>,
     pub profile: ProfileReport,
@@ -36,8 +38,15 @@ pub struct BenchRow {
 pub struct Derived {
     /// Host ns from KVM_RUN returning to the next KVM_RUN per userspace exit (pio_out/userspace).
     pub vmm_overhead_ns_per_exit: Option<f64>,
-    /// (profiler on - profiler off) / off, in percent, for the same userspace-exit loop.
+    /// (profiler on - profiler off) / off in percent, median over interleaved paired rounds
+    /// of the same userspace-exit loop.
     pub profiler_overhead_percent: Option<f64>,
+    /// Smallest and largest paired-round difference: the run-to-run noise band.
+    pub profiler_overhead_range_percent: Option<(f64, f64)>,
+    /// Host ns the profiler adds per exit, measured directly (rdtsc x2, sched_getcpu, records).
+    pub profiler_work_ns_per_exit: f64,
+    /// That work as a share of one userspace exit of the profiler-off loop, in percent.
+    pub profiler_work_percent_of_exit: Option<f64>,
 }
 
 /// Everything `exitless bench` found.
@@ -81,27 +90,40 @@ pub fn ratio(run: &ConfigRun, baseline: Option<&ConfigRun>) -> Option<f64> {
         .then(|| run.ns_per_iter / b.ns_per_iter)
 }
 
-fn find<'a>(rows: &'a [BenchRow], case: &str, config: &str) -> Option<&'a ConfigRun> {
+fn find<'a>(rows: &'a [BenchRow], case: &str, config: &str) -> Option<&'a BenchRow> {
     rows.iter()
-        .map(|r| &r.run)
-        .find(|r| r.case == case && r.config.name == config)
+        .find(|r| r.run.case == case && r.run.config.name == config)
 }
 
 /// Computes the derived figures from the rows that exist.
 pub fn derive(rows: &[BenchRow], tsc_khz: u64) -> Derived {
     let to_ns = |cycles: f64| cycles * 1e6 / tsc_khz.max(1) as f64;
     let vmm = find(rows, "pio_out", "userspace")
-        .and_then(|r| r.vmm_cycles_per_exit)
+        .and_then(|r| r.run.vmm_cycles_per_exit)
         .map(to_ns);
     let on = find(rows, "profiler", "profiler-on");
     let off = find(rows, "profiler", "profiler-off");
-    let profiler = on.zip(off).and_then(|(on, off)| {
-        (off.ns_per_iter > 0.0)
-            .then(|| (on.ns_per_iter - off.ns_per_iter) / off.ns_per_iter * 100.0)
-    });
+    let mut diffs: Vec<f64> = on
+        .zip(off)
+        .map(|(on, off)| {
+            on.round_ns
+                .iter()
+                .zip(&off.round_ns)
+                .filter(|(_, b)| **b > 0.0)
+                .map(|(a, b)| (a - b) / b * 100.0)
+                .collect()
+        })
+        .unwrap_or_default();
+    diffs.sort_by(f64::total_cmp);
+    let work = crate::profile::per_exit_work_ns(1_000_000);
     Derived {
         vmm_overhead_ns_per_exit: vmm,
-        profiler_overhead_percent: profiler,
+        profiler_overhead_percent: diffs.get(diffs.len() / 2).copied(),
+        profiler_overhead_range_percent: diffs.first().zip(diffs.last()).map(|(a, b)| (*a, *b)),
+        profiler_work_ns_per_exit: work,
+        profiler_work_percent_of_exit: off
+            .filter(|o| o.run.ns_per_iter > 0.0)
+            .map(|o| work / o.run.ns_per_iter * 100.0),
     }
 }
 
@@ -159,10 +181,21 @@ fn render_notes(report: &BenchReport, out: &mut String) {
             "VMM overhead per userspace exit (KVM_RUN return to next KVM_RUN): {ns:.0} ns"
         );
     }
-    if let Some(p) = d.profiler_overhead_percent {
+    if let (Some(p), Some((lo, hi))) = (
+        d.profiler_overhead_percent,
+        d.profiler_overhead_range_percent,
+    ) {
         let _ = writeln!(
             out,
-            "Exit profiler overhead on the userspace-exit loop: {p:+.2}%"
+            "Exit profiler on vs off, userspace-exit loop: {p:+.2}% (median of paired rounds; \
+             rounds ranged {lo:+.2}% to {hi:+.2}%)"
+        );
+    }
+    if let Some(share) = d.profiler_work_percent_of_exit {
+        let _ = writeln!(
+            out,
+            "Exit profiler work per exit, measured on the host: {:.0} ns = {share:.3}% of that exit",
+            d.profiler_work_ns_per_exit
         );
     }
     for f in &report.failures {
@@ -201,6 +234,7 @@ mod tests {
 
     fn row(r: ConfigRun, base: Option<&ConfigRun>) -> BenchRow {
         BenchRow {
+            round_ns: vec![r.ns_per_iter],
             ratio_to_baseline: ratio(&r, base),
             profile: run_profile(&r, 2_000_000),
             run: r,
