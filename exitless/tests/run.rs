@@ -280,6 +280,11 @@ fn expected_console(cmdline: &str) -> Vec<String> {
 /// Boots guest/vmlinux with `cpus` vCPUs until the kernel printed its banner, command line
 /// and E820 map, then stops it and returns the profile JSON.
 fn boot_until_e820(test: &str, cpus: &str) -> Option<serde_json::Value> {
+    boot_until(test, cpus, &[])
+}
+
+/// Like [`boot_until_e820`], also waiting for lines containing each of `extra`.
+fn boot_until(test: &str, cpus: &str, extra: &[&str]) -> Option<serde_json::Value> {
     if !have_kvm(test) || !have_vmlinux(test) {
         return None;
     }
@@ -306,12 +311,10 @@ fn boot_until_e820(test: &str, cpus: &str) -> Option<serde_json::Value> {
         let _ = stderr.read_to_string(&mut s);
         s
     });
-    let took = wait_for_lines(
-        &mut child,
-        &expected_console(&cmdline),
-        Duration::from_secs(90),
-    );
-    eprintln!("{test}: banner, command line and E820 map after {took:?}");
+    let mut wanted = expected_console(&cmdline);
+    wanted.extend(extra.iter().map(|line| line.to_string()));
+    let took = wait_for_lines(&mut child, &wanted, Duration::from_secs(90));
+    eprintln!("{test}: banner, command line, E820 map and {extra:?} after {took:?}");
     let code = stop(&mut child);
     let stderr = errs.join().unwrap();
     // SIGTERM (130) is the usual end; the kernel may also have died first on a host that
@@ -355,4 +358,24 @@ fn two_vcpus_boot_to_the_e820_map() {
     };
     assert_eq!(profile["vcpus"].as_array().map(Vec::len), Some(2));
     assert!(reason_count(&profile["vcpus"][0], "IO_OUT") > 0);
+}
+
+/// The kernel (built without MP table support) finds both vCPUs in the ACPI MADT. Only the
+/// boot vCPU's view: the APs come up later than this host can run the kernel.
+#[test]
+fn two_vcpus_are_listed_by_the_acpi_madt() {
+    let found = boot_until(
+        "acpi2",
+        "2",
+        &[
+            "ACPI: RSDP 0x00000000000E0000",
+            "ACPI: XSDT ",
+            "ACPI: APIC ",
+            "ACPI: Using ACPI (MADT) for SMP configuration information",
+            "smpboot: Allowing 2 CPUs",
+        ],
+    );
+    if let Some(profile) = found {
+        assert_eq!(profile["vcpus"].as_array().map(Vec::len), Some(2));
+    }
 }

@@ -151,6 +151,7 @@ fn load_guest(vm: &Vm, config: &VmConfig) -> Result<LinuxBoot, LaunchError> {
         &config.kernel,
         config.initrd.as_deref(),
         &config.cmdline,
+        usize::from(config.cpus),
     )
     .map_err(|e| {
         if kernel_outside_memory(&e) {
@@ -162,6 +163,8 @@ fn load_guest(vm: &Vm, config: &VmConfig) -> Result<LinuxBoot, LaunchError> {
             LaunchError::Boot(e)
         }
     })?;
+    // The ACPI tables (for kernels without MP table support) are written by
+    // `configure_linux_boot`; the MP table stays for kernels that parse it.
     mptable::setup_mptable(&vm.mem, usize::from(config.cpus))?;
     Ok(boot)
 }

@@ -51,7 +51,7 @@ pub fn load(
         return Err(GuestError::NoPvhEntry);
     };
     write_cmdline(mem, cmdline, CMDLINE_MAX_SIZE)?;
-    let start_info = write_pvh_start_info(mem, None, &e820_map(mem_size))?;
+    let start_info = write_pvh_start_info(mem, None, &e820_map(mem_size), None)?;
     Ok(LoadedGuest {
         entry: entry.0,
         start_info: start_info.0,

@@ -12,6 +12,7 @@ use linux_loader::loader::elf::PvhBootCapability;
 use linux_loader::loader::{load_cmdline, BzImage, Elf, KernelLoader, KernelLoaderResult};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
+use super::acpi;
 use super::gdt::{self, BootSregs};
 use super::params::{self, ZERO_PAGE_START};
 use super::BootError;
@@ -339,13 +340,15 @@ pub struct LinuxBoot {
     pub sregs: BootSregs,
 }
 
-/// Loads kernel, initrd and command line, writes the zero page or PVH start info and the boot
-/// GDT (plus page tables for 64-bit boot), and returns the boot vCPU's initial state.
+/// Loads kernel, initrd and command line, writes the ACPI tables for `vcpu_count` vCPUs, the
+/// zero page or PVH start info (pointing at the ACPI RSDP) and the boot GDT (plus page tables
+/// for 64-bit boot), and returns the boot vCPU's initial state.
 pub fn configure_linux_boot(
     mem: &GuestMemoryMmap,
     kernel_path: &Path,
     initrd_path: Option<&Path>,
     cmdline: &str,
+    vcpu_count: usize,
 ) -> Result<LinuxBoot, BootError> {
     let kernel = load_kernel(mem, kernel_path)?;
     let cmdline_len = write_cmdline(mem, cmdline, kernel.cmdline_capacity())?;
@@ -353,8 +356,9 @@ pub fn configure_linux_boot(
         .map(|path| load_initrd(mem, path, &kernel))
         .transpose()?;
     let e820 = super::e820_map(ram_size(mem));
+    let rsdp = Some(acpi::setup_acpi(mem, vcpu_count)?);
     if kernel.is_pvh() {
-        let start_info = params::write_pvh_start_info(mem, initrd, &e820)?;
+        let start_info = params::write_pvh_start_info(mem, initrd, &e820, rsdp)?;
         Ok(LinuxBoot {
             kernel,
             initrd,
@@ -362,7 +366,7 @@ pub fn configure_linux_boot(
             sregs: gdt::write_protected_mode_tables(mem)?,
         })
     } else {
-        let zero_page = params::build_zero_page(&kernel, cmdline_len, initrd, &e820)?;
+        let zero_page = params::build_zero_page(&kernel, cmdline_len, initrd, &e820, rsdp)?;
         params::write_zero_page(mem, &zero_page)?;
         Ok(LinuxBoot {
             kernel,
@@ -589,7 +593,7 @@ mod tests {
         let mem = memory(64 * MIB);
         let file = TempFile::with_contents(&bzimage(&BzImageSpec::default(), b"payload"));
         let cmdline = "a".repeat(3000);
-        let err = configure_linux_boot(&mem, file.path(), None, &cmdline).unwrap_err();
+        let err = configure_linux_boot(&mem, file.path(), None, &cmdline, 1).unwrap_err();
         assert!(
             matches!(err, BootError::CmdlineTooLong { max: 2048, .. }),
             "{err}"

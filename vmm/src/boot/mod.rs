@@ -1,7 +1,9 @@
 //! Everything the guest needs in memory and registers before its first instruction: the E820
 //! map, the kernel, initrd and command line, the zero page or PVH start info, the boot GDT and
-//! page tables, the MP table, and the CPUID and MSR values. Pure code: no KVM ioctls here.
+//! page tables, the MP and ACPI tables, and the CPUID and MSR values. Pure code: no KVM ioctls
+//! here.
 
+pub mod acpi;
 pub mod cpuid;
 pub mod e820;
 pub mod gdt;
@@ -68,12 +70,16 @@ pub enum BootError {
     /// The memory map has more entries than the boot protocol can carry.
     #[error("Too many E820 entries: {0}")]
     TooManyE820Entries(usize),
-    /// An MP table needs at least one vCPU.
-    #[error("The MP table needs at least one vCPU")]
+    /// The MP table and the ACPI tables need at least one vCPU.
+    #[error("The MP and ACPI tables need at least one vCPU")]
     NoVcpus,
-    /// The MP table for this many vCPUs does not fit in the EBDA.
-    #[error("Too many vCPUs for the MP table: {count} (at most {max})")]
-    TooManyVcpus { count: usize, max: usize },
+    /// The MP table (or ACPI MADT) for this many vCPUs does not fit in its reserved space.
+    #[error("Too many vCPUs for the {table}: {count} (at most {max})")]
+    TooManyVcpus {
+        table: &'static str,
+        count: usize,
+        max: usize,
+    },
 }
 
 pub use e820::{e820_map, E820Entry, E820Kind};

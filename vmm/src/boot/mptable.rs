@@ -59,28 +59,32 @@ pub const MAX_MPTABLE_VCPUS: usize =
     ((MPTABLE_MAX_END - MPTABLE_START) as usize - FIXED_SIZE) / PROCESSOR_ENTRY_SIZE;
 
 /// The byte that makes `bytes` sum to zero modulo 256.
-fn checksum_byte(bytes: &[u8]) -> u8 {
+pub(super) fn checksum_byte(bytes: &[u8]) -> u8 {
     0u8.wrapping_sub(bytes.iter().fold(0u8, |sum, b| sum.wrapping_add(*b)))
 }
 
-/// Little-endian byte builder for MP table structures.
+/// Little-endian byte builder for MP (and ACPI) table structures.
 #[derive(Default)]
-struct TableBytes(Vec<u8>);
+pub(super) struct TableBytes(pub(super) Vec<u8>);
 
 impl TableBytes {
-    fn u8(&mut self, v: u8) -> &mut Self {
+    pub(super) fn u8(&mut self, v: u8) -> &mut Self {
         self.0.push(v);
         self
     }
-    fn u16(&mut self, v: u16) -> &mut Self {
+    pub(super) fn u16(&mut self, v: u16) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
-    fn u32(&mut self, v: u32) -> &mut Self {
+    pub(super) fn u32(&mut self, v: u32) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
-    fn bytes(&mut self, v: &[u8]) -> &mut Self {
+    pub(super) fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub(super) fn bytes(&mut self, v: &[u8]) -> &mut Self {
         self.0.extend_from_slice(v);
         self
     }
@@ -201,6 +205,7 @@ pub fn setup_mptable(mem: &GuestMemoryMmap, vcpu_count: usize) -> Result<(), Boo
     }
     if vcpu_count > MAX_MPTABLE_VCPUS {
         return Err(BootError::TooManyVcpus {
+            table: "MP table",
             count: vcpu_count,
             max: MAX_MPTABLE_VCPUS,
         });

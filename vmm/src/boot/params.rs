@@ -35,12 +35,14 @@ const KERNEL_MIN_ALIGNMENT_BYTES: u32 = 0x0100_0000;
 const PVH_START_INFO_VERSION: u32 = 1;
 
 /// Builds the zero page: the kernel's setup header (copied from a bzImage, synthesized for an
-/// ELF vmlinux), the command line pointer, the initrd and the E820 map.
+/// ELF vmlinux), the command line pointer, the initrd, the E820 map and the ACPI RSDP address
+/// (`boot_params.acpi_rsdp_addr`, boot protocol 2.14 on; older kernels scan for the RSDP).
 pub fn build_zero_page(
     kernel: &LoadedKernel,
     cmdline_len: usize,
     initrd: Option<InitrdRegion>,
     e820: &[E820Entry],
+    rsdp: Option<GuestAddress>,
 ) -> Result<boot_params, BootError> {
     if e820.len() > E820_MAX_ENTRIES_ZEROPAGE {
         return Err(BootError::TooManyE820Entries(e820.len()));
@@ -66,6 +68,7 @@ pub fn build_zero_page(
         *slot = entry.to_boot_e820_entry();
     }
     params.e820_entries = e820.len() as u8;
+    params.acpi_rsdp_addr = rsdp.map_or(0, |addr| addr.0);
     Ok(params)
 }
 
@@ -92,17 +95,20 @@ fn pvh_layout(e820_len: usize) -> Result<(GuestAddress, GuestAddress), BootError
 }
 
 /// Writes the PVH `hvm_start_info` at [`PVH_INFO_START`], the memory map after it, and a
-/// module entry for the initrd; returns the start info address (the kernel's RBX).
+/// module entry for the initrd, with the ACPI RSDP address if there is one; returns the start
+/// info address (the kernel's RBX).
 pub fn write_pvh_start_info(
     mem: &GuestMemoryMmap,
     initrd: Option<InitrdRegion>,
     e820: &[E820Entry],
+    rsdp: Option<GuestAddress>,
 ) -> Result<GuestAddress, BootError> {
     let (memmap_addr, modlist_addr) = pvh_layout(e820.len())?;
     let mut start_info = hvm_start_info {
         magic: XEN_HVM_START_MAGIC_VALUE,
         version: PVH_START_INFO_VERSION,
         cmdline_paddr: CMDLINE_START,
+        rsdp_paddr: rsdp.map_or(0, |addr| addr.0),
         memmap_paddr: memmap_addr.0,
         memmap_entries: e820.len() as u32,
         ..Default::default()
@@ -168,7 +174,8 @@ mod tests {
         let mem = memory(64 * MIB);
         let kernel = TempFile::with_contents(&bzimage(&BzImageSpec::default(), b"payload"));
         let initrd = TempFile::with_contents(&[7u8; 10_000]);
-        let boot = configure_linux_boot(&mem, kernel.path(), Some(initrd.path()), CMDLINE).unwrap();
+        let boot =
+            configure_linux_boot(&mem, kernel.path(), Some(initrd.path()), CMDLINE, 1).unwrap();
         let params = read_zero_page(&mem);
         let hdr = params.hdr;
         assert_eq!({ hdr.header }, 0x5372_6448);
@@ -183,6 +190,7 @@ mod tests {
         assert_eq!({ hdr.ramdisk_image }, (64 * MIB - 3 * 4096) as u32);
         assert_eq!({ hdr.ramdisk_size }, 10_000);
         assert_e820_matches(&params, 64 * MIB);
+        assert_eq!({ params.acpi_rsdp_addr }, 0xe_0000, "ACPI RSDP");
         assert_eq!(boot.regs.rsi, ZERO_PAGE_START);
         assert_eq!(boot.regs.rip, 0x10_0200);
         assert_eq!(boot.sregs.cr3, PML4_START);
@@ -194,7 +202,7 @@ mod tests {
         let mem = memory(64 * MIB);
         let image = elf_image(0x100_0000, b"vmlinux", 0x1000, None);
         let kernel = TempFile::with_contents(&image);
-        let boot = configure_linux_boot(&mem, kernel.path(), None, CMDLINE).unwrap();
+        let boot = configure_linux_boot(&mem, kernel.path(), None, CMDLINE, 1).unwrap();
         let params = read_zero_page(&mem);
         let hdr = params.hdr;
         assert_eq!({ hdr.boot_flag }, 0xaa55);
@@ -221,10 +229,12 @@ mod tests {
         let image = elf_image(0x100_0000, b"vmlinux", 0x1000, Some(0x100_0040));
         let kernel = TempFile::with_contents(&image);
         let initrd = TempFile::with_contents(b"initrd");
-        let boot = configure_linux_boot(&mem, kernel.path(), Some(initrd.path()), CMDLINE).unwrap();
+        let boot =
+            configure_linux_boot(&mem, kernel.path(), Some(initrd.path()), CMDLINE, 1).unwrap();
         let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_START)).unwrap();
         assert_eq!((info.magic, info.version), (0x336e_c578, 1));
         assert_eq!(info.cmdline_paddr, 0x2_0000);
+        assert_eq!(info.rsdp_paddr, 0xe_0000, "ACPI RSDP");
         assert_eq!(info.memmap_paddr, 0x6040);
         let expected = e820_map(64 * MIB);
         assert_eq!(info.memmap_entries as usize, expected.len());
@@ -247,9 +257,13 @@ mod tests {
         let mem = memory(32 * MIB);
         let image = elf_image(0x100_0000, b"vmlinux", 0x1000, Some(0x100_0040));
         let kernel = TempFile::with_contents(&image);
-        configure_linux_boot(&mem, kernel.path(), None, "").unwrap();
+        configure_linux_boot(&mem, kernel.path(), None, "", 1).unwrap();
         let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_START)).unwrap();
         assert_eq!((info.nr_modules, info.modlist_paddr), (0, 0));
+        let mut signature = [0u8; 8];
+        mem.read_slice(&mut signature, GuestAddress(info.rsdp_paddr))
+            .unwrap();
+        assert_eq!(&signature, b"RSD PTR ");
     }
 
     #[test]
@@ -259,7 +273,7 @@ mod tests {
         let file = TempFile::with_contents(&image);
         let kernel = crate::boot::load_kernel(&mem, file.path()).unwrap();
         let e820 = e820_map(8 << 30);
-        let params = build_zero_page(&kernel, 0, None, &e820).unwrap();
+        let params = build_zero_page(&kernel, 0, None, &e820, None).unwrap();
         assert_eq!(params.e820_entries, 4);
         let high = params.e820_table[3];
         assert_eq!(({ high.addr }, { high.size }), (4 << 30, 5 << 30));
@@ -282,14 +296,14 @@ mod tests {
         };
         let e820 = vec![entry; 129];
         assert!(matches!(
-            build_zero_page(&kernel, 0, None, &e820),
+            build_zero_page(&kernel, 0, None, &e820, None),
             Err(BootError::TooManyE820Entries(129))
         ));
         // The PVH page holds up to 165 entries after the start info.
-        assert!(write_pvh_start_info(&mem, None, &e820).is_ok());
+        assert!(write_pvh_start_info(&mem, None, &e820, None).is_ok());
         let e820 = vec![entry; 200];
         assert!(matches!(
-            write_pvh_start_info(&mem, None, &e820),
+            write_pvh_start_info(&mem, None, &e820, None),
             Err(BootError::TooManyE820Entries(200))
         ));
     }
