@@ -126,3 +126,37 @@ fn small_run_reports_exits_that_match_iterations() {
     assert_eq!(user("ioeventfd"), 0);
     assert!(v["failures"].as_array().unwrap().is_empty());
 }
+
+#[test]
+fn kvm_without_permission_is_one_clear_line() {
+    // Only root can drop to another user here; /dev/kvm must exist and be closed to others.
+    let closed = std::fs::metadata("/dev/kvm")
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o006 == 0)
+        .unwrap_or(false);
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let setpriv = Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !(closed && root && setpriv) {
+        eprintln!("SKIPPED: needs root, setpriv and a /dev/kvm closed to other users");
+        return;
+    }
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_exitless"))
+        .args(["bench", "--cases", "cpuid"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    if e.contains("Permission denied") && e.contains("os error") {
+        eprintln!("SKIPPED: the test binary is not reachable as an unprivileged user: {e}");
+        return;
+    }
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.contains("Permission denied opening /dev/kvm"), "{e}");
+}
