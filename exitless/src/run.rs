@@ -31,7 +31,9 @@ pub const EXIT_SIGNAL: i32 = 130;
 /// Options of `exitless run` (boxed: they are large next to the other subcommands).
 #[derive(Args)]
 #[command(
-    after_help = "Exit codes: 0 guest powered off or rebooted, 1 setup error, \
+    after_help = "The guest's COM1 is this terminal: keys go to the guest, except Ctrl-C, which \
+stops the VM (as SIGINT and SIGTERM do). SIGUSR1 prints the exit profile of a running VM.\n\n\
+Exit codes: 0 guest powered off or rebooted, 1 setup error, \
 3 triple fault, 4 KVM failure, 5 unknown KVM system event, 124 --timeout reached, \
 130 stopped by SIGINT/SIGTERM."
 )]

@@ -1,47 +1,52 @@
 //! Raw mode for the VMM's stdin while the guest owns the console.
 //!
-//! [`RawTerminal::enter`] switches stdin to raw mode (no line buffering, no echo, no signal
-//! keys: Ctrl-C goes to the guest) when stdin is a tty, and does nothing otherwise. Canonical
-//! mode (`ICANON | ECHO | ISIG`) comes back when the guard drops, when the process panics
-//! (a panic hook is chained in front of the existing one) or on [`restore_terminal`], which
-//! the VMM should call before `std::process::exit` since that skips destructors. Restoring is
-//! idempotent: whichever of these runs first does it, the others do nothing.
+//! [`RawTerminal::enter`] switches stdin to raw input (no line buffering, no echo) when stdin
+//! is a tty, and does nothing otherwise. Signal keys stay on, so Ctrl-C (SIGINT) and Ctrl-\\
+//! (SIGQUIT) reach exitless, which stops the VM cleanly; every other key goes to the guest. The
+//! terminal settings saved on entry come back exactly when the guard drops, when the process
+//! panics (a panic hook is chained in front of the existing one) or on [`restore_terminal`],
+//! which the VMM should call before `std::process::exit` since that skips destructors.
+//! Restoring is idempotent: whichever of these runs first does it, the others do nothing.
 
 use std::io::{self, IsTerminal};
-use std::os::unix::io::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Once;
+use std::sync::{Mutex, Once};
 
 use thiserror::Error;
-use vmm_sys_util::terminal::Terminal;
 
 /// Errors entering raw mode.
 #[derive(Debug, Error)]
 pub enum TerminalError {
     #[error("Cannot put the terminal in raw mode: {0}")]
-    RawMode(#[source] vmm_sys_util::errno::Error),
+    RawMode(#[source] io::Error),
 }
 
-/// Whether this process put stdin in raw mode and has not restored it yet.
-static RAW: AtomicBool = AtomicBool::new(false);
+/// The settings stdin had before raw mode, while raw mode is on.
+static SAVED: Mutex<Option<libc::termios>> = Mutex::new(None);
 static PANIC_HOOK: Once = Once::new();
 
-/// Stdin by file descriptor. `StdinLock` also implements `Terminal`, but taking the stdin lock
-/// from a panic hook would deadlock while another thread blocks in a read of stdin.
-struct StdinFd;
-
-// SAFETY: `tty_fd` returns fd 0, which the process keeps open for its whole life (the VMM never
-// closes it), so the descriptor is valid for as long as any `StdinFd` exists.
-unsafe impl Terminal for StdinFd {
-    fn tty_fd(&self) -> RawFd {
-        libc::STDIN_FILENO
+fn get_attrs() -> io::Result<libc::termios> {
+    // SAFETY: an all-zero termios is a valid value of this plain C struct; tcgetattr fills it.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: fd 0 stays open for the life of the process and `t` is a valid, writable termios.
+    if unsafe { libc::tcgetattr(libc::STDIN_FILENO, &mut t) } != 0 {
+        return Err(io::Error::last_os_error());
     }
+    Ok(t)
 }
 
-/// Restores canonical mode if this process set raw mode; safe to call any number of times.
+fn set_attrs(t: &libc::termios) -> io::Result<()> {
+    // SAFETY: fd 0 stays open for the life of the process; `t` is a valid termios read only.
+    if unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Restores the settings saved by [`RawTerminal::enter`]; safe to call any number of times.
 pub fn restore_terminal() {
-    if RAW.swap(false, Ordering::SeqCst) {
-        if let Err(e) = StdinFd.set_canon_mode() {
+    let saved = SAVED.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(t) = saved {
+        if let Err(e) = set_attrs(&t) {
             eprintln!("Cannot restore the terminal: {e}");
         }
     }
@@ -72,13 +77,18 @@ impl RawTerminal {
             return Ok(Self { active: false });
         }
         install_panic_hook();
-        if RAW.swap(true, Ordering::SeqCst) {
+        let mut saved = SAVED.lock().unwrap_or_else(|e| e.into_inner());
+        if saved.is_some() {
             return Ok(Self { active: false });
         }
-        if let Err(e) = StdinFd.set_raw_mode() {
-            RAW.store(false, Ordering::SeqCst);
-            return Err(TerminalError::RawMode(e));
-        }
+        let original = get_attrs().map_err(TerminalError::RawMode)?;
+        let mut raw = original;
+        raw.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ECHONL | libc::IEXTEN);
+        raw.c_iflag &= !(libc::ICRNL | libc::IXON);
+        raw.c_cc[libc::VMIN] = 1;
+        raw.c_cc[libc::VTIME] = 0;
+        set_attrs(&raw).map_err(TerminalError::RawMode)?;
+        *saved = Some(original);
         Ok(Self { active: true })
     }
 
@@ -117,7 +127,7 @@ mod tests {
         restore_terminal();
         restore_terminal();
         drop(g);
-        assert!(!RAW.load(Ordering::SeqCst));
+        assert!(SAVED.lock().unwrap().is_none());
     }
 
     #[test]
@@ -127,6 +137,6 @@ mod tests {
         }
         let g = RawTerminal::enter().unwrap();
         assert!(!g.is_active());
-        assert!(!RAW.load(Ordering::SeqCst));
+        assert!(SAVED.lock().unwrap().is_none());
     }
 }

@@ -1,0 +1,63 @@
+//! `exitless run` on a real terminal (a pseudo-terminal made by `script`): Ctrl-C stops the VM
+//! cleanly with exit code 130, and the terminal's settings come back as they were.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn available() -> bool {
+    let script = Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let kvm = std::path::Path::new("/dev/kvm").exists();
+    if !(script && kvm) {
+        eprintln!("SKIPPED: needs /dev/kvm and script(1) (bsdutils)");
+    }
+    script && kvm
+}
+
+#[test]
+fn ctrl_c_on_the_console_stops_the_vm_and_restores_the_terminal() {
+    if !available() {
+        return;
+    }
+    let exe = env!("CARGO_BIN_EXE_exitless");
+    let guest = std::env::temp_dir().join(format!("exitless-tty-{}.elf", std::process::id()));
+    assert!(Command::new(exe)
+        .args(["bench", "--export-guest"])
+        .arg(&guest)
+        .status()
+        .unwrap()
+        .success());
+    let modes = "stty -a | grep -o -- '-\\?icanon\\b\\|-\\?echo\\b\\|-\\?isig\\b' | tr '\\n' ' '";
+    // A guest that keeps running (self-IPIs take ~1 ms each on PVM) until Ctrl-C arrives.
+    let inner = format!(
+        "{modes}; echo; {exe} run --kernel {} --memory 64M --cmdline 'case=self_ipi iters=200000' \
+         --timeout 60; echo exit=$?; {modes}",
+        guest.display()
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    stdin.write_all(b"\x03").unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    std::fs::remove_file(&guest).ok();
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("EXITLESS"))
+        .collect();
+    assert!(text.contains("exit=130"), "{text}");
+    let before = lines.first().copied().unwrap_or("").trim();
+    let after = lines.last().copied().unwrap_or("").trim();
+    assert_eq!(before, "isig icanon echo", "{text}");
+    assert_eq!(after, before, "terminal not restored: {text}");
+}
