@@ -118,3 +118,52 @@ fn qemu_boots_the_exported_guest_and_it_reports_results() {
     );
     assert!(out.contains("EXITLESS DONE"), "{out}");
 }
+
+#[test]
+fn a_running_vm_reports_its_profile_on_sigusr1_and_at_intervals() {
+    if !kvm_available() {
+        return;
+    }
+    let guest = export_guest("usr1");
+    // The bench guest in a long loop of userspace exits (unclaimed port), stopped by SIGTERM.
+    let child = exitless()
+        .args(["run", "--kernel"])
+        .arg(&guest)
+        .args([
+            "--memory",
+            "64M",
+            "--cmdline",
+            "case=pio_out iters=100000000",
+        ])
+        .args(["--profile", "--profile-interval", "0.5", "--timeout", "60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert!(Command::new("kill")
+        .args(["-USR1", &pid])
+        .status()
+        .unwrap()
+        .success());
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let o = child.wait_with_output().unwrap();
+    std::fs::remove_file(&guest).ok();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    // One report on SIGUSR1, one when the VM ends.
+    assert!(
+        err.matches("VM-exit profile: 1 vCPU(s)").count() >= 2,
+        "{err}"
+    );
+    let summaries: Vec<&str> = err.lines().filter(|l| l.contains(" exits/s (")).collect();
+    assert!(summaries.len() >= 3, "{err}");
+    assert!(summaries.iter().any(|l| l.contains("top IO_OUT")), "{err}");
+}
