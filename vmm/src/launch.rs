@@ -55,9 +55,6 @@ pub enum LaunchError {
     NotRunning,
 }
 
-/// How long a stopped vCPU may take to leave KVM_RUN before it is left behind.
-pub const STOP_GRACE: Duration = Duration::from_secs(2);
-
 /// Launch choices that are not part of the VM configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct LaunchOptions {
@@ -431,25 +428,19 @@ impl LaunchedVm {
     }
 
     /// Stops the vCPUs and joins them. A vCPU that does not leave KVM_RUN within
-    /// [`STOP_GRACE`] (seen on hosts whose KVM emulates long guest stretches without checking
+    /// [`crate::vm::STOP_GRACE`] (seen on hosts whose KVM emulates long guest stretches without checking
     /// for signals) is left behind: `None`, and the caller is expected to exit the process.
     fn collect(running: RunningVm) -> Result<Option<Vec<VcpuOutcome>>, LaunchError> {
-        let start = Instant::now();
-        while !running.all_finished() {
-            if start.elapsed() >= STOP_GRACE {
-                eprintln!(
-                    "exitless: a vCPU did not leave KVM_RUN within {STOP_GRACE:?} of being \
-                     stopped; not waiting for it"
-                );
-                return Ok(None);
+        match running.stop_and_join() {
+            Ok(outcomes) => Ok(Some(outcomes)),
+            Err(VmError::StuckVcpus(ids)) => {
+                eprintln!("exitless: vCPU(s) {ids:?} did not leave KVM_RUN after being stopped; not waiting for them");
+                Ok(None)
             }
-            running.stop();
-            thread::sleep(Duration::from_millis(20));
+            Err(e) => Err(e.into()),
         }
-        Ok(Some(running.wait(None)?))
     }
 
-    /// The vCPUs' profiles now (cumulative since launch).
     pub fn snapshots(&self) -> Vec<VcpuProfileSnapshot> {
         self.profiles.iter().map(|p| p.snapshot()).collect()
     }

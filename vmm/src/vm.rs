@@ -32,7 +32,12 @@ pub enum VmError {
     Panicked(usize),
     #[error("Guest did not finish within {0:?}")]
     Timeout(Duration),
+    #[error("vCPU(s) {0:?} did not leave KVM_RUN within {STOP_GRACE:?} of being stopped")]
+    StuckVcpus(Vec<usize>),
 }
+
+/// How long a stopped vCPU may take to leave KVM_RUN before it is left behind.
+pub const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// A created VM with its memory registered.
 pub struct Vm {
@@ -124,33 +129,43 @@ impl RunningVm {
     pub fn wait(self, timeout: Option<Duration>) -> Result<Vec<VcpuOutcome>, VmError> {
         let start = Instant::now();
         let mut timed_out = false;
-        loop {
-            if self.is_done() {
-                break;
-            }
+        while !self.is_done() {
             if timeout.is_some_and(|t| start.elapsed() > t) {
                 timed_out = true;
                 break;
             }
             thread::sleep(Duration::from_millis(2));
         }
-        self.stop();
-        let mut outcomes = Vec::new();
-        let mut first_err = None;
-        for (id, t) in self.threads {
-            match t.join() {
-                Ok(Ok(o)) => outcomes.push(o),
-                Ok(Err(e)) => first_err = first_err.or(Some(VmError::Vcpu(e))),
-                Err(_) => first_err = first_err.or(Some(VmError::Panicked(id))),
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
+        let outcomes = self.stop_and_join()?;
         match timeout {
             Some(t) if timed_out => Err(VmError::Timeout(t)),
             _ => Ok(outcomes),
         }
+    }
+
+    /// Stops every vCPU and joins its thread. A kick can be lost on some hosts (seen on PVM),
+    /// so vCPUs still running are kicked again every 20 ms; one still in KVM_RUN after
+    /// [`STOP_GRACE`] is left behind and reported as [`VmError::StuckVcpus`].
+    pub fn stop_and_join(self) -> Result<Vec<VcpuOutcome>, VmError> {
+        let start = Instant::now();
+        self.stop();
+        while !self.all_finished() {
+            if start.elapsed() >= STOP_GRACE {
+                let stuck = self.threads.iter().filter(|(_, t)| !t.is_finished());
+                return Err(VmError::StuckVcpus(stuck.map(|(id, _)| *id).collect()));
+            }
+            thread::sleep(Duration::from_millis(20));
+            self.stop();
+        }
+        let mut outcomes = Vec::new();
+        for (id, t) in self.threads {
+            match t.join() {
+                Ok(Ok(o)) => outcomes.push(o),
+                Ok(Err(e)) => return Err(VmError::Vcpu(e)),
+                Err(_) => return Err(VmError::Panicked(id)),
+            }
+        }
+        Ok(outcomes)
     }
 }
 
