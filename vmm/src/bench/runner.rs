@@ -37,6 +37,10 @@ pub enum RunError {
     Parse(#[from] ParseError),
     #[error("Cannot create eventfd: {0}")]
     EventFd(std::io::Error),
+    #[error(transparent)]
+    Bus(#[from] crate::bus::BusError),
+    #[error("Not run: {0}")]
+    Unsupported(&'static str),
     #[error("The guest reported: {0}")]
     GuestError(String),
     #[error("The guest skipped the case: {0}")]
@@ -90,37 +94,40 @@ struct Prepared {
     ioeventfd: Option<EventFd>,
 }
 
-fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
-    let vm = Vm::new(kvm::open()?, GUEST_MEMORY, config.irqchip)?;
-    if vm.caps.disable_quirks2 {
-        kvm::disable_hypercall_rewrite(&vm.fd);
-    }
-    let serial = LineCapture::default();
+/// The bench VM's port bus: COM1 (captured, not printed), the exit port and the marker port.
+fn bench_buses(serial: &LineCapture) -> Result<Arc<Buses>, RunError> {
     let irq = EventFd::new(EFD_NONBLOCK).map_err(RunError::EventFd)?;
     let com1 = SerialDevice::new(irq, SerialOutput::discard().with_capture(serial.clone()));
     let mut pio = BusBuilder::new();
-    pio.insert("com1", guest::COM1_PORT, 8, Arc::new(Mutex::new(com1)))
-        .and_then(|_| {
-            pio.insert(
-                "exit-port",
-                guest::EXIT_PORT,
-                4,
-                Arc::new(Mutex::new(ExitPort)),
-            )
-        })
-        .and_then(|_| {
-            pio.insert(
-                "marker",
-                guest::MARKER_PORT,
-                4,
-                Arc::new(Mutex::new(MarkerPort)),
-            )
-        })
-        .expect("fixed bench port ranges do not overlap");
-    let buses = Arc::new(Buses {
+    pio.insert("com1", guest::COM1_PORT, 8, Arc::new(Mutex::new(com1)))?;
+    pio.insert(
+        "exit-port",
+        guest::EXIT_PORT,
+        4,
+        Arc::new(Mutex::new(ExitPort)),
+    )?;
+    pio.insert(
+        "marker",
+        guest::MARKER_PORT,
+        4,
+        Arc::new(Mutex::new(MarkerPort)),
+    )?;
+    Ok(Arc::new(Buses {
         pio: pio.freeze(),
         mmio: BusBuilder::new().freeze(),
-    });
+    }))
+}
+
+fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
+    let vm = Vm::new(kvm::open()?, GUEST_MEMORY, config.irqchip)?;
+    let quirk_off = vm.caps.disable_quirks2 && kvm::disable_hypercall_rewrite(&vm.fd);
+    if config.guest_case == "hypercall" && !quirk_off {
+        return Err(RunError::Unsupported(
+            "KVM cannot disable KVM_X86_QUIRK_FIX_HYPERCALL_INSN; the hypercall loop could livelock",
+        ));
+    }
+    let serial = LineCapture::default();
+    let buses = bench_buses(&serial)?;
     let io_devices = buses.pio.ranges().iter().map(|r| r.name.clone()).collect();
     let ioeventfd = setup_target(&vm, config.target)?;
     let cmdline = format!("case={} iters={iterations}", config.guest_case);
