@@ -288,19 +288,7 @@ mod tests {
     use crate::boot::e820::{e820_map, E820Kind};
     use crate::boot::mptable::{setup_mptable, MPTABLE_START};
 
-    fn test_memory() -> GuestMemoryMmap {
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap()
-    }
-
-    fn read(mem: &GuestMemoryMmap, addr: u64, len: usize) -> Vec<u8> {
-        let mut buf = vec![0; len];
-        mem.read_slice(&mut buf, GuestAddress(addr)).unwrap();
-        buf
-    }
-
-    fn sums_to_zero(bytes: &[u8]) -> bool {
-        bytes.iter().fold(0u8, |s, b| s.wrapping_add(*b)) == 0
-    }
+    use crate::boot::test_images::{read, sums_to_zero, test_memory};
 
     fn u32_at(bytes: &[u8], offset: usize) -> u32 {
         u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap())

@@ -225,19 +225,7 @@ pub fn setup_mptable(mem: &GuestMemoryMmap, vcpu_count: usize) -> Result<(), Boo
 mod tests {
     use super::*;
 
-    fn test_memory() -> GuestMemoryMmap {
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap()
-    }
-
-    fn read(mem: &GuestMemoryMmap, addr: u64, len: usize) -> Vec<u8> {
-        let mut buf = vec![0; len];
-        mem.read_slice(&mut buf, GuestAddress(addr)).unwrap();
-        buf
-    }
-
-    fn sums_to_zero(bytes: &[u8]) -> bool {
-        bytes.iter().fold(0u8, |s, b| s.wrapping_add(*b)) == 0
-    }
+    use crate::boot::test_images::{read, sums_to_zero, test_memory};
 
     /// Parses the table back from guest memory: (config table bytes, entry types in order).
     fn parse(mem: &GuestMemoryMmap) -> (Vec<u8>, Vec<u8>) {

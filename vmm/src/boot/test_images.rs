@@ -1,10 +1,27 @@
-//! Tiny synthetic kernel images and temporary files for the loader tests.
+//! Tiny synthetic kernel images, temporary files and guest-memory helpers for the boot tests.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use linux_loader::loader::bootparam::{setup_header, LOADED_HIGH, XLF_KERNEL_64};
-use vm_memory::ByteValued;
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+
+/// 16 MiB of guest memory at address 0.
+pub fn test_memory() -> GuestMemoryMmap {
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap()
+}
+
+/// `len` bytes of guest memory at `addr`.
+pub fn read(mem: &GuestMemoryMmap, addr: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0; len];
+    mem.read_slice(&mut buf, GuestAddress(addr)).unwrap();
+    buf
+}
+
+/// Whether the bytes sum to zero modulo 256 (ACPI and MP table checksums).
+pub fn sums_to_zero(bytes: &[u8]) -> bool {
+    bytes.iter().fold(0u8, |s, b| s.wrapping_add(*b)) == 0
+}
 
 const ELF_HEADER_SIZE: usize = 64;
 const PROGRAM_HEADER_SIZE: usize = 56;
