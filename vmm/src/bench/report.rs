@@ -5,7 +5,6 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::cases::CaseConfig;
 use super::host::HostInfo;
 use super::runner::ConfigRun;
 use crate::profile::{KvmStatDelta, ProfileReport};
@@ -134,10 +133,6 @@ fn per_iter(count: Option<u64>, iters: u64) -> String {
     }
 }
 
-fn config_label(c: &CaseConfig) -> String {
-    c.name.to_string()
-}
-
 /// The results table, one row per configuration, plus notes, failures and derived figures.
 pub fn render_table(report: &BenchReport) -> String {
     let mut out = String::new();
@@ -155,7 +150,7 @@ pub fn render_table(report: &BenchReport) -> String {
             out,
             "{:<11} {:<20} {:>3} {:>12.0} {:>11.0} {:>10} {:>10} {:>8}",
             r.case,
-            config_label(&r.config),
+            r.config.name,
             r.cpl,
             r.cycles_per_iter,
             r.ns_per_iter,

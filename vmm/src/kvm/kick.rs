@@ -46,13 +46,3 @@ pub fn arm(fd: &mut VcpuFd) {
 pub fn disarm() {
     RUN_PAGE.with(|p| p.set(ptr::null_mut()));
 }
-
-/// Reads RIP and RAX from the kvm_run sync-regs area (valid when KVM_SYNC_X86_REGS is set).
-pub fn sync_rip_rax(fd: &mut VcpuFd) -> (u64, u64) {
-    let run = fd.get_kvm_run();
-    // SAFETY: on x86 the `s` union of kvm_run holds `kvm_sync_regs`; KVM fills `regs` on every
-    // exit when KVM_SYNC_X86_REGS is in kvm_valid_regs, and the plain integers are valid for
-    // any bit pattern.
-    let regs = unsafe { &run.s.regs.regs };
-    (regs.rip, regs.rax)
-}

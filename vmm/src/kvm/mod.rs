@@ -2,6 +2,7 @@
 //! This is the only module with `unsafe` KVM calls.
 
 pub mod kick;
+pub mod ring;
 pub mod stats;
 
 use kvm_bindings::{
@@ -37,6 +38,8 @@ pub enum KvmError {
     Ioctl(&'static str, kvm_ioctls::Error),
     #[error("Cannot read KVM stats: {0}")]
     Stats(io::Error),
+    #[error("Cannot map the coalesced MMIO ring: {0}")]
+    Ring(io::Error),
     #[error("Cannot install the vCPU kick signal handler: {0}")]
     Signal(io::Error),
 }
@@ -188,4 +191,14 @@ pub fn register_ioeventfd(
     } else {
         Err(KvmError::Ioctl("KVM_IOEVENTFD", kvm_ioctls::Error::last()))
     }
+}
+
+/// Reads RIP and RAX from the kvm_run sync-regs area (valid when KVM_SYNC_X86_REGS is set).
+pub fn sync_rip_rax(fd: &mut kvm_ioctls::VcpuFd) -> (u64, u64) {
+    let run = fd.get_kvm_run();
+    // SAFETY: on x86 the `s` union of kvm_run holds `kvm_sync_regs`; KVM fills `regs` on every
+    // exit when KVM_SYNC_X86_REGS is in kvm_valid_regs, and the plain integers are valid for
+    // any bit pattern.
+    let regs = unsafe { &run.s.regs.regs };
+    (regs.rip, regs.rax)
 }

@@ -133,21 +133,6 @@ impl StatsFd {
 }
 
 impl StatsSchema {
-    /// Names of the scalar statistics, in snapshot order.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.descs.iter().map(|d| d.name.as_str())
-    }
-
-    /// Index of the statistic `name`, if KVM has it.
-    pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.descs.iter().position(|d| d.name == name)
-    }
-
-    /// Whether statistic `i` only grows (so deltas make sense).
-    pub fn is_cumulative(&self, i: usize) -> bool {
-        self.descs[i].cumulative
-    }
-
     /// Named deltas `later - earlier` of the cumulative statistics, zero ones included.
     pub fn deltas(&self, earlier: &StatsSnapshot, later: &StatsSnapshot) -> Vec<(String, u64)> {
         self.descs
