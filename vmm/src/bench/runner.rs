@@ -210,8 +210,8 @@ pub fn run_config(
     iterations: u64,
     tsc_khz: u64,
 ) -> Result<ConfigRun, RunError> {
-    let p = prepare(config, iterations)?;
-    let schema = p.vcpu.stats().map(|s| s.schema().clone());
+    let mut p = prepare(config, iterations)?;
+    let schema = p.vcpu.open_marker_stats().map(|s| s.schema().clone());
     let io_devices = p.io_devices.clone();
     let timeout = Duration::from_secs(20) + Duration::from_micros(500) * iterations as u32;
     let outcomes = p.vm.start(vec![p.vcpu])?.wait(Some(timeout))?;

@@ -105,14 +105,13 @@ impl Vcpu {
             // set is copied into kvm_run on every exit.
             fd.set_sync_valid_reg(SyncReg::Register);
         }
-        let stats = StatsFd::open(&fd).ok();
         Ok(Vcpu {
             id,
             fd,
             buses,
             control,
             profile,
-            stats,
+            stats: None,
             regs,
             coalesced_ring: None,
             markers: Vec::new(),
@@ -147,8 +146,10 @@ impl Vcpu {
         Ok(())
     }
 
-    /// The vCPU's stats fd, if KVM offers one.
-    pub fn stats(&self) -> Option<&StatsFd> {
+    /// Opens the vCPU's KVM stats fd so guest markers also snapshot KVM's counters; returns
+    /// it (None when KVM has no binary stats).
+    pub fn open_marker_stats(&mut self) -> Option<&StatsFd> {
+        self.stats = StatsFd::open(&self.fd).ok();
         self.stats.as_ref()
     }
 
