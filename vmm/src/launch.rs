@@ -455,13 +455,10 @@ impl LaunchedVm {
         let mut deltas = Vec::new();
         for s in &self.stats {
             let Ok(now) = s.fd.read() else { continue };
-            for (name, delta) in s.fd.schema().deltas(&s.start, &now) {
-                deltas.push(KvmStatDelta {
-                    scope: s.scope.clone(),
-                    name,
-                    delta: delta as i64,
-                });
-            }
+            deltas.extend(KvmStatDelta::scoped(
+                &s.scope,
+                s.fd.schema().deltas(&s.start, &now),
+            ));
         }
         self.build_report(self.snapshots(), deltas, self.elapsed())
     }

@@ -62,15 +62,7 @@ pub struct BenchReport {
 
 /// The exit profile of one run's measured loop.
 pub fn run_profile(run: &ConfigRun, tsc_khz: u64) -> ProfileReport {
-    let stats = run
-        .kvm_stats
-        .iter()
-        .map(|(name, delta)| KvmStatDelta {
-            scope: "vcpu0".into(),
-            name: name.clone(),
-            delta: *delta as i64,
-        })
-        .collect();
+    let stats = KvmStatDelta::scoped("vcpu0", run.kvm_stats.clone()).collect();
     let seconds = run.ns_per_iter * run.iterations as f64 / 1e9;
     ProfileReport::new(
         vec![run.profile.clone()],

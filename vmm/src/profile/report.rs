@@ -56,6 +56,20 @@ pub struct KvmStatDelta {
     pub delta: i64,
 }
 
+impl KvmStatDelta {
+    /// Tags `(name, delta)` pairs from one stats fd (e.g. `StatsSchema::deltas`) with `scope`.
+    pub fn scoped<'a>(
+        scope: &'a str,
+        named: impl IntoIterator<Item = (String, u64)> + 'a,
+    ) -> impl Iterator<Item = KvmStatDelta> + 'a {
+        named.into_iter().map(move |(name, delta)| KvmStatDelta {
+            scope: scope.to_string(),
+            name,
+            delta: delta as i64,
+        })
+    }
+}
+
 /// Everything needed to print or export a profile.
 #[derive(Clone, Debug)]
 pub struct ProfileReport {
