@@ -11,6 +11,9 @@
 //! if let Some(cpu) = current_cpu() { profile.record_cpu(cpu) }
 //! ```
 //!
+//! Writes drained from KVM's coalesced MMIO/PIO ring (queued without an exit)
+//! are counted per bus device with `profile.record_coalesced(pio, device_index)`.
+//!
 //! * [`VcpuProfile`]: the lock-free, allocation-free, single-writer counters.
 //! * [`histogram`]: log-linear latency histograms in cycles.
 //! * [`report`]: tables and the `exitless.profile/1` JSON document.
@@ -31,7 +34,8 @@ pub use false_sharing::{run_false_sharing_benchmark, FalseSharingResult};
 pub use histogram::{Histogram, HistogramSnapshot};
 pub use report::{KvmStatDelta, ProfileReport, PROFILE_SCHEMA};
 pub use vcpu_profile::{
-    ExitStats, ExitStatsSnapshot, ReasonSnapshot, VcpuProfile, VcpuProfileSnapshot, MAX_HOST_CPUS,
+    CoalescedSnapshot, ExitStats, ExitStatsSnapshot, ReasonSnapshot, VcpuProfile,
+    VcpuProfileSnapshot, MAX_HOST_CPUS,
 };
 
 /// Why `KVM_RUN` returned to userspace.

@@ -4,9 +4,10 @@
 //! `x.store(x.load(Relaxed) + v, Relaxed)`: on x86 that is two plain `mov`s,
 //! no `lock` prefix, so the record path costs a handful of L1 hits. Only the
 //! owning vCPU thread may call the `record_*` methods; readers only load.
-//! Every block of counters is 128-byte aligned and padded ([`ExitStats`] and
-//! [`VcpuProfile`] are `repr(align(128))`), so two vCPUs' profiles never share
-//! a cache line (128 covers the adjacent-line prefetcher pair on x86).
+//! Every block of counters is 128-byte aligned and padded ([`ExitStats`],
+//! the coalesced-write slots and [`VcpuProfile`] are `repr(align(128))`), so
+//! two vCPUs' profiles never share a cache line (128 covers the adjacent-line
+//! prefetcher pair on x86).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -105,6 +106,23 @@ impl ExitStatsSnapshot {
     }
 }
 
+/// One coalesced-write counter, padded to its own 128-byte block.
+#[repr(align(128))]
+#[derive(Default)]
+struct CoalescedSlot(AtomicU64);
+
+/// `len` zeroed coalesced-write slots.
+fn coalesced_table(len: usize) -> Box<[CoalescedSlot]> {
+    (0..len).map(|_| CoalescedSlot::default()).collect()
+}
+
+/// Slot for `device` in a table of `len` slots whose last slot is "unmapped".
+#[inline]
+fn device_slot(len: usize, device: Option<usize>) -> usize {
+    let unmapped = len - 1;
+    device.map_or(unmapped, |index| index.min(unmapped))
+}
+
 /// Exit profile of one vCPU. See the module documentation for the threading
 /// contract.
 #[repr(align(128))]
@@ -118,6 +136,11 @@ pub struct VcpuProfile {
     /// Per device, for `IoIn`, `IoOut`, `MmioRead`, `MmioWrite` (in that
     /// order); each has one slot per bus device plus a last "unmapped" slot.
     by_device: [Box<[ExitStats]>; 4],
+    /// Writes delivered from the coalesced ring to the PIO bus: one slot per
+    /// bus device plus a last "unmapped" slot.
+    coalesced_pio: Box<[CoalescedSlot]>,
+    /// The same for the MMIO bus.
+    coalesced_mmio: Box<[CoalescedSlot]>,
 }
 
 fn stats_table(len: usize) -> Box<[ExitStats]> {
@@ -152,6 +175,8 @@ impl VcpuProfile {
                 stats_table(mmio_devices + 1),
                 stats_table(mmio_devices + 1),
             ],
+            coalesced_pio: coalesced_table(io_devices + 1),
+            coalesced_mmio: coalesced_table(mmio_devices + 1),
         }
     }
 
@@ -177,10 +202,22 @@ impl VcpuProfile {
         self.by_reason[reason as usize].record(cycles);
         if let Some(table) = device_table_index(reason) {
             let devices = &self.by_device[table];
-            let unmapped = devices.len() - 1;
-            let slot = device.map_or(unmapped, |index| index.min(unmapped));
-            devices[slot].record(cycles);
+            devices[device_slot(devices.len(), device)].record(cycles);
         }
+    }
+
+    /// Records one write delivered from KVM's coalesced ring to bus device
+    /// `device` of the PIO bus (`pio`) or the MMIO bus: a write the guest
+    /// made without an exit. `None` or an out-of-range index counts as
+    /// "unmapped". Owning vCPU thread only.
+    #[inline]
+    pub fn record_coalesced(&self, pio: bool, device: Option<usize>) {
+        let slots = if pio {
+            &self.coalesced_pio
+        } else {
+            &self.coalesced_mmio
+        };
+        add_single_writer(&slots[device_slot(slots.len(), device)].0, 1);
     }
 
     /// Notes that this vCPU thread ran on host CPU `cpu` (ignored when
@@ -209,6 +246,8 @@ impl VcpuProfile {
             kvm_run_cycles: self.kvm_run_cycles.load(Relaxed),
             host_cpus: self.host_cpus(),
             reasons,
+            coalesced_pio: coalesced_snapshot(&self.coalesced_pio),
+            coalesced_mmio: coalesced_snapshot(&self.coalesced_mmio),
         }
     }
 
@@ -246,6 +285,56 @@ impl VcpuProfile {
             );
         }
         cpus
+    }
+}
+
+fn coalesced_snapshot(slots: &[CoalescedSlot]) -> CoalescedSnapshot {
+    let mut devices: Vec<u64> = slots.iter().map(|slot| slot.0.load(Relaxed)).collect();
+    let unmapped = devices.pop().unwrap_or(0);
+    CoalescedSnapshot { devices, unmapped }
+}
+
+/// Plain-data count of the writes one bus received from KVM's coalesced
+/// ring: each one a guest write that did not exit.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoalescedSnapshot {
+    /// Writes per bus device index.
+    pub devices: Vec<u64>,
+    /// Writes that hit no device.
+    pub unmapped: u64,
+}
+
+impl CoalescedSnapshot {
+    /// All writes, devices and unmapped.
+    pub fn total(&self) -> u64 {
+        self.devices
+            .iter()
+            .fold(self.unmapped, |sum, &writes| sum.saturating_add(writes))
+    }
+
+    /// Adds `other` into `self` (device lists of unequal length are padded).
+    pub fn merge(&mut self, other: &CoalescedSnapshot) {
+        if self.devices.len() < other.devices.len() {
+            self.devices.resize(other.devices.len(), 0);
+        }
+        for (mine, theirs) in self.devices.iter_mut().zip(&other.devices) {
+            *mine = mine.saturating_add(*theirs);
+        }
+        self.unmapped = self.unmapped.saturating_add(other.unmapped);
+    }
+
+    /// Writes recorded since `earlier`.
+    pub fn delta(&self, earlier: &CoalescedSnapshot) -> CoalescedSnapshot {
+        let devices = self
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, now)| now.saturating_sub(earlier.devices.get(i).copied().unwrap_or(0)))
+            .collect();
+        CoalescedSnapshot {
+            devices,
+            unmapped: self.unmapped.saturating_sub(earlier.unmapped),
+        }
     }
 }
 
@@ -300,6 +389,12 @@ pub struct VcpuProfileSnapshot {
     pub host_cpus: Vec<usize>,
     /// One entry per [`ExitReason::ALL`], in that order.
     pub reasons: Vec<ReasonSnapshot>,
+    /// Writes delivered from the coalesced ring to PIO bus devices.
+    #[serde(default)]
+    pub coalesced_pio: CoalescedSnapshot,
+    /// Writes delivered from the coalesced ring to MMIO bus devices.
+    #[serde(default)]
+    pub coalesced_mmio: CoalescedSnapshot,
 }
 
 impl VcpuProfileSnapshot {
@@ -316,6 +411,14 @@ impl VcpuProfileSnapshot {
     /// Total cycles spent handling exits in userspace.
     pub fn userspace_cycles(&self) -> u64 {
         self.reasons.iter().map(|r| r.stats.total_cycles).sum()
+    }
+
+    /// Writes delivered from the coalesced ring, PIO and MMIO (exits the
+    /// guest did not take).
+    pub fn coalesced_writes(&self) -> u64 {
+        self.coalesced_pio
+            .total()
+            .saturating_add(self.coalesced_mmio.total())
     }
 
     /// What happened between `earlier` and `self` (snapshots of the same
@@ -335,6 +438,8 @@ impl VcpuProfileSnapshot {
             kvm_run_cycles: self.kvm_run_cycles.saturating_sub(earlier.kvm_run_cycles),
             host_cpus: self.host_cpus.clone(),
             reasons,
+            coalesced_pio: self.coalesced_pio.delta(&earlier.coalesced_pio),
+            coalesced_mmio: self.coalesced_mmio.delta(&earlier.coalesced_mmio),
         }
     }
 }
@@ -348,9 +453,76 @@ mod tests {
         assert_eq!(std::mem::align_of::<VcpuProfile>(), 128);
         assert_eq!(std::mem::align_of::<ExitStats>(), 128);
         assert_eq!(std::mem::size_of::<ExitStats>() % 128, 0);
+        assert_eq!(std::mem::align_of::<CoalescedSlot>(), 128);
+        assert_eq!(std::mem::size_of::<CoalescedSlot>() % 128, 0);
         let profile = VcpuProfile::new(0, 2, 1);
         let address = profile.by_device[0].as_ptr() as usize;
         assert_eq!(address % 128, 0);
+        for table in [&profile.coalesced_pio, &profile.coalesced_mmio] {
+            assert_eq!(table.as_ptr() as usize % 128, 0);
+        }
+    }
+
+    #[test]
+    fn records_coalesced_writes() {
+        let profile = VcpuProfile::new(0, 2, 1);
+        (0..3).for_each(|_| profile.record_coalesced(true, Some(1)));
+        profile.record_coalesced(true, None);
+        profile.record_coalesced(true, Some(2));
+        profile.record_coalesced(false, Some(0));
+        profile.record_coalesced(false, Some(0));
+        profile.record_coalesced(false, Some(7));
+        let snapshot = profile.snapshot();
+        let pio = &snapshot.coalesced_pio;
+        assert_eq!((pio.devices.as_slice(), pio.unmapped), (&[0, 3][..], 2));
+        let mmio = &snapshot.coalesced_mmio;
+        assert_eq!((mmio.devices.as_slice(), mmio.unmapped), (&[2][..], 1));
+        assert_eq!((pio.total(), mmio.total()), (5, 3));
+        assert_eq!(snapshot.coalesced_writes(), 8);
+        assert_eq!(snapshot.exit_count(), 0, "coalesced writes are not exits");
+    }
+
+    #[test]
+    fn coalesced_delta_covers_only_the_window() {
+        let profile = VcpuProfile::new(0, 1, 1);
+        profile.record_coalesced(true, Some(0));
+        profile.record_coalesced(false, None);
+        let earlier = profile.snapshot();
+        (0..4).for_each(|_| profile.record_coalesced(true, Some(0)));
+        profile.record_coalesced(false, Some(0));
+        let window = profile.snapshot().delta(&earlier);
+        assert_eq!(window.coalesced_pio.devices, vec![4]);
+        assert_eq!(window.coalesced_pio.unmapped, 0);
+        assert_eq!(window.coalesced_mmio.devices, vec![1]);
+        assert_eq!(window.coalesced_mmio.unmapped, 0);
+        assert_eq!(window.coalesced_writes(), 5);
+        let backwards = earlier.delta(&profile.snapshot());
+        assert_eq!(backwards.coalesced_writes(), 0, "saturating");
+    }
+
+    #[test]
+    fn coalesced_snapshot_merges_unequal_lengths() {
+        let mut into = CoalescedSnapshot {
+            devices: vec![1],
+            unmapped: 2,
+        };
+        into.merge(&CoalescedSnapshot {
+            devices: vec![10, 20],
+            unmapped: 5,
+        });
+        assert_eq!(into.devices, vec![11, 20]);
+        assert_eq!((into.unmapped, into.total()), (7, 38));
+    }
+
+    #[test]
+    fn snapshot_without_coalesced_fields_deserializes() {
+        let mut json = serde_json::to_value(VcpuProfile::new(0, 1, 1).snapshot()).expect("json");
+        let object = json.as_object_mut().expect("object");
+        assert!(object.remove("coalesced_pio").is_some());
+        assert!(object.remove("coalesced_mmio").is_some());
+        let back: VcpuProfileSnapshot = serde_json::from_value(json).expect("deserialize");
+        assert_eq!(back.coalesced_pio, CoalescedSnapshot::default());
+        assert_eq!(back.coalesced_writes(), 0);
     }
 
     #[test]
