@@ -14,11 +14,13 @@
 //!     "host_cpus": [usize],         // host CPUs the vCPU thread ran on
 //!     "kvm_run": { "count", "cycles", "ns" },          // time inside KVM_RUN
 //!     "userspace": { "exits", "cycles", "ns" },        // exit handling time
-//!     "reasons": [ REASON ]         // only reasons with count > 0, by count desc
+//!     "reasons": [ REASON ],        // only reasons with count > 0, by count desc
+//!     "coalesced": [ COALESCED ]    // only writes > 0, by writes desc
 //!   } ],
 //!   "totals": {                     // all vCPUs merged
 //!     "exits", "exits_per_second", "userspace_percent",
-//!     "kvm_run": {...}, "userspace": {...}, "reasons": [ REASON ]
+//!     "kvm_run": {...}, "userspace": {...}, "reasons": [ REASON ],
+//!     "coalesced": [ COALESCED ]
 //!   },
 //!   "kvm_stats": [ { "scope": "vm" | "vcpuN", "name", "delta" } ]
 //! }
@@ -27,17 +29,27 @@
 //!            "devices": [ { "device": name | "<unmapped>", "index": usize | null,
 //!                           "count", "total_ns", "min_ns", "max_ns",
 //!                           "avg_ns", "p50_ns", "p99_ns" } ] }   // count > 0 only
+//! COALESCED = { "bus": "io" | "mmio", "device": name | "<unmapped>",
+//!               "index": usize | null, "writes": u64 }
 //! ```
 //!
 //! All `*_ns` latencies are userspace handling time per exit (from
 //! `KVM_RUN` returning to re-entering it). Percentiles come from the
 //! log-linear histogram (bucket upper bound, at most 25% high).
+//!
+//! `coalesced` counts guest writes that KVM queued in its coalesced MMIO/PIO
+//! ring instead of exiting, delivered to their device at a vCPU's next
+//! userspace exit. They are not part of `exits`. The ring is shared by the
+//! VM's vCPUs, so a vCPU's entries count what it delivered, not necessarily
+//! what it wrote.
 
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::vcpu_profile::{ExitStatsSnapshot, ReasonSnapshot, VcpuProfileSnapshot};
+use super::vcpu_profile::{
+    CoalescedSnapshot, ExitStatsSnapshot, ReasonSnapshot, VcpuProfileSnapshot,
+};
 use super::ExitReason;
 
 /// Value of the `"schema"` key of the JSON document.
@@ -143,6 +155,24 @@ struct DeviceRow {
     stats: ExitStatsSnapshot,
 }
 
+/// One line of the coalesced-writes table; also its JSON entry.
+#[derive(Clone, Debug, Serialize)]
+struct CoalescedRow {
+    bus: &'static str,
+    device: String,
+    index: Option<usize>,
+    writes: u64,
+}
+
+/// Short bus label used in tables, JSON and fallback device names.
+const fn bus_label(pio: bool) -> &'static str {
+    if pio {
+        "io"
+    } else {
+        "mmio"
+    }
+}
+
 fn merge_reason(into: &mut ReasonSnapshot, other: &ReasonSnapshot) {
     into.stats.merge(&other.stats);
     if into.devices.len() < other.devices.len() {
@@ -243,6 +273,25 @@ impl ProfileReport {
         merged
     }
 
+    /// Coalesced-ring writes of all vCPUs merged, as `(pio, mmio)`.
+    pub fn merged_coalesced(&self) -> (CoalescedSnapshot, CoalescedSnapshot) {
+        let mut pio = CoalescedSnapshot::default();
+        let mut mmio = CoalescedSnapshot::default();
+        for vcpu in &self.vcpus {
+            pio.merge(&vcpu.coalesced_pio);
+            mmio.merge(&vcpu.coalesced_mmio);
+        }
+        (pio, mmio)
+    }
+
+    /// Writes delivered from the coalesced ring over all vCPUs.
+    pub fn coalesced_writes(&self) -> u64 {
+        self.vcpus
+            .iter()
+            .map(VcpuProfileSnapshot::coalesced_writes)
+            .fold(0, u64::saturating_add)
+    }
+
     /// Total userspace-handled exits over all vCPUs.
     pub fn exit_count(&self) -> u64 {
         self.vcpus.iter().map(VcpuProfileSnapshot::exit_count).sum()
@@ -268,14 +317,52 @@ impl ProfileReport {
     }
 
     fn device_name(&self, reason: ExitReason, index: usize) -> String {
-        let (names, bus) = match reason {
-            ExitReason::IoIn | ExitReason::IoOut => (&self.device_names_io, "io"),
-            _ => (&self.device_names_mmio, "mmio"),
+        let pio = matches!(reason, ExitReason::IoIn | ExitReason::IoOut);
+        self.bus_device_name(pio, index)
+    }
+
+    /// Name of device `index` on the PIO (`pio`) or MMIO bus, `io#N` /
+    /// `mmio#N` when unnamed.
+    fn bus_device_name(&self, pio: bool, index: usize) -> String {
+        let names = if pio {
+            &self.device_names_io
+        } else {
+            &self.device_names_mmio
         };
         names
             .get(index)
             .cloned()
-            .unwrap_or_else(|| format!("{bus}#{index}"))
+            .unwrap_or_else(|| format!("{}#{index}", bus_label(pio)))
+    }
+
+    /// Devices that received coalesced writes, most writes first (ties: PIO
+    /// before MMIO, then by index, unmapped last).
+    fn coalesced_rows(
+        &self,
+        pio: &CoalescedSnapshot,
+        mmio: &CoalescedSnapshot,
+    ) -> Vec<CoalescedRow> {
+        let mut rows = Vec::new();
+        for (is_pio, bus) in [(true, pio), (false, mmio)] {
+            let indexed = bus.devices.iter().enumerate().map(|(i, &w)| (Some(i), w));
+            for (index, writes) in indexed.chain([(None, bus.unmapped)]) {
+                if writes == 0 {
+                    continue;
+                }
+                let device = match index {
+                    Some(index) => self.bus_device_name(is_pio, index),
+                    None => UNMAPPED_DEVICE.to_string(),
+                };
+                rows.push(CoalescedRow {
+                    bus: bus_label(is_pio),
+                    device,
+                    index,
+                    writes,
+                });
+            }
+        }
+        rows.sort_by_key(|row| std::cmp::Reverse(row.writes));
+        rows
     }
 
     /// Devices with samples for every IO/MMIO reason, most samples first.
@@ -332,6 +419,7 @@ impl ProfileReport {
             }
         }
         self.write_device_table(&mut out, &merged);
+        self.write_coalesced_table(&mut out);
         self.write_time_split(&mut out);
         self.write_kvm_stats(&mut out);
         self.write_host_cpus(&mut out);
@@ -390,6 +478,21 @@ impl ProfileReport {
                 scale.us(row.stats.avg_cycles()),
                 scale.us(row.stats.percentile_cycles(99.0) as f64),
             );
+        }
+    }
+
+    fn write_coalesced_table(&self, out: &mut String) {
+        let (pio, mmio) = self.merged_coalesced();
+        let rows = self.coalesced_rows(&pio, &mmio);
+        if rows.is_empty() {
+            return;
+        }
+        out.push_str(
+            "\nCoalesced writes (queued by KVM without an exit, delivered at the next exit):\n",
+        );
+        let _ = writeln!(out, "{:<20} {:<6} {:>10}", "Device", "Bus", "Writes");
+        for row in rows {
+            let _ = writeln!(out, "{:<20} {:<6} {:>10}", row.device, row.bus, row.writes);
         }
     }
 
@@ -470,14 +573,19 @@ impl ProfileReport {
             ),
             None => "-".to_string(),
         };
-        format!(
+        let mut line = format!(
             "{:.0} exits/s ({} in {:.2} s), top {}, userspace {:.1}% of vCPU time",
             self.exits_per_second(),
             total,
             self.wall_seconds,
             top,
             self.userspace_percent()
-        )
+        );
+        let coalesced = self.coalesced_writes();
+        if coalesced > 0 {
+            let _ = write!(line, ", {coalesced} coalesced writes");
+        }
+        line
     }
 }
 
@@ -532,6 +640,7 @@ struct VcpuDocument {
     kvm_run: KvmRunDocument,
     userspace: UserspaceDocument,
     reasons: Vec<ReasonDocument>,
+    coalesced: Vec<CoalescedRow>,
 }
 
 #[derive(Serialize)]
@@ -542,6 +651,7 @@ struct TotalsDocument {
     kvm_run: KvmRunDocument,
     userspace: UserspaceDocument,
     reasons: Vec<ReasonDocument>,
+    coalesced: Vec<CoalescedRow>,
 }
 
 #[derive(Serialize)]
@@ -605,11 +715,13 @@ impl ProfileReport {
                 ns: scale.ns(vcpu.userspace_cycles()),
             },
             reasons: self.reason_documents(&vcpu.reasons),
+            coalesced: self.coalesced_rows(&vcpu.coalesced_pio, &vcpu.coalesced_mmio),
         }
     }
 
     fn totals_document(&self) -> TotalsDocument {
         let scale = self.scale();
+        let (pio, mmio) = self.merged_coalesced();
         TotalsDocument {
             exits: self.exit_count(),
             exits_per_second: self.exits_per_second(),
@@ -625,6 +737,7 @@ impl ProfileReport {
                 ns: scale.ns(self.userspace_cycles()),
             },
             reasons: self.reason_documents(&self.merged_reasons()),
+            coalesced: self.coalesced_rows(&pio, &mmio),
         }
     }
 

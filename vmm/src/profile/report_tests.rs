@@ -48,6 +48,43 @@ fn sample_report() -> ProfileReport {
     )
 }
 
+/// `sample_report` plus coalesced writes. vcpu0: serial 120, unmapped MMIO
+/// 30, virtio-blk 4; vcpu1: serial 80 and, on a longer PIO list, the unnamed
+/// device 2 (`io#2`) 7. Totals: serial 200, <unmapped> 30, io#2 7,
+/// virtio-blk 4 => 241.
+fn coalesced_snapshots() -> Vec<VcpuProfileSnapshot> {
+    let vcpu0 = VcpuProfile::new(0, 2, 1);
+    (0..120).for_each(|_| vcpu0.record_coalesced(true, Some(0)));
+    (0..30).for_each(|_| vcpu0.record_coalesced(false, None));
+    (0..4).for_each(|_| vcpu0.record_coalesced(false, Some(0)));
+    let vcpu1 = VcpuProfile::new(1, 2, 1);
+    (0..80).for_each(|_| vcpu1.record_coalesced(true, Some(0)));
+    let mut snapshots = sample_snapshots();
+    for (into, from) in snapshots.iter_mut().zip([vcpu0, vcpu1]) {
+        let from = from.snapshot();
+        into.coalesced_pio = from.coalesced_pio;
+        into.coalesced_mmio = from.coalesced_mmio;
+    }
+    snapshots[1].coalesced_pio.devices.push(7);
+    snapshots
+}
+
+fn coalesced_report() -> ProfileReport {
+    ProfileReport {
+        vcpus: coalesced_snapshots(),
+        ..sample_report()
+    }
+}
+
+/// The text from `heading` up to the next blank line.
+fn section<'a>(text: &'a str, heading: &str) -> &'a str {
+    let start = text
+        .find(heading)
+        .unwrap_or_else(|| panic!("no {heading:?} in\n{text}"));
+    let rest = &text[start..];
+    &rest[..rest.find("\n\n").unwrap_or(rest.len())]
+}
+
 fn line_starting<'a>(text: &'a str, prefix: &str) -> &'a str {
     text.lines()
         .find(|line| line.starts_with(prefix))
@@ -209,7 +246,14 @@ fn json_schema_keys() {
     assert_eq!(json["tsc_khz"], TSC_KHZ);
     assert_eq!(json["wall_seconds"], 2.0);
     let vcpu = &json["vcpus"][0];
-    for key in ["id", "host_cpus", "kvm_run", "userspace", "reasons"] {
+    for key in [
+        "id",
+        "host_cpus",
+        "kvm_run",
+        "userspace",
+        "reasons",
+        "coalesced",
+    ] {
         assert!(vcpu.get(key).is_some(), "missing vcpus[0].{key}");
     }
     let reason = &vcpu["reasons"][0];
@@ -225,6 +269,7 @@ fn json_schema_keys() {
         "userspace_percent",
         "kvm_run",
         "reasons",
+        "coalesced",
     ] {
         assert!(json["totals"].get(key).is_some(), "missing totals.{key}");
     }
@@ -292,4 +337,109 @@ fn cpu_sets_come_from_snapshots() {
         sample_report().cpu_sets(),
         vec![(0, vec![0, 1]), (1, vec![1])]
     );
+}
+
+#[test]
+fn coalesced_section_only_with_writes() {
+    let plain = sample_report().render_table(true);
+    assert!(!plain.contains("Coalesced"), "{plain}");
+    let table = coalesced_report().render_table(false);
+    let coalesced = section(&table, "Coalesced writes");
+    assert!(table.find("By device") < table.find("Coalesced writes"));
+    let lines: Vec<Vec<&str>> = coalesced.lines().skip(1).map(columns).collect();
+    assert_eq!(
+        lines,
+        [
+            vec!["Device", "Bus", "Writes"],
+            vec!["serial", "io", "200"],
+            vec!["<unmapped>", "mmio", "30"],
+            vec!["io#2", "io", "7"],
+            vec!["virtio-blk", "mmio", "4"],
+        ]
+    );
+    assert!(
+        !coalesced.contains("rtc"),
+        "devices without writes are hidden"
+    );
+}
+
+#[test]
+fn coalesced_merge_pads_unequal_lengths() {
+    let mut report = coalesced_report();
+    let expected = (
+        CoalescedSnapshot {
+            devices: vec![200, 0, 7],
+            unmapped: 0,
+        },
+        CoalescedSnapshot {
+            devices: vec![4],
+            unmapped: 30,
+        },
+    );
+    assert_eq!(report.merged_coalesced(), expected);
+    report.vcpus.reverse();
+    assert_eq!(report.merged_coalesced(), expected, "longer list first");
+    assert_eq!(report.coalesced_writes(), 241);
+    assert_eq!(report.exit_count(), 10, "coalesced writes are not exits");
+}
+
+#[test]
+fn coalesced_summary_suffix() {
+    assert_eq!(
+        coalesced_report().render_summary(),
+        "5 exits/s (10 in 2.00 s), top IO_OUT 50.0%, userspace 12.3% of vCPU time, \
+         241 coalesced writes"
+    );
+    assert!(!sample_report().render_summary().contains("coalesced"));
+}
+
+#[test]
+fn coalesced_json_entries() {
+    let json = serde_json::to_value(coalesced_report()).expect("serialize");
+    assert_eq!(
+        json["vcpus"][0]["coalesced"],
+        serde_json::json!([
+            {"bus": "io", "device": "serial", "index": 0, "writes": 120},
+            {"bus": "mmio", "device": "<unmapped>", "index": null, "writes": 30},
+            {"bus": "mmio", "device": "virtio-blk", "index": 0, "writes": 4},
+        ])
+    );
+    assert_eq!(
+        json["vcpus"][1]["coalesced"],
+        serde_json::json!([
+            {"bus": "io", "device": "serial", "index": 0, "writes": 80},
+            {"bus": "io", "device": "io#2", "index": 2, "writes": 7},
+        ])
+    );
+    let totals = json["totals"]["coalesced"].as_array().expect("array");
+    let summary: Vec<(&str, &str, u64)> = totals
+        .iter()
+        .map(|row| {
+            let text = |key: &str| row[key].as_str().unwrap_or("?");
+            (
+                text("bus"),
+                text("device"),
+                row["writes"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("io", "serial", 200),
+            ("mmio", "<unmapped>", 30),
+            ("io", "io#2", 7),
+            ("mmio", "virtio-blk", 4),
+        ]
+    );
+    assert_eq!(json["totals"]["exits"], 10);
+}
+
+#[test]
+fn json_coalesced_empty_without_writes() {
+    let json = serde_json::to_value(sample_report()).expect("serialize");
+    assert_eq!(json["totals"]["coalesced"], serde_json::json!([]));
+    for vcpu in json["vcpus"].as_array().expect("array") {
+        assert_eq!(vcpu["coalesced"], serde_json::json!([]));
+    }
 }

@@ -209,7 +209,8 @@ impl VcpuProfile {
     /// Records one write delivered from KVM's coalesced ring to bus device
     /// `device` of the PIO bus (`pio`) or the MMIO bus: a write the guest
     /// made without an exit. `None` or an out-of-range index counts as
-    /// "unmapped". Owning vCPU thread only.
+    /// "unmapped". The ring is shared by the VM's vCPUs, so this counts what
+    /// this vCPU delivered, whichever vCPU wrote it. Owning vCPU thread only.
     #[inline]
     pub fn record_coalesced(&self, pio: bool, device: Option<usize>) {
         let slots = if pio {
