@@ -191,11 +191,12 @@ fn render_notes(report: &BenchReport, out: &mut String) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::bench::cases::CASES;
 
-    fn run(case_idx: usize, cfg: usize, ns: f64, user: u64) -> ConfigRun {
+    /// A plausible run of configuration `cfg` of case `case_idx` (100 iterations).
+    pub(crate) fn run(case_idx: usize, cfg: usize, ns: f64, user: u64) -> ConfigRun {
         let case = &CASES[case_idx];
         ConfigRun {
             case: case.name,

@@ -307,6 +307,15 @@ pub fn check(run: &mut ConfigRun, config: &CaseConfig) {
         }
         _ => {}
     }
+    if matches!(config.target, Target::Coalesced { .. }) && config.profiling {
+        // A write that finds the ring full exits to userspace as a plain write instead.
+        let queued = run.profile.coalesced_writes();
+        if queued + u != n {
+            run.problems.push(format!(
+                "{n} writes, but {queued} reached the bus through the ring and {u} by exits"
+            ));
+        }
+    }
     if let Some(s) = run.ioeventfd_signals {
         if s != n {
             run.problems
@@ -335,5 +344,33 @@ pub fn check(run: &mut ConfigRun, config: &CaseConfig) {
              (compare hlt/in-kernel-lapic, where hlt lets KVM inject at once)",
             run.ns_per_iter / 1000.0
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::cases::CASES;
+    use crate::bench::report::tests::run;
+
+    #[test]
+    fn coalesced_writes_that_never_reach_the_bus_are_a_problem() {
+        let case = CASES.iter().position(|c| c.name == "mmio_write").unwrap();
+        let cfg = CASES[case]
+            .configs
+            .iter()
+            .position(|c| c.name == "coalesced-mmio")
+            .unwrap();
+        let profile = VcpuProfile::new(0, 1, 0);
+        let mut r = run(case, cfg, 3000.0, 1);
+        r.profile = profile.snapshot();
+        check(&mut r, &CASES[case].configs[cfg]);
+        let lost = "100 writes, but 0 reached the bus through the ring and 1 by exits";
+        assert_eq!(r.problems, [lost]);
+        (0..99).for_each(|_| profile.record_coalesced(false, None));
+        let mut r = run(case, cfg, 3000.0, 1);
+        r.profile = profile.snapshot();
+        check(&mut r, &CASES[case].configs[cfg]);
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
     }
 }

@@ -142,13 +142,6 @@ pub fn enable_split_irqchip(vm: &VmFd, ioapic_pins: u64) -> Result<(), KvmError>
         .map_err(|e| KvmError::Ioctl("KVM_ENABLE_CAP(SPLIT_IRQCHIP)", e))
 }
 
-/// Whether a coalesced ring entry is a port write (KVM_CAP_COALESCED_PIO) rather than MMIO.
-pub fn coalesced_entry_is_pio(entry: &kvm_bindings::kvm_coalesced_mmio) -> bool {
-    // SAFETY: the union holds `pio` (u32) or `padding` (u32) at the same place; any bit
-    // pattern is a valid u32, and KVM zeroes it for MMIO entries.
-    unsafe { entry.__bindgen_anon_1.pio != 0 }
-}
-
 vmm_sys_util::ioctl_iow_nr!(
     KVM_IOEVENTFD,
     kvm_bindings::KVMIO,

@@ -11,6 +11,45 @@ use kvm_ioctls::VcpuFd;
 
 use super::KvmError;
 
+/// One write the guest made into a coalesced zone, as the ring recorded it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoalescedWrite {
+    /// A port write (KVM_CAP_COALESCED_PIO) rather than MMIO.
+    pub pio: bool,
+    /// Guest physical address or port.
+    pub addr: u64,
+    len: u8,
+    data: [u8; 8],
+}
+
+impl CoalescedWrite {
+    /// A write of `data` (at most 8 bytes are kept, as in KVM's ring).
+    pub fn new(pio: bool, addr: u64, data: &[u8]) -> Self {
+        let len = data.len().min(8);
+        let mut bytes = [0; 8];
+        bytes[..len].copy_from_slice(&data[..len]);
+        CoalescedWrite {
+            pio,
+            addr,
+            len: len as u8,
+            data: bytes,
+        }
+    }
+
+    /// The bytes written.
+    pub fn data(&self) -> &[u8] {
+        &self.data[..usize::from(self.len)]
+    }
+
+    fn from_entry(entry: &kvm_coalesced_mmio) -> Self {
+        // SAFETY: the union holds `pio` (u32) or `padding` (u32) at the same place; any bit
+        // pattern is a valid u32, and KVM zeroes it for MMIO entries.
+        let pio = unsafe { entry.__bindgen_anon_1.pio != 0 };
+        let len = (entry.len as usize).min(entry.data.len());
+        CoalescedWrite::new(pio, entry.phys_addr, &entry.data[..len])
+    }
+}
+
 /// One vCPU's mapping of KVM's coalesced ring (shared by all vCPUs of the VM).
 #[derive(Debug)]
 pub struct CoalescedRing {
@@ -58,8 +97,13 @@ impl CoalescedRing {
         })
     }
 
-    /// Takes the oldest entry, if any.
-    pub fn pop(&mut self) -> Option<kvm_coalesced_mmio> {
+    /// Takes every queued write, oldest first.
+    pub fn drain(&mut self) -> impl Iterator<Item = CoalescedWrite> + '_ {
+        std::iter::from_fn(move || self.pop())
+    }
+
+    /// Takes the oldest write, if any.
+    pub fn pop(&mut self) -> Option<CoalescedWrite> {
         let ring = self.page.as_ptr();
         // SAFETY: `ring` points at the live ring page; `first` and `last` are plain u32 fields
         // that KVM and this reader update concurrently, hence volatile accesses.
@@ -88,7 +132,7 @@ impl CoalescedRing {
         unsafe {
             ptr::write_volatile(ptr::addr_of_mut!((*ring).first), (first + 1) % self.entries)
         };
-        Some(entry)
+        Some(CoalescedWrite::from_entry(&entry))
     }
 }
 
@@ -96,5 +140,30 @@ impl Drop for CoalescedRing {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the page `map` mapped; nothing refers to it afterwards.
         unsafe { libc::munmap(self.page.as_ptr().cast(), self.page_size) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_decode_to_writes_of_their_own_length() {
+        let mut entry = kvm_coalesced_mmio {
+            phys_addr: 0xd000_0004,
+            len: 2,
+            data: [1, 2, 3, 4, 5, 6, 7, 8],
+            ..Default::default()
+        };
+        let mmio = CoalescedWrite::from_entry(&entry);
+        assert_eq!(
+            (mmio.pio, mmio.addr, mmio.data()),
+            (false, 0xd000_0004, &[1, 2][..])
+        );
+        entry.__bindgen_anon_1.pio = 1;
+        entry.len = 99;
+        let pio = CoalescedWrite::from_entry(&entry);
+        assert!(pio.pio);
+        assert_eq!(pio.data().len(), 8);
     }
 }

@@ -5,6 +5,7 @@ use std::io;
 use kvm_ioctls::VcpuExit;
 
 use crate::bus::{Bus, DeviceEvent};
+use crate::kvm::ring::CoalescedWrite;
 use crate::profile::ExitReason;
 
 /// The VM's two buses, frozen before any vCPU runs.
@@ -115,6 +116,38 @@ pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
     })
 }
 
+/// Handles one return from KVM_RUN in the guest's program order: the writes it queued in
+/// coalesced zones before this exit reach their devices first (oldest first), then the exit
+/// itself (`None`: KVM_RUN was interrupted by a kick). `delivered` sees each queued write with
+/// the index of the device that took it. A queued write that ends the VM (a power-off or reset
+/// register behind a coalesced zone) decides the action, since the guest made it first.
+pub fn dispatch(
+    buses: &Buses,
+    queued: impl Iterator<Item = CoalescedWrite>,
+    exit: Option<VcpuExit<'_>>,
+    mut delivered: impl FnMut(&CoalescedWrite, Option<usize>),
+) -> io::Result<Handled> {
+    let mut ended = None;
+    for write in queued {
+        let bus = if write.pio { &buses.pio } else { &buses.mmio };
+        let taken = bus.write(write.addr, write.data())?;
+        delivered(&write, taken.map(|(index, _)| index));
+        if let Some((_, event)) = taken {
+            if let ExitAction::End(end) = event_action(event) {
+                ended.get_or_insert(end);
+            }
+        }
+    }
+    let mut handled = match exit {
+        Some(exit) => handle_exit(buses, exit)?,
+        None => handled(ExitReason::Intr, ExitAction::Resume),
+    };
+    if let Some(end) = ended {
+        handled.action = ExitAction::End(end);
+    }
+    Ok(handled)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,5 +246,81 @@ mod tests {
             end(VcpuExit::FailEntry(5, 0)),
             ExitAction::End(VmEnd::KvmFailure(5))
         );
+    }
+
+    type Log = Arc<Mutex<Vec<(&'static str, u64, u8)>>>;
+
+    /// Logs every access as `(bus, offset, first byte)`; writes of 0xff ask for shutdown.
+    struct Recorder(&'static str, Log);
+
+    impl BusDevice for Recorder {
+        fn read(&mut self, offset: u64, data: &mut [u8]) {
+            self.1.lock().unwrap().push((self.0, offset, 0));
+            data.fill(0);
+        }
+        fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
+            self.1.lock().unwrap().push((self.0, offset, data[0]));
+            Ok(match data[0] {
+                0xff => DeviceEvent::Shutdown(3),
+                _ => DeviceEvent::None,
+            })
+        }
+    }
+
+    fn recording_buses() -> (Buses, Log) {
+        let log = Log::default();
+        let mut pio = BusBuilder::new();
+        let device = Recorder("pio", log.clone());
+        pio.insert("pio", 0x3f8, 8, Arc::new(Mutex::new(device)))
+            .unwrap();
+        let mut mmio = BusBuilder::new();
+        let device = Recorder("mmio", log.clone());
+        mmio.insert("mmio", 0xd000_0000, 0x1000, Arc::new(Mutex::new(device)))
+            .unwrap();
+        let buses = Buses {
+            pio: pio.freeze(),
+            mmio: mmio.freeze(),
+        };
+        (buses, log)
+    }
+
+    #[test]
+    fn queued_coalesced_writes_reach_devices_before_the_exit() {
+        let (b, log) = recording_buses();
+        let queued = [
+            CoalescedWrite::new(false, 0xd000_0010, &[0x11, 0, 0, 0]),
+            CoalescedWrite::new(true, 0x3f8, &[0x22]),
+            CoalescedWrite::new(true, 0x80, &[0x44]),
+        ];
+        let mut seen = Vec::new();
+        let h = dispatch(
+            &b,
+            queued.into_iter(),
+            Some(VcpuExit::IoOut(0x3f9, &[0x33])),
+            |w, device| seen.push((w.pio, device)),
+        )
+        .unwrap();
+        assert_eq!((h.reason, h.device), (ExitReason::IoOut, Some(0)));
+        let order = [("mmio", 0x10, 0x11), ("pio", 0, 0x22), ("pio", 1, 0x33)];
+        assert_eq!(*log.lock().unwrap(), order);
+        assert_eq!(seen, [(false, Some(0)), (true, Some(0)), (true, None)]);
+    }
+
+    #[test]
+    fn an_interrupted_run_still_delivers_queued_writes() {
+        let (b, log) = recording_buses();
+        let queued = [CoalescedWrite::new(true, 0x3f8, &[0x22])];
+        let h = dispatch(&b, queued.into_iter(), None, |_, _| {}).unwrap();
+        assert_eq!((h.reason, h.action), (ExitReason::Intr, ExitAction::Resume));
+        assert_eq!(log.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_queued_write_that_ends_the_vm_wins_over_the_later_exit() {
+        let (b, _) = recording_buses();
+        let queued = [CoalescedWrite::new(true, 0x3f8, &[0xff])];
+        let exit = Some(VcpuExit::IoOut(0x3f9, &[0x33]));
+        let h = dispatch(&b, queued.into_iter(), exit, |_, _| {}).unwrap();
+        assert_eq!(h.action, ExitAction::End(VmEnd::PowerOff(3)));
     }
 }

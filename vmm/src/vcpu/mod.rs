@@ -18,7 +18,7 @@ use crate::kvm::ring::CoalescedRing;
 use crate::kvm::{self, StatsFd, StatsSnapshot};
 use crate::profile::{self, ExitReason, VcpuProfile, VcpuProfileSnapshot};
 pub use affinity::pin_current_thread;
-pub use exit::{handle_exit, Buses, ExitAction, Handled, VmEnd};
+pub use exit::{dispatch, handle_exit, Buses, ExitAction, Handled, VmEnd};
 
 /// Errors running a vCPU.
 #[derive(Debug, Error)]
@@ -180,23 +180,25 @@ impl Vcpu {
             if self.control.stop.load(Ordering::Acquire) {
                 return Ok(VmEnd::Stopped);
             }
-            let result = self.fd.run();
-            let t_exit = tsc_if(profiling);
-            if let Some(ring) = &mut self.coalesced_ring {
-                drain_coalesced(ring, &self.buses)?;
-            }
-            let handled = match result {
-                Ok(exit) => handle_exit(&self.buses, exit)?,
-                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-                    self.fd.set_kvm_immediate_exit(0);
-                    Handled {
-                        reason: ExitReason::Intr,
-                        device: None,
-                        action: ExitAction::Resume,
-                    }
-                }
+            let exit = match self.fd.run() {
+                Ok(exit) => Some(exit),
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => None,
                 Err(e) => return Err(VcpuError::Run(e)),
             };
+            let t_exit = tsc_if(profiling);
+            let queued = self
+                .coalesced_ring
+                .iter_mut()
+                .flat_map(CoalescedRing::drain);
+            let profile = &self.profile;
+            let handled = dispatch(&self.buses, queued, exit, |write, device| {
+                if profiling {
+                    profile.record_coalesced(write.pio, device);
+                }
+            })?;
+            if handled.reason == ExitReason::Intr {
+                self.fd.set_kvm_immediate_exit(0);
+            }
             self.user_exits += 1;
             self.after_exit(&handled)?;
             let t_done = tsc_if(profiling);
@@ -269,20 +271,6 @@ impl Vcpu {
             kvm_stats,
         });
     }
-}
-
-/// Delivers every queued coalesced write to its device, oldest first.
-fn drain_coalesced(ring: &mut CoalescedRing, buses: &Buses) -> Result<(), VcpuError> {
-    while let Some(entry) = ring.pop() {
-        let len = (entry.len as usize).min(entry.data.len());
-        let bus = if kvm::coalesced_entry_is_pio(&entry) {
-            &buses.pio
-        } else {
-            &buses.mmio
-        };
-        bus.write(entry.phys_addr, &entry.data[..len])?;
-    }
-    Ok(())
 }
 
 /// The host TSC when profiling, else 0 (no rdtsc on the exit path).
