@@ -283,6 +283,27 @@ fn stat(run: &ConfigRun, name: &str) -> u64 {
         .map_or(0, |(_, v)| *v)
 }
 
+/// Every write the loop made must have reached its target: the bus, through the coalesced ring
+/// or an exit, or the ioeventfd.
+fn check_deliveries(run: &mut ConfigRun, config: &CaseConfig) {
+    let (n, u) = (run.iterations, run.user_exits);
+    if matches!(config.target, Target::Coalesced { .. }) && config.profiling {
+        // A write that finds the ring full exits to userspace as a plain write instead.
+        let queued = run.profile.coalesced_writes();
+        if queued + u != n {
+            run.problems.push(format!(
+                "{n} writes, but {queued} reached the bus through the ring and {u} by exits"
+            ));
+        }
+    }
+    if let Some(s) = run.ioeventfd_signals {
+        if s != n {
+            run.problems
+                .push(format!("ioeventfd signalled {s} times for {n} writes"));
+        }
+    }
+}
+
 /// Compares a run with its configuration's design.
 pub fn check(run: &mut ConfigRun, config: &CaseConfig) {
     let n = run.iterations;
@@ -307,21 +328,7 @@ pub fn check(run: &mut ConfigRun, config: &CaseConfig) {
         }
         _ => {}
     }
-    if matches!(config.target, Target::Coalesced { .. }) && config.profiling {
-        // A write that finds the ring full exits to userspace as a plain write instead.
-        let queued = run.profile.coalesced_writes();
-        if queued + u != n {
-            run.problems.push(format!(
-                "{n} writes, but {queued} reached the bus through the ring and {u} by exits"
-            ));
-        }
-    }
-    if let Some(s) = run.ioeventfd_signals {
-        if s != n {
-            run.problems
-                .push(format!("ioeventfd signalled {s} times for {n} writes"));
-        }
-    }
+    check_deliveries(run, config);
     if config.expect_ipis && run.ipis != n {
         run.problems.push(format!(
             "guest handled {} IPIs for {n} iterations",
