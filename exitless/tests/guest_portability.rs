@@ -1,8 +1,13 @@
 //! The embedded bench guest as a test guest: SMP bring-up through `exitless run` (every vCPU
 //! reports in with its own APIC ID), and the very same exported file booted by QEMU.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::Stream;
 
 fn exitless() -> Command {
     Command::new(env!("CARGO_BIN_EXE_exitless"))
@@ -126,7 +131,7 @@ fn a_running_vm_reports_its_profile_on_sigusr1_and_at_intervals() {
     }
     let guest = export_guest("usr1");
     // The bench guest in a long loop of userspace exits (unclaimed port), stopped by SIGTERM.
-    let child = exitless()
+    let mut child = exitless()
         .args(["run", "--kernel"])
         .arg(&guest)
         .args([
@@ -137,33 +142,35 @@ fn a_running_vm_reports_its_profile_on_sigusr1_and_at_intervals() {
         ])
         .args(["--profile", "--profile-interval", "0.5", "--timeout", "60"])
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let pid = child.id().to_string();
-    std::thread::sleep(std::time::Duration::from_millis(2500));
-    assert!(Command::new("kill")
-        .args(["-USR1", &pid])
-        .status()
-        .unwrap()
-        .success());
-    std::thread::sleep(std::time::Duration::from_millis(1000));
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let o = child.wait_with_output().unwrap();
+    let mut stderr = Stream::spawn(child.stderr.take().unwrap());
+    let limit = Duration::from_secs(30);
+    let summaries = |text: &str| text.lines().filter(|l| l.contains(" exits/s (")).count();
+    // The first live summary shows the VM runs and the signal handlers are in place.
+    let running = stderr.wait_for(limit, |text| summaries(text) >= 1);
+    let kill = |signal: &str| {
+        let status = Command::new("kill").args([signal, &pid]).status();
+        assert!(status.unwrap().success(), "kill {signal}");
+    };
+    kill("-USR1");
+    let reported = stderr.wait_for(limit, |text| text.contains("VM-exit profile: 1 vCPU(s)"));
+    let more = stderr.wait_for(limit, |text| summaries(text) >= 3);
+    kill("-TERM");
+    stderr.read_to_end(limit);
+    let status = child.wait().unwrap();
     std::fs::remove_file(&guest).ok();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(130), "{err}");
+    let err = &stderr.text;
+    assert!(running && reported && more, "{err}");
+    assert_eq!(status.code(), Some(130), "{err}");
     // One report on SIGUSR1, one when the VM ends.
     assert!(
         err.matches("VM-exit profile: 1 vCPU(s)").count() >= 2,
         "{err}"
     );
-    let summaries: Vec<&str> = err.lines().filter(|l| l.contains(" exits/s (")).collect();
-    assert!(summaries.len() >= 3, "{err}");
-    assert!(summaries.iter().any(|l| l.contains("top IO_OUT")), "{err}");
+    let top = err.lines().filter(|l| l.contains(" exits/s ("));
+    assert!(top.clone().any(|l| l.contains("top IO_OUT")), "{err}");
 }

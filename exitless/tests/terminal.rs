@@ -1,10 +1,13 @@
 //! `exitless run` on a real terminal (a pseudo-terminal made by `script`): Ctrl-C stops the VM
 //! cleanly with exit code 130, and the terminal's settings come back as they were.
 
-use std::io::{Read, Write};
+mod common;
+
+use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::Stream;
 
 fn available() -> bool {
     let script = Command::new("script")
@@ -49,24 +52,19 @@ fn ctrl_c_on_the_console_stops_the_vm_and_restores_the_terminal() {
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
-    let output = spawn_reader(child.stdout.take().unwrap());
+    let mut output = Stream::spawn(child.stdout.take().unwrap());
     // Ctrl-C once the guest runs, then keep the pty's input open until the session ends: EOF
     // would end script(1) early.
-    let mut text = String::new();
-    let started = read_until(
-        &output,
-        &mut text,
-        "EXITLESS START",
-        Duration::from_secs(30),
-    );
+    let limit = Duration::from_secs(30);
+    let started = output.wait_for(limit, |text| text.contains("EXITLESS START"));
     stdin.write_all(b"\x03").unwrap();
-    read_until(&output, &mut text, "\u{0}", Duration::from_secs(30));
+    output.read_to_end(limit);
     drop(stdin);
     child.kill().ok();
     child.wait().unwrap();
     std::fs::remove_file(&guest).ok();
+    let text = output.text.replace('\r', "");
     assert!(started, "the guest never started: {text}");
-    let text = text.replace('\r', "");
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| !l.starts_with("EXITLESS"))
@@ -76,34 +74,4 @@ fn ctrl_c_on_the_console_stops_the_vm_and_restores_the_terminal() {
     let after = lines.last().copied().unwrap_or("").trim();
     assert_eq!(before, "isig icanon echo", "{text}");
     assert_eq!(after, before, "terminal not restored: {text}");
-}
-
-/// Sends what `out` produces, chunk by chunk, until it ends.
-fn spawn_reader(mut out: impl Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n @ 1..) = out.read(&mut buf) {
-            if tx
-                .send(String::from_utf8_lossy(&buf[..n]).into_owned())
-                .is_err()
-            {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// Appends output to `text` until it contains `needle` (true), the output ends or `limit` passes.
-fn read_until(output: &Receiver<String>, text: &mut String, needle: &str, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while !text.contains(needle) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match output.recv_timeout(left) {
-            Ok(chunk) => text.push_str(&chunk),
-            Err(_) => return false,
-        }
-    }
-    true
 }
