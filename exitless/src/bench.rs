@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use vmm::bench::{self, guest::BENCH_GUEST, report};
+use vmm::bench::{self, guest::BENCH_GUEST, report, scaling};
 
 /// Measure what each kind of VM exit costs here, and what each exit-avoiding technique saves.
 ///
@@ -36,6 +36,11 @@ pub struct BenchArgs {
     /// Run the host-side false-sharing micro-benchmark (counters in one cache line vs padded).
     #[arg(long)]
     false_sharing: bool,
+    /// Multi-VM scaling: run each configuration in 1, 2, ... N VMs at once (one vCPU each),
+    /// pinned to distinct host CPUs and unpinned, and report how the total rate scales
+    /// (1 to 64; --cases defaults to pio_out here).
+    #[arg(long, value_name = "N", conflicts_with = "profile")]
+    scaling: Option<usize>,
 }
 
 pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
@@ -58,6 +63,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
         println!("{}", r.render());
         return Ok(0);
     }
+    if let Some(vms) = args.scaling {
+        return scaling(&args, vms);
+    }
     let cases = bench::select(&args.cases)?;
     let iterations = bench::check_iterations(args.iterations)?;
     let report = bench::run(&cases, iterations, |line| eprintln!("{line}"))?;
@@ -68,6 +76,24 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
             print!("{}", row.profile.render_table(false));
         }
     }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text).with_context(|| format!("Cannot write {}", path.display()))?;
+    }
+    Ok(if report.failures.is_empty() { 0 } else { 2 })
+}
+
+fn scaling(args: &BenchArgs, vms: usize) -> anyhow::Result<i32> {
+    let vms = scaling::check_vms(vms)?;
+    let names = if args.cases.is_empty() {
+        vec!["pio_out".to_string()]
+    } else {
+        args.cases.clone()
+    };
+    let cases = bench::select(&names)?;
+    let iterations = bench::check_iterations(args.iterations)?;
+    let report = scaling::run_scaling(&cases, iterations, vms, |line| eprintln!("{line}"))?;
+    print!("{}", scaling::render_scaling(&report));
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, text).with_context(|| format!("Cannot write {}", path.display()))?;

@@ -160,3 +160,47 @@ fn kvm_without_permission_is_one_clear_line() {
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(e.contains("Permission denied opening /dev/kvm"), "{e}");
 }
+
+#[test]
+fn scaling_vm_counts_outside_the_range_are_one_clear_line() {
+    for n in ["0", "65"] {
+        let o = exitless(&["bench", "--scaling", n]);
+        assert!(!o.status.success());
+        let e = stderr(&o);
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(e.contains("The VM count must be between 1 and 64"), "{e}");
+    }
+}
+
+#[test]
+fn scaling_runs_a_row_per_placement_and_vm_count() {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        eprintln!("SKIPPED: /dev/kvm is missing on this host");
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("exitless-scaling-{}.json", std::process::id()));
+    let o = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args([
+            "bench",
+            "--scaling",
+            "2",
+            "--cases",
+            "pio_out",
+            "--iterations",
+            "200",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8_lossy(&o.stdout);
+    let rows = table.lines().filter(|l| l.starts_with("pio_out ")).count();
+    // 4 configurations x (pinned, unpinned) x (1, 2 VMs).
+    assert_eq!(rows, 16, "{table}");
+    let text = std::fs::read_to_string(&json).unwrap();
+    std::fs::remove_file(&json).ok();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc["schema"], "exitless.scaling/1");
+    assert_eq!(doc["series"].as_array().unwrap().len(), 4);
+}

@@ -158,3 +158,33 @@ fn profiling_off_still_counts_exits() {
     assert_eq!(r.user_exits, ITERS);
     assert_eq!(r.profile.exit_count(), 0);
 }
+
+#[test]
+fn scaling_runs_every_vm_of_a_point_and_pins_vm_i_to_allowed_cpu_i() {
+    if !kvm_available() {
+        return;
+    }
+    use vmm::bench::scaling::run_scaling;
+    let case = cases::find("pio_out").unwrap();
+    let report = run_scaling(&[case], ITERS, 2, |_| {}).expect("scaling runs");
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert_eq!(report.series.len(), case.configs.len());
+    let allowed = &report.allowed_cpus;
+    for series in &report.series {
+        assert_eq!(series.points.len(), 4, "{}", series.config);
+        for p in &series.points {
+            assert_eq!(p.runs.len(), p.vms);
+            assert!(p.iterations_per_second > 0.0 && p.efficiency > 0.0);
+            if p.pinned {
+                for (i, run) in p.runs.iter().enumerate() {
+                    assert_eq!(
+                        run.host_cpus,
+                        [allowed[i % allowed.len()]],
+                        "{}",
+                        series.config
+                    );
+                }
+            }
+        }
+    }
+}

@@ -7,6 +7,7 @@ pub mod host;
 pub mod report;
 pub mod result;
 pub mod runner;
+pub mod scaling;
 
 use std::time::Instant;
 
@@ -28,6 +29,10 @@ pub enum BenchError {
     UnknownCase(String, String),
     #[error("Iterations must be between 1 and {MAX_ITERATIONS}, got {0}")]
     Iterations(u64),
+    #[error("The VM count must be between 1 and {max}, got {0}", max = scaling::MAX_VMS)]
+    Vms(usize),
+    #[error("Cannot read the host CPUs this process may use: {0}")]
+    Affinity(std::io::Error),
     #[error(transparent)]
     Kvm(#[from] crate::kvm::KvmError),
 }

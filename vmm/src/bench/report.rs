@@ -206,6 +206,7 @@ pub(crate) mod tests {
             cycles_per_iter: ns * 2.0,
             ns_per_iter: ns,
             user_exits: user,
+            loop_host_tsc: (0, 0),
             kernel_exits: Some(0),
             kvm_stats: vec![("exits".into(), user)],
             ioeventfd_signals: None,
@@ -288,7 +289,7 @@ pub(crate) mod tests {
         assert_eq!(json["derived"]["vmm_overhead_ns_per_exit"], 1000.0);
     }
 
-    pub(super) fn host() -> HostInfo {
+    pub(crate) fn host() -> HostInfo {
         HostInfo {
             hostname: "h".into(),
             kernel: "k".into(),

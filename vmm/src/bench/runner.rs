@@ -1,7 +1,7 @@
 //! Running one case configuration: a fresh VM set up as the configuration says, the bench
 //! guest told which loop to run, and the run checked against the configuration's design.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 use kvm_ioctls::IoEventAddress;
@@ -62,6 +62,9 @@ pub struct ConfigRun {
     pub ns_per_iter: f64,
     /// Userspace exits during the loop, counted by exitless from KVM_RUN returns.
     pub user_exits: u64,
+    /// Host TSC at the loop's begin and end markers.
+    #[serde(skip)]
+    pub loop_host_tsc: (u64, u64),
     /// In-kernel exits during the loop: KVM's per-vCPU `exits` stat minus the userspace ones.
     pub kernel_exits: Option<u64>,
     /// Non-zero per-vCPU KVM stat deltas over the loop.
@@ -203,14 +206,42 @@ fn guest_result(output: &str, guest_case: &str) -> Result<GuestResult, RunError>
     Err(RunError::NoResult(output.chars().take(400).collect()))
 }
 
-/// Runs `config` of `case` for `iterations` loop iterations.
+/// Where and when a configuration's VM runs: alone and unpinned by default.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Placement<'a> {
+    /// The host CPU its vCPU thread is pinned to.
+    pub cpu: Option<usize>,
+    /// VMs run together wait here once set up, so that their loops overlap. Every VM waits,
+    /// including one whose set-up failed, so the others are never left waiting.
+    pub start_together: Option<&'a Barrier>,
+}
+
+/// Runs `config` of `case` for `iterations` loop iterations, alone.
 pub fn run_config(
     case: &'static BenchCase,
     config: &CaseConfig,
     iterations: u64,
     tsc_khz: u64,
 ) -> Result<ConfigRun, RunError> {
-    let mut p = prepare(config, iterations)?;
+    run_config_placed(case, config, iterations, tsc_khz, Placement::default())
+}
+
+/// Runs `config` of `case` as [`run_config`] does, placed as `placement` says.
+pub fn run_config_placed(
+    case: &'static BenchCase,
+    config: &CaseConfig,
+    iterations: u64,
+    tsc_khz: u64,
+    placement: Placement<'_>,
+) -> Result<ConfigRun, RunError> {
+    let prepared = prepare(config, iterations);
+    if let Some(barrier) = placement.start_together {
+        barrier.wait();
+    }
+    let mut p = prepared?;
+    if let Some(cpu) = placement.cpu {
+        p.vcpu.pin_to(cpu);
+    }
     let schema = p.vcpu.open_marker_stats().map(|s| s.schema().clone());
     let io_devices = p.io_devices.clone();
     let timeout = Duration::from_secs(20) + Duration::from_micros(500) * iterations as u32;
@@ -221,6 +252,7 @@ pub fn run_config(
     let (begin, end) = loop_markers(&outcome)?;
     let signals = p.ioeventfd.as_ref().map(|e| e.read().unwrap_or(0));
     let mut run = measure(case, config, &result, begin, end, tsc_khz);
+    run.loop_host_tsc = (begin.host_tsc, end.host_tsc);
     run.ioeventfd_signals = signals;
     run.guest_output = output;
     run.io_devices = io_devices;
@@ -262,6 +294,7 @@ fn measure(
         cycles_per_iter: cycles,
         ns_per_iter: cycles * 1e6 / tsc_khz.max(1) as f64,
         user_exits,
+        loop_host_tsc: (0, 0),
         kernel_exits: None,
         kvm_stats: Vec::new(),
         ioeventfd_signals: None,

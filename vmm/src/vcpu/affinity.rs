@@ -25,6 +25,23 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     }
 }
 
+/// The host CPUs the calling thread may run on, ascending.
+pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is a plain bit array; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t and the size passed is
+    // its size, so the kernel writes only inside it.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: every `cpu` is below the set's bit count, so CPU_ISSET reads inside `set`.
+    Ok((0..max)
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -35,5 +52,15 @@ mod tests {
         let handle = std::thread::spawn(move || pin_current_thread(cpu));
         handle.join().unwrap().unwrap();
         assert!(pin_current_thread(1 << 20).is_err());
+    }
+
+    #[test]
+    fn the_current_cpu_is_an_allowed_one() {
+        let allowed = allowed_cpus().unwrap();
+        assert!(!allowed.is_empty());
+        assert!(allowed.windows(2).all(|w| w[0] < w[1]));
+        if let Some(cpu) = crate::profile::current_cpu() {
+            assert!(allowed.contains(&cpu), "{cpu} not in {allowed:?}");
+        }
     }
 }

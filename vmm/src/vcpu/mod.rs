@@ -52,6 +52,8 @@ pub enum RegsAccess {
 #[derive(Debug, Clone)]
 pub struct Marker {
     pub value: u32,
+    /// Host TSC when the marker exit was handled.
+    pub host_tsc: u64,
     /// Userspace exits so far (counted whether or not profiling is on).
     pub user_exits: u64,
     pub profile: VcpuProfileSnapshot,
@@ -266,6 +268,7 @@ impl Vcpu {
         let kvm_stats = self.stats.as_ref().and_then(|s| s.read().ok());
         self.markers.push(Marker {
             value,
+            host_tsc: profile::rdtsc(),
             user_exits: self.user_exits,
             profile: self.profile.snapshot(),
             kvm_stats,
