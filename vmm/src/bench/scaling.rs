@@ -102,7 +102,15 @@ pub fn run_scaling(
                         placement_name(pinned)
                     );
                     progress(&format!("{label} ..."));
-                    let runs = median_round(case, config, iterations, host.tsc_khz, vms, cpus)?;
+                    let job = PointJob {
+                        case,
+                        config,
+                        iterations,
+                        tsc_khz: host.tsc_khz,
+                        vms,
+                        cpus,
+                    };
+                    let runs = job.median_round()?;
                     let point = point(vms, pinned, &runs);
                     progress(&format!(
                         "{label}: {:.0} iterations/s",
@@ -146,58 +154,67 @@ fn placement_name(pinned: bool) -> &'static str {
     }
 }
 
-/// Runs a point [`ROUNDS`] times and keeps the round with the median total rate.
-fn median_round(
+/// One point to measure: `vms` VMs running `config` of `case` at once, VM i pinned to
+/// `cpus[i % len]` when given.
+struct PointJob<'a> {
     case: &'static BenchCase,
-    config: &CaseConfig,
+    config: &'a CaseConfig,
     iterations: u64,
     tsc_khz: u64,
     vms: usize,
-    cpus: Option<&[usize]>,
-) -> Result<Vec<ConfigRun>, String> {
-    let mut rounds = (0..ROUNDS)
-        .map(|_| run_together(case, config, iterations, tsc_khz, vms, cpus))
-        .collect::<Result<Vec<_>, _>>()?;
-    rounds.sort_by(|a, b| total_rate(a).total_cmp(&total_rate(b)));
-    Ok(rounds.swap_remove(ROUNDS / 2))
+    cpus: Option<&'a [usize]>,
 }
 
-/// Runs `vms` VMs at once, VM i pinned to `cpus[i % len]` when given. Any VM that fails, or
-/// breaks its configuration's design, fails the whole point.
-fn run_together(
-    case: &'static BenchCase,
-    config: &CaseConfig,
-    iterations: u64,
-    tsc_khz: u64,
-    vms: usize,
-    cpus: Option<&[usize]>,
-) -> Result<Vec<ConfigRun>, String> {
-    let barrier = Barrier::new(vms);
-    let results = thread::scope(|scope| {
-        let handles: Vec<_> = (0..vms)
-            .map(|i| {
-                let placement = Placement {
-                    cpu: cpus.map(|c| c[i % c.len()]),
-                    start_together: Some(&barrier),
-                };
-                scope.spawn(move || run_config_placed(case, config, iterations, tsc_khz, placement))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(thread::ScopedJoinHandle::join)
-            .collect::<Vec<_>>()
-    });
-    let mut runs = Vec::with_capacity(vms);
-    for (i, result) in results.into_iter().enumerate() {
-        match result {
-            Ok(Ok(run)) if run.problems.is_empty() => runs.push(run),
-            Ok(Ok(run)) => return Err(format!("VM {i}: {}", run.problems.join("; "))),
-            Ok(Err(e)) => return Err(format!("VM {i}: {e}")),
-            Err(_) => return Err(format!("VM {i}: its thread panicked")),
-        }
+impl PointJob<'_> {
+    /// Runs the point [`ROUNDS`] times and keeps the round with the median total rate.
+    fn median_round(&self) -> Result<Vec<ConfigRun>, String> {
+        let mut rounds = (0..ROUNDS)
+            .map(|_| self.run_together())
+            .collect::<Result<Vec<_>, _>>()?;
+        rounds.sort_by(|a, b| total_rate(a).total_cmp(&total_rate(b)));
+        Ok(rounds.swap_remove(ROUNDS / 2))
     }
-    Ok(runs)
+
+    /// Runs the VMs once, together. Any VM that fails, or breaks its configuration's design,
+    /// fails the whole point.
+    fn run_together(&self) -> Result<Vec<ConfigRun>, String> {
+        let PointJob {
+            case,
+            config,
+            iterations,
+            tsc_khz,
+            vms,
+            cpus,
+        } = *self;
+        let barrier = Barrier::new(vms);
+        let results = thread::scope(|scope| {
+            let handles: Vec<_> = (0..vms)
+                .map(|i| {
+                    let placement = Placement {
+                        cpu: cpus.map(|c| c[i % c.len()]),
+                        start_together: Some(&barrier),
+                    };
+                    scope.spawn(move || {
+                        run_config_placed(case, config, iterations, tsc_khz, placement)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(thread::ScopedJoinHandle::join)
+                .collect::<Vec<_>>()
+        });
+        let mut runs = Vec::with_capacity(vms);
+        for (i, result) in results.into_iter().enumerate() {
+            match result {
+                Ok(Ok(run)) if run.problems.is_empty() => runs.push(run),
+                Ok(Ok(run)) => return Err(format!("VM {i}: {}", run.problems.join("; "))),
+                Ok(Err(e)) => return Err(format!("VM {i}: {e}")),
+                Err(_) => return Err(format!("VM {i}: its thread panicked")),
+            }
+        }
+        Ok(runs)
+    }
 }
 
 fn rate(ns_per_iter: f64) -> f64 {
