@@ -14,7 +14,7 @@ use std::sync::Arc;
 use kvm_ioctls::{SyncReg, VcpuFd};
 use thiserror::Error;
 
-use crate::kvm::ring::CoalescedRing;
+use crate::kvm::ring::{CoalescedRing, CoalescedWrite};
 use crate::kvm::{self, StatsFd, StatsSnapshot};
 use crate::profile::{self, ExitReason, VcpuProfile, VcpuProfileSnapshot};
 pub use affinity::pin_current_thread;
@@ -182,25 +182,28 @@ impl Vcpu {
             if self.control.stop.load(Ordering::Acquire) {
                 return Ok(VmEnd::Stopped);
             }
-            let exit = match self.fd.run() {
-                Ok(exit) => Some(exit),
-                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => None,
-                Err(e) => return Err(VcpuError::Run(e)),
-            };
+            let result = self.fd.run();
             let t_exit = tsc_if(profiling);
-            let queued = self
-                .coalesced_ring
-                .iter_mut()
-                .flat_map(CoalescedRing::drain);
             let profile = &self.profile;
-            let handled = dispatch(&self.buses, queued, exit, |write, device| {
+            let delivered = |write: &CoalescedWrite, device| {
                 if profiling {
                     profile.record_coalesced(write.pio, device);
                 }
-            })?;
-            if handled.reason == ExitReason::Intr {
-                self.fd.set_kvm_immediate_exit(0);
-            }
+            };
+            // Writes queued in a coalesced ring reach their devices before the exit is handled.
+            let handled = match (&mut self.coalesced_ring, result) {
+                (None, Ok(exit)) => handle_exit(&self.buses, exit)?,
+                (Some(ring), Ok(exit)) => {
+                    dispatch(&self.buses, ring.drain(), Some(exit), delivered)?
+                }
+                (ring, Err(e)) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    let queued = ring.iter_mut().flat_map(CoalescedRing::drain);
+                    let handled = dispatch(&self.buses, queued, None, delivered)?;
+                    self.fd.set_kvm_immediate_exit(0);
+                    handled
+                }
+                (_, Err(e)) => return Err(VcpuError::Run(e)),
+            };
             self.user_exits += 1;
             self.after_exit(&handled)?;
             let t_done = tsc_if(profiling);
