@@ -1,6 +1,6 @@
 //! `exitless bench`: the exit lab.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
@@ -77,8 +77,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
         }
     }
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, text).with_context(|| format!("Cannot write {}", path.display()))?;
+        write_json(path, &report)?;
     }
     Ok(if report.failures.is_empty() { 0 } else { 2 })
 }
@@ -95,10 +94,14 @@ fn scaling(args: &BenchArgs, vms: usize) -> anyhow::Result<i32> {
     let report = scaling::run_scaling(&cases, iterations, vms, |line| eprintln!("{line}"))?;
     print!("{}", scaling::render_scaling(&report));
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, text).with_context(|| format!("Cannot write {}", path.display()))?;
+        write_json(path, &report)?;
     }
     Ok(if report.failures.is_empty() { 0 } else { 2 })
+}
+
+fn write_json(path: &Path, report: &impl serde::Serialize) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(report)?;
+    std::fs::write(path, text).with_context(|| format!("Cannot write {}", path.display()))
 }
 
 fn print_cases() {

@@ -4,12 +4,14 @@
 //!
 //! Tests that need /dev/kvm or guest/vmlinux print why they skip when either is missing.
 
-use std::io::{BufRead, BufReader, Read};
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
+
+use common::Stream;
 
 const MIB: u64 = 1 << 20;
 
@@ -213,35 +215,23 @@ fn help_states_every_default() {
     }
 }
 
-/// Collects the child's stdout lines until every one of `wanted` has appeared (returns the
-/// time that took) or `limit` passes (panics with what was seen).
+/// Reads the child's stdout until every one of `wanted` has appeared (returns the time that
+/// took) or `limit` passes (panics with what was seen).
 fn wait_for_lines(child: &mut Child, wanted: &[String], limit: Duration) -> Duration {
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        // Keeps reading after the test stopped listening: a closed console pipe would make
-        // the VMM fail its next serial write.
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            let _ = tx.send(line);
-        }
-    });
+    let mut stdout = Stream::spawn(child.stdout.take().unwrap());
     let start = Instant::now();
-    let mut missing: Vec<&String> = wanted.iter().collect();
-    let mut seen = Vec::new();
-    while !missing.is_empty() {
-        let left = limit.saturating_sub(start.elapsed());
-        match rx.recv_timeout(left) {
-            Ok(line) => {
-                missing.retain(|w| !line.contains(w.as_str()));
-                seen.push(line);
-            }
-            Err(_) => panic!(
-                "after {:?}, still missing {missing:#?}\nconsole:\n{}",
-                start.elapsed(),
-                seen.join("\n")
-            ),
-        }
+    if !stdout.wait_for(limit, |text| {
+        wanted.iter().all(|w| text.contains(w.as_str()))
+    }) {
+        let missing: Vec<&String> = wanted
+            .iter()
+            .filter(|w| !stdout.text.contains(w.as_str()))
+            .collect();
+        panic!(
+            "after {:?}, still missing {missing:#?}\nconsole:\n{}",
+            start.elapsed(),
+            stdout.text
+        );
     }
     start.elapsed()
 }
@@ -305,18 +295,14 @@ fn boot_until(test: &str, cpus: &str, extra: &[&str]) -> Option<serde_json::Valu
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("exitless starts");
-    let mut stderr = child.stderr.take().unwrap();
-    let errs = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
+    let mut errs = Stream::spawn(child.stderr.take().unwrap());
     let mut wanted = expected_console(&cmdline);
     wanted.extend(extra.iter().map(|line| line.to_string()));
     let took = wait_for_lines(&mut child, &wanted, Duration::from_secs(90));
     eprintln!("{test}: banner, command line, E820 map and {extra:?} after {took:?}");
     let code = stop(&mut child);
-    let stderr = errs.join().unwrap();
+    errs.read_to_end(Duration::from_secs(30));
+    let stderr = errs.text;
     // SIGTERM (130) is the usual end; the kernel may also have died first on a host that
     // cannot run it further (KVM failure 4, triple fault 3) or hit the timeout (124).
     assert!(

@@ -252,7 +252,6 @@ pub fn run_config_placed(
     let (begin, end) = loop_markers(&outcome)?;
     let signals = p.ioeventfd.as_ref().map(|e| e.read().unwrap_or(0));
     let mut run = measure(case, config, &result, begin, end, tsc_khz);
-    run.loop_host_tsc = (begin.host_tsc, end.host_tsc);
     run.ioeventfd_signals = signals;
     run.guest_output = output;
     run.io_devices = io_devices;
@@ -294,7 +293,7 @@ fn measure(
         cycles_per_iter: cycles,
         ns_per_iter: cycles * 1e6 / tsc_khz.max(1) as f64,
         user_exits,
-        loop_host_tsc: (0, 0),
+        loop_host_tsc: (begin.host_tsc, end.host_tsc),
         kernel_exits: None,
         kvm_stats: Vec::new(),
         ioeventfd_signals: None,

@@ -116,40 +116,27 @@ pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
     })
 }
 
-/// Delivers the writes the guest queued in coalesced zones, oldest first; `delivered` sees each
-/// with the index of the device that took it. Returns how the VM ends if one of them ended it
-/// (a power-off or reset register behind a coalesced zone).
-fn deliver_queued(
+/// Handles one return from KVM_RUN in the guest's program order: the writes it queued in
+/// coalesced zones before this exit reach their devices first, oldest first, then the exit
+/// itself (`None`: KVM_RUN was interrupted by a kick). `delivered` sees each queued write with
+/// the index of the device that took it. A queued write that ends the VM (a power-off or reset
+/// register behind a coalesced zone) decides the action, since the guest made it first. The
+/// vCPU loop calls it whenever a ring is mapped.
+pub fn dispatch(
     buses: &Buses,
     queued: impl Iterator<Item = CoalescedWrite>,
+    exit: Option<VcpuExit<'_>>,
     mut delivered: impl FnMut(&CoalescedWrite, Option<usize>),
-) -> io::Result<Option<VmEnd>> {
+) -> io::Result<Handled> {
     let mut ended = None;
     for write in queued {
         let bus = if write.pio { &buses.pio } else { &buses.mmio };
         let taken = bus.write(write.addr, write.data())?;
         delivered(&write, taken.map(|(index, _)| index));
-        if let Some((_, event)) = taken {
-            if let ExitAction::End(end) = event_action(event) {
-                ended.get_or_insert(end);
-            }
+        if let Some(ExitAction::End(end)) = taken.map(|(_, event)| event_action(event)) {
+            ended.get_or_insert(end);
         }
     }
-    Ok(ended)
-}
-
-/// Handles one return from KVM_RUN in the guest's program order: the writes it queued in
-/// coalesced zones before this exit reach their devices first ([`deliver_queued`]), then the
-/// exit itself (`None`: KVM_RUN was interrupted by a kick). A queued write that ended the VM
-/// decides the action, since the guest made it first. The vCPU loop calls it whenever a ring is
-/// mapped.
-pub fn dispatch(
-    buses: &Buses,
-    queued: impl Iterator<Item = CoalescedWrite>,
-    exit: Option<VcpuExit<'_>>,
-    delivered: impl FnMut(&CoalescedWrite, Option<usize>),
-) -> io::Result<Handled> {
-    let ended = deliver_queued(buses, queued, delivered)?;
     let mut handled = match exit {
         Some(exit) => handle_exit(buses, exit)?,
         None => handled(ExitReason::Intr, ExitAction::Resume),
