@@ -7,6 +7,21 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 pub const MMIO_GAP_START: u64 = 0xC000_0000;
 /// End of the MMIO gap (4 GiB).
 pub const MMIO_GAP_END: u64 = 0x1_0000_0000;
+/// Window in the MMIO gap from which the VMM assigns PCI memory BARs (32-bit addresses).
+pub const PCI_MMIO_START: u64 = 0xC000_0000;
+/// Size of the PCI BAR window (256 MiB; the bench guest's own MMIO target sits above it).
+pub const PCI_MMIO_SIZE: u64 = 0x1000_0000;
+/// PCI Express ECAM (MMCONFIG) for bus 0: 32 devices x 8 functions x 4 KiB.
+pub const PCI_ECAM_START: u64 = 0xE000_0000;
+/// Size of the ECAM range (bus 0 only).
+pub const PCI_ECAM_SIZE: u64 = 0x10_0000;
+/// First I/O port of PCI configuration mechanism #1 (0xCF8 address, 0xCFC data).
+pub const PCI_CONFIG_PORT: u64 = 0xCF8;
+/// Number of ports of PCI configuration mechanism #1.
+pub const PCI_CONFIG_PORT_LEN: u64 = 8;
+const _: () = assert!(PCI_MMIO_START >= MMIO_GAP_START);
+const _: () = assert!(PCI_MMIO_START + PCI_MMIO_SIZE <= PCI_ECAM_START);
+const _: () = assert!(PCI_ECAM_START + PCI_ECAM_SIZE <= 0xFEC0_0000);
 /// Smallest guest memory exitless accepts.
 pub const MIN_MEMORY: u64 = 16 << 20;
 
