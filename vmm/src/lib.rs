@@ -6,6 +6,7 @@ pub mod boot;
 pub mod bus;
 pub mod config;
 pub mod devices;
+pub mod event_loop;
 pub mod kvm;
 pub mod launch;
 pub mod memory;

@@ -3,6 +3,7 @@
 pub mod bench_ports;
 pub mod i8042;
 pub mod serial;
+pub mod virtio;
 
 /// Counts guest-caused faults of one device (bad offsets, wrong access widths) and logs the
 /// first one; later ones are only counted.

@@ -1,0 +1,125 @@
+//! virtio 1.x devices (split virtqueues through the `virtio-queue` crate) and what they share
+//! with the virtio-pci transport in front of them.
+//!
+//! The transport owns the registers the driver programs; when the driver sets DRIVER_OK it
+//! hands the device an [`Activation`]: guest memory, the negotiated features, each enabled
+//! queue with the eventfd that signals its notifications (a KVM ioeventfd, or written by the
+//! transport itself on a notify exit), an [`VirtioInterrupt`] to raise the queue's MSI-X
+//! vector, and the device event loop, where all queue work runs (never on a vCPU thread).
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use thiserror::Error;
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::event_loop::{EventLoopError, EventLoopHandle};
+
+/// Feature bit every exitless device offers and requires: virtio 1.x (no legacy interface).
+pub const VIRTIO_F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+/// The driver may publish used/avail event indexes to suppress notifications and interrupts.
+pub const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+/// The driver may use indirect descriptor tables.
+pub const VIRTIO_RING_F_INDIRECT_DESC: u64 =
+    1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
+
+/// virtio device type of a block device.
+pub const TYPE_BLOCK: u32 = 2;
+/// virtio device type of an entropy source.
+pub const TYPE_RNG: u32 = 4;
+
+/// Errors activating a device.
+#[derive(Debug, Error)]
+pub enum VirtioError {
+    #[error("{device}: driver enabled {got} queues, the device needs {want}")]
+    QueueCount {
+        device: String,
+        want: usize,
+        got: usize,
+    },
+    #[error("{device}: Cannot start queue work: {source}")]
+    EventLoop {
+        device: String,
+        #[source]
+        source: EventLoopError,
+    },
+    #[error("{device}: {message}")]
+    Backend { device: String, message: String },
+}
+
+/// How a device tells the driver that a queue has used buffers (or its config changed).
+/// Implemented by the transport: an MSI-X vector through an irqfd, held pending in the PBA
+/// while masked, nothing when the driver chose no vector and polls.
+pub trait VirtioInterrupt: Send + Sync {
+    /// Raises the interrupt of queue `queue`.
+    fn signal_queue(&self, queue: u16) -> io::Result<()>;
+    /// Raises the configuration-change interrupt.
+    fn signal_config(&self) -> io::Result<()>;
+}
+
+/// One queue the driver enabled.
+pub struct ActiveQueue {
+    /// Index of the queue in the device.
+    pub index: u16,
+    /// The queue as the driver configured it (size, ring addresses, ready).
+    pub queue: Queue,
+    /// Becomes readable when the driver notifies the queue.
+    pub notify: EventFd,
+}
+
+/// Everything a device gets when the driver sets DRIVER_OK.
+pub struct Activation {
+    pub mem: GuestMemoryMmap,
+    /// Features the driver accepted (a subset of [`VirtioDevice::features`]).
+    pub features: u64,
+    /// The enabled queues, by index.
+    pub queues: Vec<ActiveQueue>,
+    pub interrupt: Arc<dyn VirtioInterrupt>,
+    /// Where the device's queue work runs.
+    pub event_loop: EventLoopHandle,
+}
+
+/// Counters of one queue, written only by the thread serving the queue (relaxed atomics: no
+/// shared write from a vCPU thread), read by the profile.
+#[derive(Debug, Default)]
+pub struct QueueCounters {
+    /// Notifications taken (eventfd reads that found the counter non-zero).
+    pub notifies: AtomicU64,
+    /// Interrupts raised for this queue.
+    pub interrupts: AtomicU64,
+    /// Requests (descriptor chains) completed.
+    pub completed: AtomicU64,
+    /// Malformed chains the guest sent: answered with an error status or dropped, and counted.
+    pub malformed: AtomicU64,
+}
+
+impl QueueCounters {
+    /// Adds `n` to one counter (single writer: a load and a store, no locked instruction).
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    }
+}
+
+/// A virtio device model behind the transport. Configuration calls come from vCPU threads and
+/// are short; queue work runs on the event loop once activated.
+pub trait VirtioDevice: Send {
+    /// virtio device type ([`TYPE_BLOCK`], [`TYPE_RNG`], ...).
+    fn device_type(&self) -> u32;
+    /// Maximum size of each queue; the length is the number of queues.
+    fn queue_max_sizes(&self) -> &[u16];
+    /// Feature bits offered (including [`VIRTIO_F_VERSION_1`]).
+    fn features(&self) -> u64;
+    /// The driver reads the device-specific configuration space.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// The driver writes the device-specific configuration space.
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// The driver set DRIVER_OK: start serving the queues.
+    fn activate(&mut self, activation: Activation) -> Result<(), VirtioError>;
+    /// The driver reset the device: stop serving the queues and forget them.
+    fn reset(&mut self);
+    /// Per-queue counters, by queue index.
+    fn counters(&self) -> Arc<[QueueCounters]>;
+}

@@ -1,0 +1,149 @@
+//! The device event loop: one thread ("devices") waiting in epoll (the `event-manager` crate)
+//! for device work, so that no device I/O runs on a vCPU thread. A vCPU thread only signals an
+//! eventfd (or KVM does, through an ioeventfd); the subscriber registered here does the work.
+//!
+//! Subscribers are added and removed from any other thread through an [`EventLoopHandle`]
+//! (the manager's remote endpoint); a subscriber registers its fds in `init`.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+
+use event_manager::{EventManager, MutEventSubscriber, RemoteEndpoint, SubscriberId};
+use thiserror::Error;
+
+/// What the loop holds: a device's subscriber, locked only while the loop runs its callback.
+pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
+
+/// Errors starting or talking to the event loop.
+#[derive(Debug, Error)]
+pub enum EventLoopError {
+    #[error("Cannot create the device event loop: {0}")]
+    Create(event_manager::Error),
+    #[error("Cannot start the device event loop thread: {0}")]
+    Thread(io::Error),
+    #[error("The device event loop is not running: {0}")]
+    Stopped(event_manager::Error),
+}
+
+impl From<event_manager::Error> for EventLoopError {
+    fn from(e: event_manager::Error) -> Self {
+        EventLoopError::Stopped(e)
+    }
+}
+
+/// Adds and removes subscribers from outside the loop's thread. Never call it from a
+/// subscriber's own callback (that is the loop's thread: it would wait for itself).
+#[derive(Clone)]
+pub struct EventLoopHandle {
+    endpoint: RemoteEndpoint<Subscriber>,
+}
+
+impl EventLoopHandle {
+    /// Registers `subscriber` (its `init` runs on the loop) and returns its id.
+    pub fn add(&self, subscriber: Subscriber) -> Result<SubscriberId, EventLoopError> {
+        self.endpoint
+            .call_blocking(move |ops| Ok::<_, EventLoopError>(ops.add_subscriber(subscriber)))
+    }
+
+    /// Unregisters a subscriber (its fds leave the epoll set).
+    pub fn remove(&self, id: SubscriberId) -> Result<(), EventLoopError> {
+        self.endpoint
+            .call_blocking(move |ops| ops.remove_subscriber(id).map(drop))
+            .map_err(EventLoopError::Stopped)
+    }
+}
+
+/// The running loop; dropping it stops and joins the thread.
+pub struct EventLoop {
+    handle: EventLoopHandle,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EventLoop {
+    /// Starts the loop on its own thread.
+    pub fn start() -> Result<Self, EventLoopError> {
+        let mut manager = EventManager::<Subscriber>::new().map_err(EventLoopError::Create)?;
+        let handle = EventLoopHandle {
+            endpoint: manager.remote_endpoint(),
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = thread::Builder::new()
+            .name("devices".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Acquire) {
+                    if let Err(e) = manager.run() {
+                        eprintln!("exitless: device event loop failed: {e}");
+                        break;
+                    }
+                }
+            })
+            .map_err(EventLoopError::Thread)?;
+        Ok(EventLoop {
+            handle,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// A handle to add and remove subscribers.
+    pub fn handle(&self) -> EventLoopHandle {
+        self.handle.clone()
+    }
+}
+
+impl Drop for EventLoop {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.handle.endpoint.kick();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use event_manager::{EventOps, EventSet, Events};
+    use std::sync::mpsc::{channel, Sender};
+    use std::time::Duration;
+    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+    struct Counter {
+        evt: EventFd,
+        seen: Sender<(u64, String)>,
+    }
+
+    impl MutEventSubscriber for Counter {
+        fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+            let n = self.evt.read().unwrap_or(0);
+            let name = thread::current().name().unwrap_or("").to_string();
+            let _ = self.seen.send((n, name));
+        }
+        fn init(&mut self, ops: &mut EventOps) {
+            ops.add(Events::new(&self.evt, EventSet::IN)).unwrap();
+        }
+    }
+
+    #[test]
+    fn subscribers_run_on_the_devices_thread_until_removed() {
+        let el = EventLoop::start().unwrap();
+        let (tx, rx) = channel();
+        let evt = EventFd::new(EFD_NONBLOCK).unwrap();
+        let signal = evt.try_clone().unwrap();
+        let sub: Subscriber = Arc::new(Mutex::new(Counter { evt, seen: tx }));
+        let id = el.handle().add(sub).unwrap();
+        signal.write(3).unwrap();
+        let (n, name) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!((n, name.as_str()), (3, "devices"));
+        el.handle().remove(id).unwrap();
+        signal.write(1).unwrap();
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        assert!(el.handle().remove(id).is_err());
+        drop(el);
+    }
+}
