@@ -33,6 +33,10 @@ pub const EXIT_SIGNAL: i32 = 130;
 #[command(
     after_help = "The guest's COM1 is this terminal: keys go to the guest, except Ctrl-C, which \
 stops the VM (as SIGINT and SIGTERM do). SIGUSR1 prints the exit profile of a running VM.\n\n\
+When stdin ends (EOF, e.g. < /dev/null), the guest gets no more input and the VM runs on. \
+When stdout stops taking the guest's output (a closed pipe, `| head`, a gone terminal), that \
+output is dropped, said once on stderr and counted in the profile (\"console\" in \
+--profile-json); the VM runs on to its own end. --serial-log still gets everything.\n\n\
 Exit codes: 0 guest powered off or rebooted, 1 setup error, \
 3 triple fault, 4 KVM failure, 5 unknown KVM system event, 124 --timeout reached, \
 130 stopped by SIGINT/SIGTERM."

@@ -174,3 +174,64 @@ fn a_running_vm_reports_its_profile_on_sigusr1_and_at_intervals() {
     let top = err.lines().filter(|l| l.contains(" exits/s ("));
     assert!(top.clone().any(|l| l.contains("top IO_OUT")), "{err}");
 }
+
+/// `exitless run ... | head`: the console reader goes away while the guest keeps printing.
+/// The VM must run on to its normal end (the bench guest resets through the i8042: code 0),
+/// its output dropped, counted and said once, and the serial log must still get all of it.
+#[test]
+fn a_closed_console_does_not_stop_the_vm() {
+    if !kvm_available() {
+        return;
+    }
+    let guest = export_guest("closed-console");
+    let tmp = std::env::temp_dir();
+    let log = tmp.join(format!(
+        "exitless-closed-console-{}.log",
+        std::process::id()
+    ));
+    let json = tmp.join(format!(
+        "exitless-closed-console-{}.json",
+        std::process::id()
+    ));
+    // ~1 s of userspace exits after the START line: the pipe is closed well before the result.
+    let mut child = exitless()
+        .args(["run", "--kernel"])
+        .arg(&guest)
+        .args(["--memory", "64M", "--cmdline", "case=pio_out iters=30000"])
+        .args(["--timeout", "60", "--serial-log"])
+        .arg(&log)
+        .arg("--profile-json")
+        .arg(&json)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = Stream::spawn(child.stderr.take().unwrap());
+    let stdout = child.stdout.take().unwrap();
+    // Read up to the START line, then close our end of the pipe.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let started = lines.any(|l| l.is_ok_and(|l| l.starts_with("EXITLESS START")));
+        let _ = tx.send(started);
+    });
+    let started = rx.recv_timeout(Duration::from_secs(30)).unwrap_or(false);
+    stderr.read_to_end(Duration::from_secs(60));
+    let status = child.wait().unwrap();
+    let err = stderr.text.clone();
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    let profile = std::fs::read_to_string(&json).unwrap_or_default();
+    for f in [&guest, &log, &json] {
+        std::fs::remove_file(f).ok();
+    }
+    assert!(started, "the guest never started: {err}");
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert_eq!(err.matches("console output lost").count(), 1, "{err}");
+    assert!(logged.contains("EXITLESS RESULT case=pio_out"), "{logged}");
+    assert!(logged.contains("EXITLESS DONE"), "{logged}");
+    let profile: serde_json::Value = serde_json::from_str(&profile).expect("profile JSON");
+    let dropped = profile["console"]["console_bytes"].as_u64().unwrap_or(0);
+    assert!(dropped >= "EXITLESS DONE\n".len() as u64, "{profile:#}");
+}

@@ -216,9 +216,9 @@ fn help_states_every_default() {
 }
 
 /// Reads the child's stdout until every one of `wanted` has appeared (returns the time that
-/// took) or `limit` passes (panics with what was seen).
-fn wait_for_lines(child: &mut Child, wanted: &[String], limit: Duration) -> Duration {
-    let mut stdout = Stream::spawn(child.stdout.take().unwrap());
+/// took) or `limit` passes (panics with what was seen). The caller keeps `stdout` and reads it
+/// to its end after stopping the child.
+fn wait_for_lines(stdout: &mut Stream, wanted: &[String], limit: Duration) -> Duration {
     let start = Instant::now();
     if !stdout.wait_for(limit, |text| {
         wanted.iter().all(|w| text.contains(w.as_str()))
@@ -236,7 +236,8 @@ fn wait_for_lines(child: &mut Child, wanted: &[String], limit: Duration) -> Dura
     start.elapsed()
 }
 
-/// Sends SIGTERM (a clean stop) and waits for the child; returns its exit code.
+/// Sends SIGTERM (a clean stop) and waits for the child; returns its exit code. The caller
+/// keeps draining the child's output meanwhile (a [`Stream`] does).
 fn stop(child: &mut Child) -> Option<i32> {
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -296,11 +297,13 @@ fn boot_until(test: &str, cpus: &str, extra: &[&str]) -> Option<serde_json::Valu
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("exitless starts");
     let mut errs = Stream::spawn(child.stderr.take().unwrap());
+    let mut console = Stream::spawn(child.stdout.take().unwrap());
     let mut wanted = expected_console(&cmdline);
     wanted.extend(extra.iter().map(|line| line.to_string()));
-    let took = wait_for_lines(&mut child, &wanted, Duration::from_secs(90));
+    let took = wait_for_lines(&mut console, &wanted, Duration::from_secs(90));
     eprintln!("{test}: banner, command line, E820 map and {extra:?} after {took:?}");
     let code = stop(&mut child);
+    console.read_to_end(Duration::from_secs(30));
     errs.read_to_end(Duration::from_secs(30));
     let stderr = errs.text;
     // SIGTERM (130) is the usual end; the kernel may also have died first on a host that

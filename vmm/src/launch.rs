@@ -420,8 +420,7 @@ impl LaunchedVm {
         let running = self.running.take().ok_or(LaunchError::NotRunning)?;
         let outcomes = Self::collect(running)?;
         if let Ok(mut s) = self.serial.lock() {
-            // The console may be gone (closed pipe); the VM has ended either way.
-            let _ = s.flush_output();
+            s.flush_output();
         }
         let guest_end = outcomes.map_or(VmEnd::Stopped, |o| vm::vm_end(&o));
         Ok(end.unwrap_or(LaunchEnd::Guest(guest_end)))
@@ -477,6 +476,10 @@ impl LaunchedVm {
         kvm_stats: Vec<KvmStatDelta>,
         wall: Duration,
     ) -> ProfileReport {
+        let console = self.serial.lock().map_or_else(
+            |poisoned| poisoned.get_ref().output().loss(),
+            |serial| serial.output().loss(),
+        );
         ProfileReport::new(
             vcpus,
             self.io_names.clone(),
@@ -485,6 +488,7 @@ impl LaunchedVm {
             self.tsc_khz,
             wall.as_secs_f64(),
         )
+        .with_console(console)
     }
 }
 

@@ -1,13 +1,15 @@
 //! COM1: a 16550 UART (vm-superio) on the I/O bus.
 //!
 //! The guest's output is teed by [`SerialOutput`] to a sink (usually stdout), an optional log
-//! file and an optional in-memory [`LineCapture`] that the bench reads result lines from. The
+//! file and an optional in-memory [`LineCapture`] that the bench reads result lines from.
+//! Output the console or log cannot take is dropped and counted, never fatal. The
 //! interrupt is an [`EventFd`] that the VMM registers as irqfd for [`COM1_IRQ`].
 
 use super::GuestFaults;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -160,13 +162,81 @@ pub enum FlushPolicy {
     Newline,
 }
 
+/// Guest output that exitless could not pass on (a closed pipe, a full non-blocking pipe, a
+/// gone terminal, a full disk): dropped and counted, never a reason to stop the VM.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OutputLoss {
+    /// Bytes the console (stdout) did not take.
+    pub console_bytes: u64,
+    /// Bytes the `--serial-log` file did not take.
+    pub log_bytes: u64,
+}
+
+/// One destination of the output, with what it lost.
+struct Destination {
+    what: String,
+    writer: Box<dyn Write + Send>,
+    lost: u64,
+}
+
+impl Destination {
+    fn new(what: String, writer: Box<dyn Write + Send>) -> Self {
+        Self {
+            what,
+            writer,
+            lost: 0,
+        }
+    }
+
+    /// Writes `bytes`; what does not get through is counted (and said once on stderr).
+    fn put(&mut self, bytes: &[u8]) {
+        let (unwritten, error) = match write_fully(&mut *self.writer, bytes) {
+            Ok(()) => return,
+            Err(failure) => failure,
+        };
+        if self.lost == 0 {
+            eprintln!(
+                "exitless: {} output lost ({error}); the VM runs on, further lost output is \
+                 only counted",
+                self.what
+            );
+        }
+        // A failed flush may not say how much was lost: count at least one byte.
+        self.lost += unwritten.max(1) as u64;
+    }
+}
+
+/// Writes all of `bytes` and flushes, retrying on EINTR. On failure: how many bytes did not
+/// get through, and why.
+fn write_fully(w: &mut dyn Write, mut bytes: &[u8]) -> Result<(), (usize, io::Error)> {
+    while !bytes.is_empty() {
+        match w.write(bytes) {
+            Ok(0) => return Err((bytes.len(), io::ErrorKind::WriteZero.into())),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err((bytes.len(), e)),
+        }
+    }
+    w.flush().map_err(|e| (0, e))
+}
+
+/// The VMM's stdout without Rust's buffer in between, so a failed write says how much it lost.
+fn unbuffered_stdout() -> Box<dyn Write + Send> {
+    match io::stdout().as_fd().try_clone_to_owned() {
+        Ok(fd) => Box::new(File::from(fd)),
+        Err(_) => Box::new(io::stdout()),
+    }
+}
+
 /// Where the guest's serial output goes: a sink, an optional log file, an optional capture.
 ///
 /// Bytes reach the capture at once and the sink and log file as [`FlushPolicy`] says; pending
-/// bytes are written out on drop. A failed write is returned as an error (a host failure).
+/// bytes are written out on drop. Output a destination does not take is dropped and counted
+/// ([`SerialOutput::loss`]), and said once on stderr: the guest never notices, and the VM
+/// never stops for it (`exitless run ... | head` must not kill a guest mid-write).
 pub struct SerialOutput {
-    sink: Box<dyn Write + Send>,
-    log: Option<File>,
+    sink: Destination,
+    log: Option<Destination>,
     capture: Option<LineCapture>,
     policy: FlushPolicy,
     pending: Vec<u8>,
@@ -176,7 +246,7 @@ impl SerialOutput {
     /// Output to `sink` only.
     pub fn new(sink: Box<dyn Write + Send>) -> Self {
         Self {
-            sink,
+            sink: Destination::new("console".into(), sink),
             log: None,
             capture: None,
             policy: FlushPolicy::default(),
@@ -186,7 +256,7 @@ impl SerialOutput {
 
     /// Output to the VMM's stdout.
     pub fn stdout() -> Self {
-        Self::new(Box::new(io::stdout()))
+        Self::new(unbuffered_stdout())
     }
 
     /// Output discarded (a capture or log file may still be added).
@@ -200,7 +270,8 @@ impl SerialOutput {
             path: path.to_path_buf(),
             source,
         })?;
-        self.log = Some(file);
+        let what = format!("serial log {}", path.display());
+        self.log = Some(Destination::new(what, Box::new(file)));
         Ok(self)
     }
 
@@ -221,21 +292,24 @@ impl SerialOutput {
         self.capture.as_ref()
     }
 
-    /// Writes all pending bytes to the log file, then the sink; returns the first error.
-    pub fn flush_pending(&mut self) -> io::Result<()> {
-        if self.pending.is_empty() {
-            return Ok(());
+    /// What the console and the log file could not take so far.
+    pub fn loss(&self) -> OutputLoss {
+        OutputLoss {
+            console_bytes: self.sink.lost,
+            log_bytes: self.log.as_ref().map_or(0, |l| l.lost),
         }
-        let log_res = match self.log.as_mut() {
-            Some(f) => f.write_all(&self.pending).and_then(|()| f.flush()),
-            None => Ok(()),
-        };
-        let sink_res = self
-            .sink
-            .write_all(&self.pending)
-            .and_then(|()| self.sink.flush());
+    }
+
+    /// Writes all pending bytes to the log file, then the sink.
+    pub fn flush_pending(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        if let Some(log) = self.log.as_mut() {
+            log.put(&self.pending);
+        }
+        self.sink.put(&self.pending);
         self.pending.clear();
-        log_res.and(sink_res)
     }
 }
 
@@ -256,18 +330,15 @@ impl Write for SerialOutput {
             }
         };
         if due {
-            self.flush_pending()
-        } else {
-            Ok(())
+            self.flush_pending();
         }
+        Ok(())
     }
 }
 
 impl Drop for SerialOutput {
     fn drop(&mut self) {
-        if let Err(e) = self.flush_pending() {
-            eprintln!("serial: Lost output at exit: {e}");
-        }
+        self.flush_pending();
     }
 }
 
@@ -336,8 +407,8 @@ impl SerialDevice {
     }
 
     /// Writes out any output held back by [`FlushPolicy::Newline`].
-    pub fn flush_output(&mut self) -> io::Result<()> {
-        self.uart.writer_mut().flush_pending()
+    pub fn flush_output(&mut self) {
+        self.uart.writer_mut().flush_pending();
     }
 
     /// Checks a guest access: the register index, or None for a counted fault.
@@ -384,11 +455,20 @@ mod tests {
         }
     }
 
-    struct Broken;
+    /// Takes `room` bytes, then fails like a closed pipe (or a full non-blocking one).
+    struct Closing {
+        room: usize,
+        kind: io::ErrorKind,
+    }
 
-    impl Write for Broken {
-        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
-            Err(io::Error::other("broken pipe"))
+    impl Write for Closing {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.room == 0 {
+                return Err(self.kind.into());
+            }
+            let n = buf.len().min(self.room);
+            self.room -= n;
+            Ok(n)
         }
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
@@ -433,7 +513,7 @@ mod tests {
         assert!(sink.0.lock().unwrap().is_empty());
         put(&mut dev, b"\nc");
         assert_eq!(&*sink.0.lock().unwrap(), b"ab\n");
-        dev.flush_output().unwrap();
+        dev.flush_output();
         assert_eq!(&*sink.0.lock().unwrap(), b"ab\nc");
         put(&mut dev, b"d");
         drop(dev);
@@ -457,10 +537,49 @@ mod tests {
     }
 
     #[test]
-    fn sink_error_is_a_host_failure() {
-        let out = SerialOutput::new(Box::new(Broken));
+    fn a_closed_console_drops_and_counts_and_the_guest_goes_on() {
+        for kind in [io::ErrorKind::BrokenPipe, io::ErrorKind::WouldBlock] {
+            let cap = LineCapture::default();
+            let sink = Closing { room: 3, kind };
+            let out = SerialOutput::new(Box::new(sink)).with_capture(cap.clone());
+            let mut dev = SerialDevice::new(evt(), out);
+            // Every byte is its own flush (EveryWrite): 3 get through, 7 are lost.
+            put(&mut dev, b"abcdefghi\n");
+            assert_eq!(dev.output().loss().console_bytes, 7, "{kind:?}");
+            assert_eq!(dev.output().loss().log_bytes, 0);
+            // The capture still sees everything: the guest's side is unaffected.
+            assert_eq!(cap.take_lines(), vec!["abcdefghi"]);
+        }
+    }
+
+    #[test]
+    fn a_partial_write_counts_only_what_was_not_written() {
+        let sink = Closing {
+            room: 4,
+            kind: io::ErrorKind::BrokenPipe,
+        };
+        let out = SerialOutput::new(Box::new(sink)).with_flush_policy(FlushPolicy::Newline);
         let mut dev = SerialDevice::new(evt(), out);
-        assert!(dev.write(THR, b"x").is_err());
+        put(&mut dev, b"0123456789\n");
+        assert_eq!(dev.output().loss().console_bytes, 7);
+    }
+
+    #[test]
+    fn a_full_log_file_is_counted_and_the_console_still_gets_everything() {
+        if !Path::new("/dev/full").exists() {
+            eprintln!("skipped: /dev/full is missing");
+            return;
+        }
+        let sink = Shared::default();
+        let out = SerialOutput::new(Box::new(sink.clone()))
+            .with_log_file(Path::new("/dev/full"))
+            .unwrap()
+            .with_flush_policy(FlushPolicy::Newline);
+        let mut dev = SerialDevice::new(evt(), out);
+        put(&mut dev, b"line one\nline two\n");
+        assert_eq!(&*sink.0.lock().unwrap(), b"line one\nline two\n");
+        let loss = dev.output().loss();
+        assert_eq!((loss.console_bytes, loss.log_bytes), (0, 18));
     }
 
     #[test]

@@ -22,7 +22,8 @@
 //!     "kvm_run": {...}, "userspace": {...}, "reasons": [ REASON ],
 //!     "coalesced": [ COALESCED ]
 //!   },
-//!   "kvm_stats": [ { "scope": "vm" | "vcpuN", "name", "delta" } ]
+//!   "kvm_stats": [ { "scope": "vm" | "vcpuN", "name", "delta" } ],
+//!   "console": { "console_bytes", "log_bytes" }  // guest output dropped: stdout, --serial-log
 //! }
 //! REASON = { "reason": "IO_OUT", "count", "total_ns", "min_ns", "max_ns",
 //!            "avg_ns" (f64), "p50_ns", "p99_ns",
@@ -51,6 +52,7 @@ use super::vcpu_profile::{
     CoalescedSnapshot, ExitStatsSnapshot, ReasonSnapshot, VcpuProfileSnapshot,
 };
 use super::ExitReason;
+use crate::devices::serial::OutputLoss;
 
 /// Value of the `"schema"` key of the JSON document.
 pub const PROFILE_SCHEMA: &str = "exitless.profile/1";
@@ -97,6 +99,8 @@ pub struct ProfileReport {
     pub tsc_khz: u64,
     /// Wall-clock length of the window in seconds.
     pub wall_seconds: f64,
+    /// Guest console output the host could not take (dropped and counted).
+    pub console: OutputLoss,
 }
 
 /// Cycles to time conversion.
@@ -245,7 +249,14 @@ impl ProfileReport {
             kvm_stats,
             tsc_khz,
             wall_seconds,
+            console: OutputLoss::default(),
         }
+    }
+
+    /// Adds what the console and serial log could not take.
+    pub fn with_console(mut self, console: OutputLoss) -> Self {
+        self.console = console;
+        self
     }
 
     /// `(vcpu id, host CPUs it ran on)` for every vCPU.
@@ -423,7 +434,27 @@ impl ProfileReport {
         self.write_time_split(&mut out);
         self.write_kvm_stats(&mut out);
         self.write_host_cpus(&mut out);
+        self.write_console_loss(&mut out);
         out
+    }
+
+    fn write_console_loss(&self, out: &mut String) {
+        let OutputLoss {
+            console_bytes,
+            log_bytes,
+        } = self.console;
+        if console_bytes > 0 {
+            let _ = writeln!(
+                out,
+                "\nConsole: {console_bytes} bytes of guest output dropped (stdout did not take them)"
+            );
+        }
+        if log_bytes > 0 {
+            let _ = writeln!(
+                out,
+                "\nSerial log: {log_bytes} bytes of guest output dropped (the file did not take them)"
+            );
+        }
     }
 
     fn write_reason_table(&self, out: &mut String, reasons: &[ReasonSnapshot]) {
@@ -662,6 +693,7 @@ struct ProfileDocument<'a> {
     vcpus: Vec<VcpuDocument>,
     totals: TotalsDocument,
     kvm_stats: &'a [KvmStatDelta],
+    console: OutputLoss,
 }
 
 impl StatsDocument {
@@ -749,6 +781,7 @@ impl ProfileReport {
             vcpus: self.vcpus.iter().map(|v| self.vcpu_document(v)).collect(),
             totals: self.totals_document(),
             kvm_stats: &self.kvm_stats,
+            console: self.console,
         }
     }
 }

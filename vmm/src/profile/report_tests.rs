@@ -238,6 +238,7 @@ fn json_schema_keys() {
         "vcpus",
         "totals",
         "kvm_stats",
+        "console",
     ];
     for key in keys {
         assert!(json.get(key).is_some(), "missing {key}");
@@ -442,4 +443,26 @@ fn json_coalesced_empty_without_writes() {
     for vcpu in json["vcpus"].as_array().expect("array") {
         assert_eq!(vcpu["coalesced"], serde_json::json!([]));
     }
+}
+
+#[test]
+fn dropped_console_output_is_reported_only_when_there_is_some() {
+    use crate::devices::serial::OutputLoss;
+    let quiet = sample_report();
+    assert!(!quiet.render_table(false).contains("dropped"));
+    let json = serde_json::to_value(&quiet).unwrap();
+    assert_eq!(json["console"]["console_bytes"], 0);
+    let lossy = sample_report().with_console(OutputLoss {
+        console_bytes: 1234,
+        log_bytes: 5,
+    });
+    let table = lossy.render_table(false);
+    assert!(
+        table.contains("Console: 1234 bytes of guest output dropped"),
+        "{table}"
+    );
+    assert!(table.contains("Serial log: 5 bytes"), "{table}");
+    let json = serde_json::to_value(&lossy).unwrap();
+    assert_eq!(json["console"]["console_bytes"], 1234);
+    assert_eq!(json["console"]["log_bytes"], 5);
 }
