@@ -1,11 +1,21 @@
-//! The I/O and MMIO buses: address ranges mapped to devices, frozen after set-up.
+//! The I/O and MMIO buses: address ranges mapped to devices.
 //!
-//! A [`BusBuilder`] takes devices during VM set-up and rejects overlapping ranges. Freezing it
-//! gives a [`Bus`]: a sorted `Vec` searched without any lock on the exit path; each device
-//! sits behind its own mutex, taken only for the access itself.
+//! A [`BusBuilder`] takes devices and rejects overlapping ranges. Freezing it gives a [`Bus`]:
+//! a sorted `Vec` searched without any lock on the exit path. Devices are reached through
+//! `&self` and choose their own locking: a state machine with `&mut self` accesses
+//! ([`MutBusDevice`]) sits in a `Mutex`, taken only for the access itself; a device with
+//! several ranges registers one small object per range, so it knows which range was hit.
+//!
+//! A bus never changes in place. When the guest moves a device (a PCI BAR), a new `Bus` is
+//! built and published through [`SharedBuses`]; each vCPU keeps its own snapshot and only
+//! compares a generation counter per exit (a read of a line nobody writes while the layout
+//! holds still), so the exit path gains no lock and no shared write.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use crossbeam_utils::CachePadded;
 use thiserror::Error;
 
 /// What a device asks of the vCPU loop after an access.
@@ -21,19 +31,38 @@ pub enum DeviceEvent {
     Marker(u32),
 }
 
-/// A device on a bus. `offset` is relative to the start of the device's range.
+/// A device on a bus, reached from any vCPU thread. `offset` is relative to the start of the
+/// range that was hit.
 ///
 /// Guest-caused faults (bad offsets, unsupported widths) are counted and logged by the device;
-/// an `Err` means the host failed (e.g. the serial output could not be written).
-pub trait BusDevice: Send {
+/// an `Err` means the host failed in a way the VM cannot go on from.
+pub trait BusDevice: Send + Sync {
+    /// The guest reads `data.len()` bytes at `offset`.
+    fn read(&self, offset: u64, data: &mut [u8]);
+    /// The guest writes `data` at `offset`.
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<DeviceEvent>;
+}
+
+/// A device model as a plain state machine (`&mut self`, vm-superio style): put it in a
+/// `Mutex` to place it on a bus.
+pub trait MutBusDevice: Send {
     /// The guest reads `data.len()` bytes at `offset`.
     fn read(&mut self, offset: u64, data: &mut [u8]);
     /// The guest writes `data` at `offset`.
     fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<DeviceEvent>;
 }
 
+impl<T: MutBusDevice> BusDevice for Mutex<T> {
+    fn read(&self, offset: u64, data: &mut [u8]) {
+        lock(self).read(offset, data);
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
+        lock(self).write(offset, data)
+    }
+}
+
 /// A device shared between the bus and whoever set it up.
-pub type SharedDevice = Arc<Mutex<dyn BusDevice>>;
+pub type SharedDevice = Arc<dyn BusDevice>;
 
 /// Errors building a bus.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -47,6 +76,8 @@ pub enum BusError {
     },
     #[error("Range of {0} is empty or wraps around")]
     BadRange(String),
+    #[error("No bus range has id {0}")]
+    UnknownId(usize),
 }
 
 /// One mapped range.
@@ -55,6 +86,9 @@ pub struct BusRange {
     pub base: u64,
     pub len: u64,
     pub name: String,
+    /// Stable id on its bus (the order ranges were first inserted): it survives moves, so the
+    /// profile can count per device across layout changes.
+    pub id: usize,
     pub device: SharedDevice,
 }
 
@@ -64,10 +98,11 @@ impl BusRange {
     }
 }
 
-/// A bus being set up.
+/// A bus being set up (or rebuilt from a [`Bus`] to change its layout).
 #[derive(Default)]
 pub struct BusBuilder {
     ranges: Vec<BusRange>,
+    next_id: usize,
 }
 
 impl BusBuilder {
@@ -75,13 +110,44 @@ impl BusBuilder {
         Self::default()
     }
 
-    /// Maps `device` at `[base, base + len)`; fails if the range overlaps one already mapped.
+    /// Maps `device` at `[base, base + len)` under a new id (returned); fails if the range
+    /// overlaps one already mapped.
     pub fn insert(
         &mut self,
         name: &str,
         base: u64,
         len: u64,
         device: SharedDevice,
+    ) -> Result<usize, BusError> {
+        let id = self.next_id;
+        self.insert_with_id(name, base, len, device, id)?;
+        self.next_id += 1;
+        Ok(id)
+    }
+
+    /// Moves the range `id` to `new_base` (its length and device stay); fails, leaving the
+    /// builder unchanged, when the new place overlaps another range or `id` is unknown.
+    pub fn relocate(&mut self, id: usize, new_base: u64) -> Result<(), BusError> {
+        let at = self
+            .ranges
+            .iter()
+            .position(|r| r.id == id)
+            .ok_or(BusError::UnknownId(id))?;
+        let old = self.ranges.remove(at);
+        let moved = self.insert_with_id(&old.name, new_base, old.len, old.device.clone(), id);
+        if moved.is_err() {
+            self.ranges.insert(at, old);
+        }
+        moved
+    }
+
+    fn insert_with_id(
+        &mut self,
+        name: &str,
+        base: u64,
+        len: u64,
+        device: SharedDevice,
+        id: usize,
     ) -> Result<(), BusError> {
         if len == 0 || base.checked_add(len).is_none() {
             return Err(BusError::BadRange(name.to_string()));
@@ -102,6 +168,7 @@ impl BusBuilder {
             base,
             len,
             name: name.to_string(),
+            id,
             device,
         });
         Ok(())
@@ -112,6 +179,7 @@ impl BusBuilder {
         self.ranges.sort_by_key(|r| r.base);
         Bus {
             ranges: self.ranges,
+            next_id: self.next_id,
         }
     }
 }
@@ -120,6 +188,7 @@ impl BusBuilder {
 #[derive(Clone, Default)]
 pub struct Bus {
     ranges: Vec<BusRange>,
+    next_id: usize,
 }
 
 /// Result of resolving an address: the device's index on its bus and the offset into it.
@@ -142,18 +211,36 @@ impl Bus {
         })
     }
 
-    /// The mapped ranges, sorted by base (device names are reported by index).
+    /// The mapped ranges, sorted by base.
     pub fn ranges(&self) -> &[BusRange] {
         &self.ranges
     }
 
+    /// Range names by id: what the profile's device indexes refer to.
+    pub fn names_by_id(&self) -> Vec<String> {
+        let mut names = vec![String::new(); self.next_id];
+        for r in &self.ranges {
+            names[r.id] = r.name.clone();
+        }
+        names
+    }
+
+    /// A builder holding this bus's ranges and ids, to build a changed layout from.
+    pub fn to_builder(&self) -> BusBuilder {
+        BusBuilder {
+            ranges: self.ranges.clone(),
+            next_id: self.next_id,
+        }
+    }
+
     /// Reads from the device at `addr`; an unmapped address reads as all-ones.
-    /// Returns the device index when one was mapped.
+    /// Returns the range's id when one was mapped.
     pub fn read(&self, addr: u64, data: &mut [u8]) -> Option<usize> {
         match self.resolve(addr) {
             Some(Resolved { index, offset }) => {
-                lock(&self.ranges[index].device).read(offset, data);
-                Some(index)
+                let range = &self.ranges[index];
+                range.device.read(offset, data);
+                Some(range.id)
             }
             None => {
                 data.fill(0xff);
@@ -162,20 +249,97 @@ impl Bus {
         }
     }
 
-    /// Writes to the device at `addr`. `Ok(None)` means the address is unmapped.
+    /// Writes to the device at `addr`; returns the range's id and what the device asks for.
+    /// `Ok(None)` means the address is unmapped.
     pub fn write(&self, addr: u64, data: &[u8]) -> io::Result<Option<(usize, DeviceEvent)>> {
         match self.resolve(addr) {
             Some(Resolved { index, offset }) => {
-                let ev = lock(&self.ranges[index].device).write(offset, data)?;
-                Ok(Some((index, ev)))
+                let range = &self.ranges[index];
+                let ev = range.device.write(offset, data)?;
+                Ok(Some((range.id, ev)))
             }
             None => Ok(None),
         }
     }
 }
 
+/// A VM's two buses.
+#[derive(Clone, Default)]
+pub struct Buses {
+    pub pio: Bus,
+    pub mmio: Bus,
+}
+
+/// The buses of a running VM as its vCPUs see them: the published layout and its generation.
+#[derive(Default)]
+pub struct SharedBuses {
+    /// Read by every vCPU on every exit, written only when the layout changes: on a cache
+    /// line of its own, away from the mutex that publishing writes.
+    generation: CachePadded<AtomicU64>,
+    current: Mutex<Arc<Buses>>,
+}
+
+impl SharedBuses {
+    pub fn new(buses: Buses) -> Self {
+        Self {
+            generation: CachePadded::new(AtomicU64::new(0)),
+            current: Mutex::new(Arc::new(buses)),
+        }
+    }
+
+    /// The layout's generation now.
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The current layout and its generation.
+    pub fn snapshot(&self) -> BusSnapshot {
+        let current = lock(&self.current);
+        BusSnapshot {
+            generation: self.generation.load(Ordering::Acquire),
+            buses: current.clone(),
+        }
+    }
+
+    /// Publishes a layout built from the current one by `change`; on error nothing changes.
+    /// vCPUs pick it up at their next exit.
+    pub fn update(
+        &self,
+        change: impl FnOnce(&Buses) -> Result<Buses, BusError>,
+    ) -> Result<(), BusError> {
+        let mut current = lock(&self.current);
+        *current = Arc::new(change(&current)?);
+        self.generation.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// One vCPU's copy of the layout.
+#[derive(Clone)]
+pub struct BusSnapshot {
+    generation: u64,
+    buses: Arc<Buses>,
+}
+
+impl BusSnapshot {
+    /// The buses of this copy, as they were when it was taken.
+    pub fn buses(&self) -> &Buses {
+        &self.buses
+    }
+
+    /// The buses, refreshed first when the layout changed since this copy was taken.
+    #[inline]
+    pub fn current(&mut self, shared: &SharedBuses) -> &Buses {
+        if shared.generation() != self.generation {
+            *self = shared.snapshot();
+        }
+        &self.buses
+    }
+}
+
 /// Locks a device; a device whose holder panicked is still used (its state is plain data).
-fn lock(device: &SharedDevice) -> std::sync::MutexGuard<'_, dyn BusDevice + 'static> {
+fn lock<T>(device: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     device.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -188,7 +352,7 @@ mod tests {
         last: Vec<(u64, Vec<u8>)>,
     }
 
-    impl BusDevice for Latch {
+    impl MutBusDevice for Latch {
         fn read(&mut self, offset: u64, data: &mut [u8]) {
             data.fill(offset as u8);
         }
@@ -258,6 +422,62 @@ mod tests {
         assert_eq!(bus.read(0x80, &mut d), None);
         assert_eq!(d, [0xff; 4]);
         assert_eq!(bus.write(0x80, &[1]).unwrap(), None);
+    }
+
+    #[test]
+    fn relocated_ranges_keep_their_id_and_snapshots_follow_the_generation() {
+        let latch = Arc::new(Mutex::new(Latch::default()));
+        let mut pio = BusBuilder::new();
+        let a = pio.insert("a", 0x100, 0x10, latch.clone()).unwrap();
+        let b = pio.insert("b", 0x10, 0x10, dev()).unwrap();
+        let shared = SharedBuses::new(Buses {
+            pio: pio.freeze(),
+            mmio: Bus::default(),
+        });
+        let mut snap = shared.snapshot();
+        assert_eq!(
+            snap.current(&shared)
+                .pio
+                .write(0x101, &[1])
+                .unwrap()
+                .unwrap()
+                .0,
+            a
+        );
+        // Moving onto another range fails and changes nothing.
+        let onto_b = shared.update(|old| {
+            let mut pio = old.pio.to_builder();
+            pio.relocate(a, 0x18)?;
+            Ok(Buses {
+                pio: pio.freeze(),
+                mmio: old.mmio.clone(),
+            })
+        });
+        assert!(matches!(onto_b, Err(BusError::Overlap { .. })));
+        assert_eq!(shared.generation(), 0);
+        shared
+            .update(|old| {
+                let mut pio = old.pio.to_builder();
+                pio.relocate(a, 0x200)?;
+                Ok(Buses {
+                    pio: pio.freeze(),
+                    mmio: old.mmio.clone(),
+                })
+            })
+            .unwrap();
+        assert_eq!(shared.generation(), 1);
+        let buses = snap.current(&shared);
+        assert_eq!(buses.pio.write(0x101, &[2]).unwrap(), None);
+        assert_eq!(buses.pio.write(0x20f, &[3]).unwrap().unwrap().0, a);
+        assert_eq!(buses.pio.names_by_id(), vec!["a", "b"]);
+        assert_eq!(buses.pio.resolve(0x10).map(|r| r.offset), Some(0));
+        assert_eq!(
+            latch.lock().unwrap().last,
+            vec![(1, vec![1]), (0xf, vec![3])]
+        );
+        let _ = b;
+        let mut bad = Bus::default().to_builder();
+        assert_eq!(bad.relocate(9, 0), Err(BusError::UnknownId(9)));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use thiserror::Error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::boot::{self, cpuid, mptable, msrs, BootError, LinuxBoot};
-use crate::bus::{BusBuilder, BusError, SharedDevice};
+use crate::bus::{BusBuilder, BusError, SharedBuses, SharedDevice};
 use crate::config::{ConfigError, IrqchipMode, VmConfig};
 use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
 use crate::devices::serial::{self, FlushPolicy, SerialDevice, SerialError, SerialOutput};
@@ -122,7 +122,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     }
     let boot = load_guest(&vm, config)?;
     let (buses, serial) = build_devices(&vm, config)?;
-    let io_names = buses.pio.ranges().iter().map(|r| r.name.clone()).collect();
+    let io_names = buses.snapshot().buses().pio.names_by_id();
     let mut launched = LaunchedVm {
         vm,
         running: None,
@@ -183,7 +183,7 @@ fn kernel_outside_memory(e: &BootError) -> bool {
 fn build_devices(
     vm: &Vm,
     config: &VmConfig,
-) -> Result<(Arc<Buses>, Arc<Mutex<SerialDevice>>), LaunchError> {
+) -> Result<(Arc<SharedBuses>, Arc<Mutex<SerialDevice>>), LaunchError> {
     let evt = EventFd::new(EFD_NONBLOCK).map_err(LaunchError::EventFd)?;
     if vm.irqchip == IrqchipMode::Kernel {
         vm.fd
@@ -211,10 +211,10 @@ fn build_devices(
         I8042_LEN,
         Arc::new(Mutex::new(I8042::new())),
     )?;
-    let buses = Arc::new(Buses {
+    let buses = Arc::new(SharedBuses::new(Buses {
         pio: pio.freeze(),
         mmio: BusBuilder::new().freeze(),
-    });
+    }));
     Ok((buses, serial))
 }
 
@@ -319,8 +319,10 @@ impl LaunchedVm {
         &mut self,
         config: &VmConfig,
         boot: &LinuxBoot,
-        buses: &Arc<Buses>,
+        shared: &Arc<SharedBuses>,
     ) -> Result<Vec<Vcpu>, LaunchError> {
+        let layout = shared.snapshot();
+        let buses = layout.buses();
         if let Some(stats) = &self.vm.stats {
             if let Ok(start) = stats.read() {
                 let fd = StatsFd::open(&self.vm.fd)?;
@@ -344,15 +346,15 @@ impl LaunchedVm {
             }
             let profile = Arc::new(VcpuProfile::new(
                 u32::from(id),
-                buses.pio.ranges().len(),
-                buses.mmio.ranges().len(),
+                buses.pio.names_by_id().len(),
+                buses.mmio.names_by_id().len(),
             ));
             self.profiles.push(profile.clone());
             let (control, idx) = (self.vm.control.clone(), usize::from(id));
             let mut vcpu = Vcpu::new(
                 idx,
                 fd,
-                buses.clone(),
+                shared.clone(),
                 control,
                 profile,
                 RegsAccess::SyncRegs,

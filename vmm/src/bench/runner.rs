@@ -12,7 +12,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::cases::{BenchCase, CaseConfig, Expect, Target};
 use super::guest::{self, GuestError};
 use super::result::{parse_line, GuestLine, GuestResult, ParseError};
-use crate::bus::BusBuilder;
+use crate::bus::{BusBuilder, SharedBuses};
 use crate::devices::bench_ports::{ExitPort, MarkerPort};
 use crate::devices::serial::{LineCapture, SerialDevice, SerialOutput};
 use crate::kvm::{self, KvmError};
@@ -98,27 +98,17 @@ struct Prepared {
 }
 
 /// The bench VM's port bus: COM1 (captured, not printed), the exit port and the marker port.
-fn bench_buses(serial: &LineCapture) -> Result<Arc<Buses>, RunError> {
+fn bench_buses(serial: &LineCapture) -> Result<Arc<SharedBuses>, RunError> {
     let irq = EventFd::new(EFD_NONBLOCK).map_err(RunError::EventFd)?;
     let com1 = SerialDevice::new(irq, SerialOutput::discard().with_capture(serial.clone()));
     let mut pio = BusBuilder::new();
     pio.insert("com1", guest::COM1_PORT, 8, Arc::new(Mutex::new(com1)))?;
-    pio.insert(
-        "exit-port",
-        guest::EXIT_PORT,
-        4,
-        Arc::new(Mutex::new(ExitPort)),
-    )?;
-    pio.insert(
-        "marker",
-        guest::MARKER_PORT,
-        4,
-        Arc::new(Mutex::new(MarkerPort)),
-    )?;
-    Ok(Arc::new(Buses {
+    pio.insert("exit-port", guest::EXIT_PORT, 4, Arc::new(ExitPort))?;
+    pio.insert("marker", guest::MARKER_PORT, 4, Arc::new(MarkerPort))?;
+    Ok(Arc::new(SharedBuses::new(Buses {
         pio: pio.freeze(),
         mmio: BusBuilder::new().freeze(),
-    }))
+    })))
 }
 
 fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
@@ -131,7 +121,7 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
     }
     let serial = LineCapture::default();
     let buses = bench_buses(&serial)?;
-    let io_devices = buses.pio.ranges().iter().map(|r| r.name.clone()).collect();
+    let io_devices = buses.snapshot().buses().pio.names_by_id();
     let ioeventfd = setup_target(&vm, config.target)?;
     let cmdline = format!("case={} iters={iterations}", config.guest_case);
     let loaded = guest::load(&vm.mem, GUEST_MEMORY, &cmdline)?;
@@ -146,7 +136,7 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
     fd.set_cpuid2(&cpuid)
         .map_err(|e| KvmError::Ioctl("KVM_SET_CPUID2", e))?;
     regs::set_pvh_entry(&fd, loaded.entry, loaded.start_info)?;
-    let profile = Arc::new(VcpuProfile::new(0, buses.pio.ranges().len(), 0));
+    let profile = Arc::new(VcpuProfile::new(0, io_devices.len(), 0));
     let mut vcpu = Vcpu::new(0, fd, buses, vm.control.clone(), profile, config.regs)?;
     vcpu.set_log_unmapped(false);
     vcpu.set_profiling(config.profiling);

@@ -17,10 +17,10 @@ fn le_value(data: &[u8]) -> u32 {
 pub struct ExitPort;
 
 impl BusDevice for ExitPort {
-    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+    fn read(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
     }
-    fn write(&mut self, _offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
+    fn write(&self, _offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
         Ok(DeviceEvent::Shutdown(le_value(data)))
     }
 }
@@ -30,10 +30,10 @@ impl BusDevice for ExitPort {
 pub struct MarkerPort;
 
 impl BusDevice for MarkerPort {
-    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+    fn read(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
     }
-    fn write(&mut self, _offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
+    fn write(&self, _offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
         Ok(DeviceEvent::Marker(le_value(data)))
     }
 }

@@ -12,7 +12,7 @@ use std::io;
 
 use vm_superio::{I8042Device, Trigger};
 
-use crate::bus::{BusDevice, DeviceEvent};
+use crate::bus::{DeviceEvent, MutBusDevice};
 
 /// First I/O port of the i8042 range.
 pub const I8042_BASE: u64 = 0x60;
@@ -32,7 +32,7 @@ impl Trigger for ResetLatch {
     }
 }
 
-/// The i8042 device: a [`BusDevice`] of [`I8042_LEN`] ports.
+/// The i8042 device: a [`MutBusDevice`] of [`I8042_LEN`] ports.
 pub struct I8042 {
     dev: I8042Device<ResetLatch>,
     faults: GuestFaults,
@@ -63,7 +63,7 @@ impl I8042 {
     }
 }
 
-impl BusDevice for I8042 {
+impl MutBusDevice for I8042 {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         match self.check("read", offset, data.len()) {
             Some(port) => data[0] = self.dev.read(port),

@@ -19,7 +19,7 @@ use vm_superio::serial::{Error as UartError, NoEvents};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::bus::{BusDevice, DeviceEvent};
+use crate::bus::{DeviceEvent, MutBusDevice};
 
 /// First I/O port of COM1.
 pub const COM1_BASE: u64 = 0x3f8;
@@ -361,7 +361,7 @@ fn uart_error(e: UartError<io::Error>) -> io::Error {
     }
 }
 
-/// The COM1 device: a [`BusDevice`] of [`COM1_LEN`] ports.
+/// The COM1 device: a [`MutBusDevice`] of [`COM1_LEN`] ports.
 pub struct SerialDevice {
     uart: Serial<IrqTrigger, NoEvents, SerialOutput>,
     faults: GuestFaults,
@@ -417,7 +417,7 @@ impl SerialDevice {
     }
 }
 
-impl BusDevice for SerialDevice {
+impl MutBusDevice for SerialDevice {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         match self.check("read", offset, data.len()) {
             Some(reg) => data[0] = self.uart.read(reg),

@@ -4,16 +4,10 @@ use std::io;
 
 use kvm_ioctls::VcpuExit;
 
+pub use crate::bus::Buses;
 use crate::bus::{Bus, DeviceEvent};
 use crate::kvm::ring::CoalescedWrite;
 use crate::profile::ExitReason;
-
-/// The VM's two buses, frozen before any vCPU runs.
-#[derive(Clone, Default)]
-pub struct Buses {
-    pub pio: Bus,
-    pub mmio: Bus,
-}
 
 /// How a guest (or KVM) ended the VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -150,17 +144,17 @@ pub fn dispatch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bus::{BusBuilder, BusDevice};
+    use crate::bus::{BusBuilder, BusDevice, MutBusDevice};
     use std::sync::{Arc, Mutex};
 
     /// A fake device: reads return its offset, writes of 0xff ask for shutdown, 0xee for a marker.
     struct Fake;
 
     impl BusDevice for Fake {
-        fn read(&mut self, offset: u64, data: &mut [u8]) {
+        fn read(&self, offset: u64, data: &mut [u8]) {
             data.fill(offset as u8 + 1);
         }
-        fn write(&mut self, _offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
+        fn write(&self, _offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
             Ok(match data[0] {
                 0xff => DeviceEvent::Shutdown(7),
                 0xee => DeviceEvent::Marker(2),
@@ -172,10 +166,9 @@ mod tests {
 
     fn buses() -> Buses {
         let mut pio = BusBuilder::new();
-        pio.insert("fake", 0x3f8, 8, Arc::new(Mutex::new(Fake)))
-            .unwrap();
+        pio.insert("fake", 0x3f8, 8, Arc::new(Fake)).unwrap();
         let mut mmio = BusBuilder::new();
-        mmio.insert("fake-mmio", 0xd000_0000, 0x1000, Arc::new(Mutex::new(Fake)))
+        mmio.insert("fake-mmio", 0xd000_0000, 0x1000, Arc::new(Fake))
             .unwrap();
         Buses {
             pio: pio.freeze(),
@@ -252,7 +245,7 @@ mod tests {
     /// Logs every access as `(bus, offset, first byte)`; writes of 0xff ask for shutdown.
     struct Recorder(&'static str, Log);
 
-    impl BusDevice for Recorder {
+    impl MutBusDevice for Recorder {
         fn read(&mut self, offset: u64, data: &mut [u8]) {
             self.1.lock().unwrap().push((self.0, offset, 0));
             data.fill(0);

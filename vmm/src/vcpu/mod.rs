@@ -1,7 +1,7 @@
 //! vCPUs: one thread per vCPU owning its `VcpuFd`, dispatching exits through the frozen buses.
 //!
 //! Nothing shared is written per exit: the profile is the vCPU's own (padded, single-writer),
-//! the stop flag is only read, and no lock is held across KVM_RUN.
+//! the stop flag and the bus generation are only read, and no lock is held across KVM_RUN.
 
 pub mod affinity;
 pub mod exit;
@@ -14,6 +14,7 @@ use std::sync::Arc;
 use kvm_ioctls::{SyncReg, VcpuFd};
 use thiserror::Error;
 
+use crate::bus::{BusSnapshot, SharedBuses};
 use crate::kvm::ring::{CoalescedRing, CoalescedWrite};
 use crate::kvm::{self, StatsFd, StatsSnapshot};
 use crate::profile::{self, ExitReason, VcpuProfile, VcpuProfileSnapshot};
@@ -78,7 +79,8 @@ pub struct VmControl {
 pub struct Vcpu {
     pub id: usize,
     fd: VcpuFd,
-    buses: Arc<Buses>,
+    shared_buses: Arc<SharedBuses>,
+    buses: BusSnapshot,
     control: Arc<VmControl>,
     profile: Arc<VcpuProfile>,
     stats: Option<StatsFd>,
@@ -97,7 +99,7 @@ impl Vcpu {
     pub fn new(
         id: usize,
         mut fd: VcpuFd,
-        buses: Arc<Buses>,
+        buses: Arc<SharedBuses>,
         control: Arc<VmControl>,
         profile: Arc<VcpuProfile>,
         regs: RegsAccess,
@@ -110,7 +112,8 @@ impl Vcpu {
         Ok(Vcpu {
             id,
             fd,
-            buses,
+            buses: buses.snapshot(),
+            shared_buses: buses,
             control,
             profile,
             stats: None,
@@ -190,15 +193,14 @@ impl Vcpu {
                     profile.record_coalesced(write.pio, device);
                 }
             };
+            let buses = self.buses.current(&self.shared_buses);
             // Writes queued in a coalesced ring reach their devices before the exit is handled.
             let handled = match (&mut self.coalesced_ring, result) {
-                (None, Ok(exit)) => handle_exit(&self.buses, exit)?,
-                (Some(ring), Ok(exit)) => {
-                    dispatch(&self.buses, ring.drain(), Some(exit), delivered)?
-                }
+                (None, Ok(exit)) => handle_exit(buses, exit)?,
+                (Some(ring), Ok(exit)) => dispatch(buses, ring.drain(), Some(exit), delivered)?,
                 (ring, Err(e)) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     let queued = ring.iter_mut().flat_map(CoalescedRing::drain);
-                    let handled = dispatch(&self.buses, queued, None, delivered)?;
+                    let handled = dispatch(buses, queued, None, delivered)?;
                     self.fd.set_kvm_immediate_exit(0);
                     handled
                 }
