@@ -5,6 +5,7 @@ pub mod bench;
 pub mod boot;
 pub mod bus;
 pub mod config;
+pub mod device_manager;
 pub mod devices;
 pub mod event_loop;
 pub mod kvm;
