@@ -8,19 +8,15 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{kvm_pit_config, Msrs, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
-use kvm_ioctls::VcpuFd;
 use thiserror::Error;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::boot::{self, cpuid, mptable, msrs, BootError, LinuxBoot};
-use crate::bus::{BusBuilder, BusError, SharedBuses, SharedDevice};
-use crate::config::{ConfigError, IrqchipMode, VmConfig};
-use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
-use crate::devices::serial::{self, FlushPolicy, SerialDevice, SerialError, SerialOutput};
+use crate::boot::BootError;
+use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
+use crate::config::{ConfigError, VmConfig};
+use crate::devices::serial::{FlushPolicy, SerialDevice, SerialError, SerialOutput};
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
-use crate::profile::{self, KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
-use crate::vcpu::{Buses, RegsAccess, Vcpu, VcpuError, VcpuOutcome, VmEnd};
+use crate::profile::{KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
+use crate::vcpu::{Vcpu, VcpuOutcome, VmEnd};
 use crate::vm::{self, RunningVm, Vm, VmError};
 
 /// Errors building or running a Linux VM.
@@ -33,13 +29,9 @@ pub enum LaunchError {
     #[error(transparent)]
     Vm(#[from] VmError),
     #[error(transparent)]
-    Boot(#[from] BootError),
-    #[error(transparent)]
-    Vcpu(#[from] VcpuError),
-    #[error(transparent)]
     Serial(#[from] SerialError),
     #[error(transparent)]
-    Bus(#[from] BusError),
+    Build(#[from] BuildError),
     #[error("Cannot read kernel {}: {error}", path.display())]
     KernelFile {
         path: PathBuf,
@@ -47,8 +39,6 @@ pub enum LaunchError {
     },
     #[error("Memory too small: kernel {} does not fit in {memory} of guest RAM", path.display())]
     KernelTooBig { path: PathBuf, memory: String },
-    #[error("Cannot create eventfd: {0}")]
-    EventFd(std::io::Error),
     #[error("Cannot install signal handler: {0}")]
     Signal(vmm_sys_util::errno::Error),
     #[error("The VM is no longer running")]
@@ -110,60 +100,52 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     let kvm = kvm::open()?;
     let caps = kvm::Capabilities::probe(&kvm);
     config.validate(caps.max_vcpus)?;
-    let vm = Vm::new(kvm, config.memory.bytes(), config.irqchip)?;
-    if config.irqchip == IrqchipMode::Kernel {
-        let pit = kvm_pit_config {
-            flags: KVM_PIT_SPEAKER_DUMMY,
-            ..Default::default()
-        };
-        vm.fd
-            .create_pit2(pit)
-            .map_err(|e| KvmError::Ioctl("KVM_CREATE_PIT2", e))?;
-    }
-    let boot = load_guest(&vm, config)?;
-    let (buses, serial) = build_devices(&vm, config)?;
-    let io_names = buses.snapshot().buses().pio.names_by_id();
+    let spec = VmSpec {
+        kernel: KernelImage::File(config.kernel.clone()),
+        initrd: config.initrd.clone(),
+        cmdline: config.cmdline.clone(),
+        memory: config.memory.bytes(),
+        cpus: config.cpus,
+        irqchip: config.irqchip,
+    };
+    let mut builder = VmBuilder::new(kvm, spec)?;
+    let serial = builder.add_console(console_output(config)?)?;
+    builder.add_i8042()?;
+    let vcpu_opts = VcpuOptions {
+        affinity: config.cpu_affinity.clone(),
+        ..VcpuOptions::default()
+    };
+    let built = builder
+        .build(&vcpu_opts)
+        .map_err(|e| kernel_error(e, config))?;
     let mut launched = LaunchedVm {
-        vm,
+        vm: built.vm,
         running: None,
-        profiles: Vec::new(),
+        profiles: built.profiles,
         stats: Vec::new(),
-        io_names,
+        io_names: built.io_names,
         serial,
-        tsc_khz: 0,
+        tsc_khz: built.tsc_khz,
         started: Instant::now(),
     };
-    let vcpus = launched.create_vcpus(config, &boot, &buses)?;
+    launched.open_stats(&built.vcpus)?;
     if opts.stdin_to_serial {
         spawn_stdin_reader(launched.serial.clone());
     }
     launched.started = Instant::now();
-    launched.running = Some(launched.vm.start(vcpus)?);
+    launched.running = Some(launched.vm.start(built.vcpus)?);
     Ok(launched)
 }
 
-fn load_guest(vm: &Vm, config: &VmConfig) -> Result<LinuxBoot, LaunchError> {
-    let boot = boot::configure_linux_boot(
-        &vm.mem,
-        &config.kernel,
-        config.initrd.as_deref(),
-        &config.cmdline,
-        usize::from(config.cpus),
-    )
-    .map_err(|e| {
-        if kernel_outside_memory(&e) {
-            LaunchError::KernelTooBig {
-                path: config.kernel.clone(),
-                memory: config.memory.to_string(),
-            }
-        } else {
-            LaunchError::Boot(e)
-        }
-    })?;
-    // The ACPI tables (for kernels without MP table support) are written by
-    // `configure_linux_boot`; the MP table stays for kernels that parse it.
-    mptable::setup_mptable(&vm.mem, usize::from(config.cpus))?;
-    Ok(boot)
+/// An image that does not fit in guest memory is said in the user's terms.
+fn kernel_error(e: BuildError, config: &VmConfig) -> LaunchError {
+    match e {
+        BuildError::Boot(b) if kernel_outside_memory(&b) => LaunchError::KernelTooBig {
+            path: config.kernel.clone(),
+            memory: config.memory.to_string(),
+        },
+        other => LaunchError::Build(other),
+    }
 }
 
 /// Whether linux-loader failed because the image reaches past guest RAM (the loaders report a
@@ -180,18 +162,9 @@ fn kernel_outside_memory(e: &BootError) -> bool {
     )
 }
 
-fn build_devices(
-    vm: &Vm,
-    config: &VmConfig,
-) -> Result<(Arc<SharedBuses>, Arc<Mutex<SerialDevice>>), LaunchError> {
-    let evt = EventFd::new(EFD_NONBLOCK).map_err(LaunchError::EventFd)?;
-    if vm.irqchip == IrqchipMode::Kernel {
-        vm.fd
-            .register_irqfd(&evt, serial::COM1_IRQ)
-            .map_err(|e| KvmError::Ioctl("KVM_IRQFD", e))?;
-    }
-    // An interactive console needs every byte at once; a pipe or file gets whole lines, which
-    // saves a write syscall on most console exits.
+/// The console: stdout (and the serial log). An interactive console needs every byte at
+/// once; a pipe or file gets whole lines, which saves a write syscall on most console exits.
+fn console_output(config: &VmConfig) -> Result<SerialOutput, LaunchError> {
     let policy = if std::io::stdout().is_terminal() {
         FlushPolicy::EveryWrite
     } else {
@@ -201,21 +174,7 @@ fn build_devices(
     if let Some(path) = &config.serial_log {
         out = out.with_log_file(path)?;
     }
-    let serial = Arc::new(Mutex::new(SerialDevice::new(evt, out)));
-    let mut pio = BusBuilder::new();
-    let com1: SharedDevice = serial.clone();
-    pio.insert("com1", serial::COM1_BASE, serial::COM1_LEN, com1)?;
-    pio.insert(
-        "i8042",
-        I8042_BASE,
-        I8042_LEN,
-        Arc::new(Mutex::new(I8042::new())),
-    )?;
-    let buses = Arc::new(SharedBuses::new(Buses {
-        pio: pio.freeze(),
-        mmio: BusBuilder::new().freeze(),
-    }));
-    Ok((buses, serial))
+    Ok(out)
 }
 
 /// Reads stdin and queues it for the guest until stdin ends (the VM keeps running).
@@ -246,83 +205,9 @@ fn spawn_stdin_reader(serial: Arc<Mutex<SerialDevice>>) {
     }
 }
 
-fn lapic_set_delivery_mode(regs: &mut [std::os::raw::c_char; 1024], offset: usize, mode: u32) {
-    let mut bytes = [0u8; 4];
-    for (b, r) in bytes.iter_mut().zip(&regs[offset..offset + 4]) {
-        *b = *r as u8;
-    }
-    let value = (u32::from_le_bytes(bytes) & !0x700) | (mode << 8);
-    for (r, b) in regs[offset..offset + 4].iter_mut().zip(value.to_le_bytes()) {
-        *r = b as std::os::raw::c_char;
-    }
-}
-
-/// LINT0 as ExtINT (the PIC's output) and LINT1 as NMI, as a BIOS leaves them.
-fn setup_lint(fd: &VcpuFd) -> Result<(), KvmError> {
-    const APIC_LVT0: usize = 0x350;
-    const APIC_LVT1: usize = 0x360;
-    const APIC_MODE_NMI: u32 = 0x4;
-    const APIC_MODE_EXTINT: u32 = 0x7;
-    let mut lapic = fd
-        .get_lapic()
-        .map_err(|e| KvmError::Ioctl("KVM_GET_LAPIC", e))?;
-    lapic_set_delivery_mode(&mut lapic.regs, APIC_LVT0, APIC_MODE_EXTINT);
-    lapic_set_delivery_mode(&mut lapic.regs, APIC_LVT1, APIC_MODE_NMI);
-    fd.set_lapic(&lapic)
-        .map_err(|e| KvmError::Ioctl("KVM_SET_LAPIC", e))
-}
-
-fn configure_vcpu(
-    vm: &Vm,
-    fd: &VcpuFd,
-    id: u8,
-    cpus: u8,
-    boot: &LinuxBoot,
-) -> Result<(), KvmError> {
-    let mut cpuid = vm
-        .kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(|e| KvmError::Ioctl("KVM_GET_SUPPORTED_CPUID", e))?;
-    cpuid::fixup_cpuid(&mut cpuid, id, cpus);
-    fd.set_cpuid2(&cpuid)
-        .map_err(|e| KvmError::Ioctl("KVM_SET_CPUID2", e))?;
-    let entries = msrs::boot_msr_entries();
-    let msrs = Msrs::from_entries(&entries)
-        .map_err(|_| KvmError::MissingCap("MSR list (too many boot MSRs)"))?;
-    let set = fd
-        .set_msrs(&msrs)
-        .map_err(|e| KvmError::Ioctl("KVM_SET_MSRS", e))?;
-    if set != entries.len() {
-        return Err(KvmError::Ioctl(
-            "KVM_SET_MSRS",
-            kvm_ioctls::Error::new(libc::EINVAL),
-        ));
-    }
-    if vm.irqchip == IrqchipMode::Kernel {
-        setup_lint(fd)?;
-    }
-    if id == 0 {
-        let mut sregs = fd
-            .get_sregs()
-            .map_err(|e| KvmError::Ioctl("KVM_GET_SREGS", e))?;
-        boot.sregs.apply_to(&mut sregs);
-        fd.set_sregs(&sregs)
-            .map_err(|e| KvmError::Ioctl("KVM_SET_SREGS", e))?;
-        fd.set_regs(&boot.regs.to_kvm_regs())
-            .map_err(|e| KvmError::Ioctl("KVM_SET_REGS", e))?;
-    }
-    Ok(())
-}
-
 impl LaunchedVm {
-    fn create_vcpus(
-        &mut self,
-        config: &VmConfig,
-        boot: &LinuxBoot,
-        shared: &Arc<SharedBuses>,
-    ) -> Result<Vec<Vcpu>, LaunchError> {
-        let layout = shared.snapshot();
-        let buses = layout.buses();
+    /// Opens KVM's stats fds (VM and each vCPU) and reads their starting values.
+    fn open_stats(&mut self, vcpus: &[Vcpu]) -> Result<(), LaunchError> {
         if let Some(stats) = &self.vm.stats {
             if let Ok(start) = stats.read() {
                 let fd = StatsFd::open(&self.vm.fd)?;
@@ -333,42 +218,10 @@ impl LaunchedVm {
                 });
             }
         }
-        let mut vcpus = Vec::new();
-        for id in 0..config.cpus {
-            let fd = self
-                .vm
-                .fd
-                .create_vcpu(u64::from(id))
-                .map_err(|e| KvmError::Ioctl("KVM_CREATE_VCPU", e))?;
-            configure_vcpu(&self.vm, &fd, id, config.cpus, boot)?;
-            if id == 0 {
-                self.tsc_khz = fd.get_tsc_khz().map(u64::from).unwrap_or(0);
-            }
-            let profile = Arc::new(VcpuProfile::new(
-                u32::from(id),
-                buses.pio.names_by_id().len(),
-                buses.mmio.names_by_id().len(),
-            ));
-            self.profiles.push(profile.clone());
-            let (control, idx) = (self.vm.control.clone(), usize::from(id));
-            let mut vcpu = Vcpu::new(
-                idx,
-                fd,
-                shared.clone(),
-                control,
-                profile,
-                RegsAccess::SyncRegs,
-            )?;
-            if let Some(cpu) = config.cpu_affinity.as_ref().and_then(|a| a.host_cpu(idx)) {
-                vcpu.pin_to(cpu);
-            }
-            self.open_vcpu_stats(&vcpu);
-            vcpus.push(vcpu);
+        for vcpu in vcpus {
+            self.open_vcpu_stats(vcpu);
         }
-        if self.tsc_khz == 0 {
-            self.tsc_khz = profile::estimate_tsc_khz(Duration::from_millis(50));
-        }
-        Ok(vcpus)
+        Ok(())
     }
 
     fn open_vcpu_stats(&mut self, vcpu: &Vcpu) {
@@ -531,18 +384,6 @@ pub fn take_report_request() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lint_delivery_modes_keep_other_bits() {
-        let mut regs = [0 as std::os::raw::c_char; 1024];
-        regs[0x352] = 1; // mask bit 16
-        regs[0x351] = 0x05u8 as std::os::raw::c_char;
-        lapic_set_delivery_mode(&mut regs, 0x350, 7);
-        assert_eq!(regs[0x351] as u8, 0x07);
-        assert_eq!(regs[0x352], 1);
-        lapic_set_delivery_mode(&mut regs, 0x360, 4);
-        assert_eq!(regs[0x361] as u8, 0x04);
-    }
 
     #[test]
     fn missing_kernel_fails_before_kvm() {

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod boot;
+pub mod builder;
 pub mod bus;
 pub mod config;
 pub mod device_manager;

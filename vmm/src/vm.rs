@@ -42,7 +42,8 @@ pub const STOP_GRACE: Duration = Duration::from_secs(2);
 /// A created VM with its memory registered.
 pub struct Vm {
     pub kvm: Kvm,
-    pub fd: VmFd,
+    /// Shared with the device manager, which registers eventfds and routes while the VM runs.
+    pub fd: Arc<VmFd>,
     pub mem: GuestMemoryMmap,
     pub caps: Capabilities,
     pub irqchip: IrqchipMode,
@@ -69,7 +70,7 @@ impl Vm {
         let stats = StatsFd::open(&fd).ok();
         Ok(Vm {
             kvm,
-            fd,
+            fd: Arc::new(fd),
             mem,
             caps,
             irqchip,

@@ -1,7 +1,7 @@
 //! Running one case configuration: a fresh VM set up as the configuration says, the bench
 //! guest told which loop to run, and the run checked against the configuration's design.
 
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use kvm_ioctls::IoEventAddress;
@@ -10,14 +10,15 @@ use thiserror::Error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::cases::{BenchCase, CaseConfig, Expect, Target};
-use super::guest::{self, GuestError};
+use super::guest;
 use super::result::{parse_line, GuestLine, GuestResult, ParseError};
-use crate::bus::{BusBuilder, SharedBuses};
+use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
+use crate::device_manager::{BusKind, DeviceManager, DeviceManagerError};
 use crate::devices::bench_ports::{ExitPort, MarkerPort};
-use crate::devices::serial::{LineCapture, SerialDevice, SerialOutput};
-use crate::kvm::{self, KvmError};
-use crate::profile::{VcpuProfile, VcpuProfileSnapshot};
-use crate::vcpu::{regs, Buses, Marker, Vcpu, VcpuError, VcpuOutcome};
+use crate::devices::serial::{LineCapture, SerialOutput};
+use crate::kvm::{self, IoEvent, KvmError};
+use crate::profile::VcpuProfileSnapshot;
+use crate::vcpu::{Marker, Vcpu, VcpuError, VcpuOutcome};
 use crate::vm::{Vm, VmError};
 
 const GUEST_MEMORY: u64 = 64 << 20;
@@ -32,13 +33,13 @@ pub enum RunError {
     #[error(transparent)]
     Vcpu(#[from] VcpuError),
     #[error(transparent)]
-    Guest(#[from] GuestError),
+    Build(#[from] BuildError),
+    #[error(transparent)]
+    Devices(#[from] DeviceManagerError),
     #[error(transparent)]
     Parse(#[from] ParseError),
     #[error("Cannot create eventfd: {0}")]
     EventFd(std::io::Error),
-    #[error(transparent)]
-    Bus(#[from] crate::bus::BusError),
     #[error("Not run: {0}")]
     Unsupported(&'static str),
     #[error("The guest reported: {0}")]
@@ -97,22 +98,39 @@ struct Prepared {
     ioeventfd: Option<EventFd>,
 }
 
-/// The bench VM's port bus: COM1 (captured, not printed), the exit port and the marker port.
-fn bench_buses(serial: &LineCapture) -> Result<Arc<SharedBuses>, RunError> {
-    let irq = EventFd::new(EFD_NONBLOCK).map_err(RunError::EventFd)?;
-    let com1 = SerialDevice::new(irq, SerialOutput::discard().with_capture(serial.clone()));
-    let mut pio = BusBuilder::new();
-    pio.insert("com1", guest::COM1_PORT, 8, Arc::new(Mutex::new(com1)))?;
-    pio.insert("exit-port", guest::EXIT_PORT, 4, Arc::new(ExitPort))?;
-    pio.insert("marker", guest::MARKER_PORT, 4, Arc::new(MarkerPort))?;
-    Ok(Arc::new(SharedBuses::new(Buses {
-        pio: pio.freeze(),
-        mmio: BusBuilder::new().freeze(),
-    })))
+/// The bench guest's own ports: COM1 (captured, not printed), the exit port and the marker
+/// port, added like any device.
+fn add_bench_ports(builder: &mut VmBuilder, serial: &LineCapture) -> Result<(), RunError> {
+    builder.add_console(SerialOutput::discard().with_capture(serial.clone()))?;
+    let devices = builder.devices();
+    devices.add(
+        BusKind::Pio,
+        "exit-port",
+        guest::EXIT_PORT,
+        4,
+        Arc::new(ExitPort),
+    )?;
+    devices.add(
+        BusKind::Pio,
+        "marker",
+        guest::MARKER_PORT,
+        4,
+        Arc::new(MarkerPort),
+    )?;
+    Ok(())
 }
 
 fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
-    let vm = Vm::new(kvm::open()?, GUEST_MEMORY, config.irqchip)?;
+    let spec = VmSpec {
+        kernel: KernelImage::Embedded(guest::BENCH_GUEST),
+        initrd: None,
+        cmdline: format!("case={} iters={iterations}", config.guest_case),
+        memory: GUEST_MEMORY,
+        cpus: 1,
+        irqchip: config.irqchip,
+    };
+    let mut builder = VmBuilder::new(kvm::open()?, spec)?;
+    let vm = builder.vm();
     let quirk_off = vm.caps.disable_quirks2 && kvm::disable_hypercall_rewrite(&vm.fd);
     if config.guest_case == "hypercall" && !quirk_off {
         return Err(RunError::Unsupported(
@@ -120,39 +138,29 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
         ));
     }
     let serial = LineCapture::default();
-    let buses = bench_buses(&serial)?;
-    let io_devices = buses.snapshot().buses().pio.names_by_id();
-    let ioeventfd = setup_target(&vm, config.target)?;
-    let cmdline = format!("case={} iters={iterations}", config.guest_case);
-    let loaded = guest::load(&vm.mem, GUEST_MEMORY, &cmdline)?;
-    let fd = vm
-        .fd
-        .create_vcpu(0)
-        .map_err(|e| KvmError::Ioctl("KVM_CREATE_VCPU", e))?;
-    let cpuid = vm
-        .kvm
-        .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
-        .map_err(|e| KvmError::Ioctl("KVM_GET_SUPPORTED_CPUID", e))?;
-    fd.set_cpuid2(&cpuid)
-        .map_err(|e| KvmError::Ioctl("KVM_SET_CPUID2", e))?;
-    regs::set_pvh_entry(&fd, loaded.entry, loaded.start_info)?;
-    let profile = Arc::new(VcpuProfile::new(0, io_devices.len(), 0));
-    let mut vcpu = Vcpu::new(0, fd, buses, vm.control.clone(), profile, config.regs)?;
-    vcpu.set_log_unmapped(false);
-    vcpu.set_profiling(config.profiling);
+    add_bench_ports(&mut builder, &serial)?;
+    let ioeventfd = setup_target(builder.devices(), config.target)?;
+    let opts = VcpuOptions {
+        regs: config.regs,
+        profiling: config.profiling,
+        log_unmapped: false,
+        affinity: None,
+    };
+    let built = builder.build(&opts)?;
+    let mut vcpu = built.vcpus.into_iter().next().ok_or(RunError::NoMarkers)?;
     if matches!(config.target, Target::Coalesced { .. }) {
         vcpu.map_coalesced_ring()?;
     }
     Ok(Prepared {
-        io_devices,
-        vm,
+        io_devices: built.io_names,
+        vm: built.vm,
         vcpu,
         serial,
         ioeventfd,
     })
 }
 
-fn setup_target(vm: &Vm, target: Target) -> Result<Option<EventFd>, RunError> {
+fn setup_target(devices: &DeviceManager, target: Target) -> Result<Option<EventFd>, RunError> {
     match target {
         Target::Unclaimed => Ok(None),
         Target::Ioeventfd {
@@ -166,8 +174,14 @@ fn setup_target(vm: &Vm, target: Target) -> Result<Option<EventFd>, RunError> {
             } else {
                 guest::BENCH_MMIO
             };
-            let dm = datamatch.then_some(u64::from(guest::BENCH_MAGIC));
-            kvm::register_ioeventfd(&vm.fd, &evt, pio, addr, len, dm)?;
+            let datamatch = datamatch.then_some(u64::from(guest::BENCH_MAGIC));
+            let event = IoEvent {
+                pio,
+                addr,
+                len,
+                datamatch,
+            };
+            devices.register_ioeventfd(&evt, &event)?;
             Ok(Some(evt))
         }
         Target::Coalesced { pio } => {
@@ -176,9 +190,7 @@ fn setup_target(vm: &Vm, target: Target) -> Result<Option<EventFd>, RunError> {
             } else {
                 IoEventAddress::Mmio(guest::BENCH_MMIO)
             };
-            vm.fd
-                .register_coalesced_mmio(addr, 4)
-                .map_err(|e| KvmError::Ioctl("KVM_REGISTER_COALESCED_MMIO", e))?;
+            devices.register_coalesced(addr, 4)?;
             Ok(None)
         }
     }
@@ -390,7 +402,7 @@ mod tests {
             .iter()
             .position(|c| c.name == "coalesced-mmio")
             .unwrap();
-        let profile = VcpuProfile::new(0, 1, 0);
+        let profile = crate::profile::VcpuProfile::new(0, 1, 0);
         let mut r = run(case, cfg, 3000.0, 1);
         r.profile = profile.snapshot();
         check(&mut r, &CASES[case].configs[cfg]);

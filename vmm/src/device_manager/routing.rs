@@ -100,6 +100,11 @@ impl GsiRouting {
         Ok(changed)
     }
 
+    /// Whether any MSI route was allocated.
+    pub fn has_msi(&self) -> bool {
+        !self.msi.is_empty()
+    }
+
     /// The whole table, legacy routes first.
     pub fn routes(&self) -> Vec<Route> {
         let mut routes = Vec::new();

@@ -149,9 +149,18 @@ vmm_sys_util::ioctl_iow_nr!(
     kvm_bindings::kvm_ioeventfd
 );
 
-/// Registers an ioeventfd of exactly `len` bytes (0: any length, KVM's "fast MMIO" path for
-/// MMIO), optionally only for writes of `datamatch`. kvm-ioctls ties the length to the
+/// Where and how an ioeventfd fires: `len` bytes exactly (0: any length, KVM's "fast MMIO"
+/// path for MMIO), optionally only for writes of `datamatch`. kvm-ioctls ties the length to the
 /// datamatch type, which cannot express a 4-byte ioeventfd without datamatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoEvent {
+    pub pio: bool,
+    pub addr: u64,
+    pub len: u32,
+    pub datamatch: Option<u64>,
+}
+
+/// Registers an ioeventfd of exactly `len` bytes (see [`IoEvent`]).
 pub fn register_ioeventfd(
     vm: &VmFd,
     evt: &vmm_sys_util::eventfd::EventFd,
@@ -160,18 +169,37 @@ pub fn register_ioeventfd(
     len: u32,
     datamatch: Option<u64>,
 ) -> Result<(), KvmError> {
-    use std::os::fd::AsRawFd;
-    let mut flags = 0;
-    if datamatch.is_some() {
-        flags |= 1 << kvm_bindings::kvm_ioeventfd_flag_nr_datamatch;
-    }
-    if pio {
-        flags |= 1 << kvm_bindings::kvm_ioeventfd_flag_nr_pio;
-    }
-    let req = kvm_bindings::kvm_ioeventfd {
-        datamatch: datamatch.unwrap_or(0),
+    let event = IoEvent {
+        pio,
         addr,
         len,
+        datamatch,
+    };
+    ioeventfd(vm, evt, &event, true)
+}
+
+/// Assigns (or with `assign` false, removes) an ioeventfd.
+pub fn ioeventfd(
+    vm: &VmFd,
+    evt: &vmm_sys_util::eventfd::EventFd,
+    event: &IoEvent,
+    assign: bool,
+) -> Result<(), KvmError> {
+    use std::os::fd::AsRawFd;
+    let mut flags = 0;
+    if event.datamatch.is_some() {
+        flags |= 1 << kvm_bindings::kvm_ioeventfd_flag_nr_datamatch;
+    }
+    if event.pio {
+        flags |= 1 << kvm_bindings::kvm_ioeventfd_flag_nr_pio;
+    }
+    if !assign {
+        flags |= 1 << kvm_bindings::kvm_ioeventfd_flag_nr_deassign;
+    }
+    let req = kvm_bindings::kvm_ioeventfd {
+        datamatch: event.datamatch.unwrap_or(0),
+        addr: event.addr,
+        len: event.len,
         fd: evt.as_raw_fd(),
         flags,
         ..Default::default()

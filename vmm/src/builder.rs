@@ -1,0 +1,347 @@
+//! One way to build a VM, used by `exitless run` and `exitless bench`: KVM, guest memory, the
+//! irqchip and PIT, devices through the [`DeviceManager`], the kernel, and configured vCPUs.
+//!
+//! ```text
+//! let mut b = VmBuilder::new(kvm, spec)?;      // VM, memory, irqchip, PIT
+//! let serial = b.add_console(output)?;         // COM1 (+ irqfd), i8042 with add_i8042
+//! b.devices().add(BusKind::Pio, ...)?;         // anything else: the bench's ports, PCI...
+//! let built = b.build(&VcpuOptions::default())?; // kernel, boot tables, vCPUs
+//! ```
+
+use std::io::Cursor;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvm_bindings::{kvm_pit_config, Msrs, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{Kvm, VcpuFd};
+use linux_loader::loader::elf::{Elf, PvhBootCapability};
+use linux_loader::loader::KernelLoader;
+use thiserror::Error;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::boot::linux::{write_cmdline, CMDLINE_MAX_SIZE};
+use crate::boot::params::write_pvh_start_info;
+use crate::boot::{self, cpuid, mptable, msrs, BootError, LinuxBoot};
+use crate::bus::SharedBuses;
+use crate::config::{CpuAffinity, IrqchipMode};
+use crate::device_manager::{BusKind, DeviceManager, DeviceManagerError};
+use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
+use crate::devices::serial::{self, SerialDevice, SerialOutput};
+use crate::kvm::KvmError;
+use crate::profile::{self, VcpuProfile};
+use crate::vcpu::{regs, RegsAccess, Vcpu, VcpuError};
+use crate::vm::{Vm, VmError};
+
+/// Errors building a VM.
+#[derive(Debug, Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Kvm(#[from] KvmError),
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    #[error(transparent)]
+    Devices(#[from] DeviceManagerError),
+    #[error("Cannot create eventfd: {0}")]
+    EventFd(std::io::Error),
+    #[error("Cannot load the embedded guest: {0}")]
+    Embedded(linux_loader::loader::Error),
+    #[error("The embedded guest has no PVH entry note")]
+    NoPvhEntry,
+}
+
+/// The kernel to boot.
+#[derive(Debug, Clone)]
+pub enum KernelImage {
+    /// A bzImage or ELF vmlinux (PVH) file, with the full Linux boot set-up (ACPI, MP table).
+    File(PathBuf),
+    /// A PVH ELF held in memory (the bench guest): loaded, command line and PVH start info
+    /// with the memory map, nothing else.
+    Embedded(&'static [u8]),
+}
+
+/// What the VM is made of.
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    pub kernel: KernelImage,
+    pub initrd: Option<PathBuf>,
+    pub cmdline: String,
+    /// Guest RAM in bytes.
+    pub memory: u64,
+    pub cpus: u8,
+    pub irqchip: IrqchipMode,
+}
+
+/// How the vCPUs run.
+#[derive(Debug, Clone)]
+pub struct VcpuOptions {
+    pub regs: RegsAccess,
+    /// Per-exit profile (off only to measure the profiler itself).
+    pub profiling: bool,
+    /// Log the first access to an unmapped address (the bench pokes one on purpose).
+    pub log_unmapped: bool,
+    pub affinity: Option<CpuAffinity>,
+}
+
+impl Default for VcpuOptions {
+    fn default() -> Self {
+        VcpuOptions {
+            regs: RegsAccess::SyncRegs,
+            profiling: true,
+            log_unmapped: true,
+            affinity: None,
+        }
+    }
+}
+
+/// Where vCPU 0 starts.
+enum BootEntry {
+    Linux(Box<LinuxBoot>),
+    Pvh { entry: u64, start_info: u64 },
+}
+
+/// A VM being built: devices may still be added.
+pub struct VmBuilder {
+    spec: VmSpec,
+    vm: Vm,
+    devices: DeviceManager,
+}
+
+/// A built VM, its vCPUs ready to start.
+pub struct BuiltVm {
+    pub vm: Vm,
+    pub vcpus: Vec<Vcpu>,
+    pub profiles: Vec<Arc<VcpuProfile>>,
+    pub buses: Arc<SharedBuses>,
+    /// Names of the port-I/O devices by id (the profile's device indexes).
+    pub io_names: Vec<String>,
+    pub tsc_khz: u64,
+}
+
+impl VmBuilder {
+    /// Creates the VM: memory, irqchip, and with an in-kernel irqchip the PIT.
+    pub fn new(kvm: Kvm, spec: VmSpec) -> Result<Self, BuildError> {
+        let vm = Vm::new(kvm, spec.memory, spec.irqchip)?;
+        if spec.irqchip == IrqchipMode::Kernel {
+            let pit = kvm_pit_config {
+                flags: KVM_PIT_SPEAKER_DUMMY,
+                ..Default::default()
+            };
+            vm.fd
+                .create_pit2(pit)
+                .map_err(|e| KvmError::Ioctl("KVM_CREATE_PIT2", e))?;
+        }
+        let devices = DeviceManager::new(vm.fd.clone(), spec.irqchip);
+        Ok(VmBuilder { spec, vm, devices })
+    }
+
+    pub fn vm(&self) -> &Vm {
+        &self.vm
+    }
+
+    pub fn spec(&self) -> &VmSpec {
+        &self.spec
+    }
+
+    /// Where devices are added.
+    pub fn devices(&mut self) -> &mut DeviceManager {
+        &mut self.devices
+    }
+
+    /// COM1 writing to `out`, its interrupt on GSI 4 (with an in-kernel irqchip).
+    pub fn add_console(
+        &mut self,
+        out: SerialOutput,
+    ) -> Result<Arc<Mutex<SerialDevice>>, BuildError> {
+        let evt = EventFd::new(EFD_NONBLOCK).map_err(BuildError::EventFd)?;
+        self.devices.connect_legacy_irq(&evt, serial::COM1_IRQ)?;
+        let com1 = Arc::new(Mutex::new(SerialDevice::new(evt, out)));
+        let (base, len) = (serial::COM1_BASE, serial::COM1_LEN);
+        self.devices
+            .add(BusKind::Pio, "com1", base, len, com1.clone())?;
+        Ok(com1)
+    }
+
+    /// The i8042, for the guest's reset.
+    pub fn add_i8042(&mut self) -> Result<(), BuildError> {
+        let dev = Arc::new(Mutex::new(I8042::new()));
+        self.devices
+            .add(BusKind::Pio, "i8042", I8042_BASE, I8042_LEN, dev)?;
+        Ok(())
+    }
+
+    /// Loads the kernel, writes the boot tables, freezes the devices and creates the vCPUs.
+    pub fn build(self, opts: &VcpuOptions) -> Result<BuiltVm, BuildError> {
+        let VmBuilder { spec, vm, devices } = self;
+        let entry = load_kernel(&vm, &spec)?;
+        let buses = devices.finish()?;
+        let layout = buses.snapshot();
+        let io_names = layout.buses().pio.names_by_id();
+        let mmio_count = layout.buses().mmio.names_by_id().len();
+        let mut built = BuiltVm {
+            vm,
+            vcpus: Vec::new(),
+            profiles: Vec::new(),
+            buses,
+            io_names,
+            tsc_khz: 0,
+        };
+        for id in 0..spec.cpus {
+            let fd = built
+                .vm
+                .fd
+                .create_vcpu(u64::from(id))
+                .map_err(|e| KvmError::Ioctl("KVM_CREATE_VCPU", e))?;
+            configure_vcpu(&built.vm, &fd, id, spec.cpus, (id == 0).then_some(&entry))?;
+            if id == 0 {
+                built.tsc_khz = fd.get_tsc_khz().map(u64::from).unwrap_or(0);
+            }
+            let profile = Arc::new(VcpuProfile::new(
+                u32::from(id),
+                built.io_names.len(),
+                mmio_count,
+            ));
+            built.profiles.push(profile.clone());
+            let (control, idx) = (built.vm.control.clone(), usize::from(id));
+            let mut vcpu = Vcpu::new(idx, fd, built.buses.clone(), control, profile, opts.regs)?;
+            vcpu.set_profiling(opts.profiling);
+            vcpu.set_log_unmapped(opts.log_unmapped);
+            if let Some(cpu) = opts.affinity.as_ref().and_then(|a| a.host_cpu(idx)) {
+                vcpu.pin_to(cpu);
+            }
+            built.vcpus.push(vcpu);
+        }
+        if built.tsc_khz == 0 {
+            built.tsc_khz = profile::estimate_tsc_khz(Duration::from_millis(50));
+        }
+        Ok(built)
+    }
+}
+
+/// Loads the kernel and everything it reads at boot.
+fn load_kernel(vm: &Vm, spec: &VmSpec) -> Result<BootEntry, BuildError> {
+    match &spec.kernel {
+        KernelImage::File(path) => {
+            let cpus = usize::from(spec.cpus);
+            let boot = boot::configure_linux_boot(
+                &vm.mem,
+                path,
+                spec.initrd.as_deref(),
+                &spec.cmdline,
+                cpus,
+            )?;
+            // The ACPI tables (for kernels without MP table support) are written by
+            // `configure_linux_boot`; the MP table stays for kernels that parse it.
+            mptable::setup_mptable(&vm.mem, cpus)?;
+            Ok(BootEntry::Linux(Box::new(boot)))
+        }
+        KernelImage::Embedded(image) => {
+            let loaded = Elf::load(&vm.mem, None, &mut Cursor::new(image), None)
+                .map_err(BuildError::Embedded)?;
+            let PvhBootCapability::PvhEntryPresent(entry) = loaded.pvh_boot_cap else {
+                return Err(BuildError::NoPvhEntry);
+            };
+            write_cmdline(&vm.mem, &spec.cmdline, CMDLINE_MAX_SIZE)?;
+            let e820 = boot::e820_map(spec.memory);
+            let start_info = write_pvh_start_info(&vm.mem, None, &e820, None)?;
+            Ok(BootEntry::Pvh {
+                entry: entry.0,
+                start_info: start_info.0,
+            })
+        }
+    }
+}
+
+fn lapic_set_delivery_mode(regs: &mut [std::os::raw::c_char; 1024], offset: usize, mode: u32) {
+    let mut bytes = [0u8; 4];
+    for (b, r) in bytes.iter_mut().zip(&regs[offset..offset + 4]) {
+        *b = *r as u8;
+    }
+    let value = (u32::from_le_bytes(bytes) & !0x700) | (mode << 8);
+    for (r, b) in regs[offset..offset + 4].iter_mut().zip(value.to_le_bytes()) {
+        *r = b as std::os::raw::c_char;
+    }
+}
+
+/// LINT0 as ExtINT (the PIC's output) and LINT1 as NMI, as a BIOS leaves them.
+fn setup_lint(fd: &VcpuFd) -> Result<(), KvmError> {
+    const APIC_LVT0: usize = 0x350;
+    const APIC_LVT1: usize = 0x360;
+    const APIC_MODE_NMI: u32 = 0x4;
+    const APIC_MODE_EXTINT: u32 = 0x7;
+    let mut lapic = fd
+        .get_lapic()
+        .map_err(|e| KvmError::Ioctl("KVM_GET_LAPIC", e))?;
+    lapic_set_delivery_mode(&mut lapic.regs, APIC_LVT0, APIC_MODE_EXTINT);
+    lapic_set_delivery_mode(&mut lapic.regs, APIC_LVT1, APIC_MODE_NMI);
+    fd.set_lapic(&lapic)
+        .map_err(|e| KvmError::Ioctl("KVM_SET_LAPIC", e))
+}
+
+/// CPUID, boot MSRs, LINT pins, and for the boot vCPU its entry registers.
+fn configure_vcpu(
+    vm: &Vm,
+    fd: &VcpuFd,
+    id: u8,
+    cpus: u8,
+    entry: Option<&BootEntry>,
+) -> Result<(), BuildError> {
+    let mut cpuid = vm
+        .kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(|e| KvmError::Ioctl("KVM_GET_SUPPORTED_CPUID", e))?;
+    cpuid::fixup_cpuid(&mut cpuid, id, cpus);
+    fd.set_cpuid2(&cpuid)
+        .map_err(|e| KvmError::Ioctl("KVM_SET_CPUID2", e))?;
+    let entries = msrs::boot_msr_entries();
+    let msrs = Msrs::from_entries(&entries)
+        .map_err(|_| KvmError::MissingCap("MSR list (too many boot MSRs)"))?;
+    let set = fd
+        .set_msrs(&msrs)
+        .map_err(|e| KvmError::Ioctl("KVM_SET_MSRS", e))?;
+    if set != entries.len() {
+        let einval = kvm_ioctls::Error::new(libc::EINVAL);
+        return Err(KvmError::Ioctl("KVM_SET_MSRS", einval).into());
+    }
+    if vm.irqchip == IrqchipMode::Kernel {
+        setup_lint(fd)?;
+    }
+    match entry {
+        Some(BootEntry::Linux(boot)) => set_linux_entry(fd, boot)?,
+        Some(BootEntry::Pvh { entry, start_info }) => regs::set_pvh_entry(fd, *entry, *start_info)?,
+        None => {}
+    }
+    Ok(())
+}
+
+fn set_linux_entry(fd: &VcpuFd, boot: &LinuxBoot) -> Result<(), KvmError> {
+    let mut sregs = fd
+        .get_sregs()
+        .map_err(|e| KvmError::Ioctl("KVM_GET_SREGS", e))?;
+    boot.sregs.apply_to(&mut sregs);
+    fd.set_sregs(&sregs)
+        .map_err(|e| KvmError::Ioctl("KVM_SET_SREGS", e))?;
+    fd.set_regs(&boot.regs.to_kvm_regs())
+        .map_err(|e| KvmError::Ioctl("KVM_SET_REGS", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lint_delivery_modes_keep_other_bits() {
+        let mut regs = [0 as std::os::raw::c_char; 1024];
+        regs[0x352] = 1; // mask bit 16
+        regs[0x351] = 0x05u8 as std::os::raw::c_char;
+        lapic_set_delivery_mode(&mut regs, 0x350, 7);
+        assert_eq!(regs[0x351] as u8, 0x07);
+        assert_eq!(regs[0x352], 1);
+        lapic_set_delivery_mode(&mut regs, 0x360, 4);
+        assert_eq!(regs[0x361] as u8, 0x04);
+    }
+}
