@@ -2,7 +2,9 @@
 # Prepares the default Linux guest for exitless:
 #   <dir>/bzImage            Debian's cloud kernel, as shipped
 #   <dir>/vmlinux            the ELF kernel extracted from it (lz4 payload)
-#   <dir>/initramfs.cpio.gz  a busybox-static initramfs with the virtio modules
+#   <dir>/initramfs.cpio.gz  a busybox-static initramfs with the virtio-pci modules; its /init
+#                            reports each virtio disk (and mounts it if it holds a filesystem)
+#                            and the hwrng
 # Usage: scripts/fetch-guest.sh [DIR]   (DIR defaults to guest/ at the repository root)
 # Downloads and unpacked packages are kept in DIR/.work, so a second run fetches nothing.
 set -euo pipefail
@@ -16,7 +18,8 @@ DEBS=$WORK/debs
 KROOT=$WORK/kernel
 BBROOT=$WORK/busybox
 META=linux-image-cloud-amd64
-MODULES=(virtio_mmio virtio_blk virtio_net virtio_console)
+# virtio over PCI (exitless's transport), its devices, and ext4 to mount a disk that holds one.
+MODULES=(virtio_pci virtio_blk virtio_rng virtio_net virtio_console ext4)
 
 log() { printf '[fetch-guest] %s\n' "$*" >&2; }
 die() { printf '[fetch-guest] error: %s\n' "$*" >&2; exit 1; }
@@ -179,6 +182,19 @@ exec 0</dev/console 1>/dev/console 2>&1
 for m in $(cat /lib/modules/load-order); do
     insmod "/lib/modules/$m" 2>/dev/null || true
 done
+# Report the devices exitless gave us (the boot tests read these lines).
+for d in /sys/block/vd*; do
+    [ -e "$d" ] || continue
+    n=${d##*/}
+    echo "exitless disk /dev/$n $(cat "$d/size") sectors ro=$(cat "$d/ro")"
+    mkdir -p "/mnt/$n"
+    if mount "/dev/$n" "/mnt/$n" 2>/dev/null; then
+        echo "exitless disk /dev/$n mounted at /mnt/$n"
+    fi
+done
+if [ -e /sys/class/misc/hw_random/rng_current ]; then
+    echo "exitless hwrng $(cat /sys/class/misc/hw_random/rng_current)"
+fi
 echo "exitless guest up"
 setsid cttyhack sh || sh
 echo "exitless guest shell exited: rebooting"
