@@ -28,6 +28,7 @@ use crate::config::{CpuAffinity, IrqchipMode};
 use crate::device_manager::{BusKind, DeviceManager, DeviceManagerError};
 use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
 use crate::devices::serial::{self, SerialDevice, SerialOutput};
+use crate::event_loop::{EventLoop, EventLoopError};
 use crate::kvm::KvmError;
 use crate::profile::{self, VcpuProfile};
 use crate::vcpu::{regs, RegsAccess, Vcpu, VcpuError};
@@ -48,6 +49,8 @@ pub enum BuildError {
     Devices(#[from] DeviceManagerError),
     #[error("Cannot create eventfd: {0}")]
     EventFd(std::io::Error),
+    #[error(transparent)]
+    EventLoop(#[from] EventLoopError),
     #[error("Cannot load the embedded guest: {0}")]
     Embedded(linux_loader::loader::Error),
     #[error("The embedded guest has no PVH entry note")]
@@ -114,6 +117,8 @@ pub struct VmBuilder {
 /// A built VM, its vCPUs ready to start.
 pub struct BuiltVm {
     pub vm: Vm,
+    /// Where device work runs (queue processing, console input): never a vCPU thread.
+    pub event_loop: EventLoop,
     pub vcpus: Vec<Vcpu>,
     pub profiles: Vec<Arc<VcpuProfile>>,
     pub buses: Arc<SharedBuses>,
@@ -184,6 +189,7 @@ impl VmBuilder {
         let mmio_count = layout.buses().mmio.names_by_id().len();
         let mut built = BuiltVm {
             vm,
+            event_loop: EventLoop::start()?,
             vcpus: Vec::new(),
             profiles: Vec::new(),
             buses,

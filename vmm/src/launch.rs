@@ -1,7 +1,10 @@
 //! Building and running a Linux VM from a [`VmConfig`]: KVM, memory, irqchip and PIT, the
-//! kernel and initrd, COM1 and the i8042, one thread per vCPU, and the exit profile.
+//! kernel and initrd, COM1 (fed from stdin on the device event loop) and the i8042, one thread
+//! per vCPU, and the exit profile.
 
-use std::io::{IsTerminal, Read};
+use std::fs::File;
+use std::io::IsTerminal;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +16,9 @@ use thiserror::Error;
 use crate::boot::BootError;
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use crate::config::{ConfigError, VmConfig};
+use crate::devices::console_input::ConsoleInput;
 use crate::devices::serial::{FlushPolicy, SerialDevice, SerialError, SerialOutput};
+use crate::event_loop::EventLoop;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
 use crate::profile::{KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
 use crate::vcpu::{Vcpu, VcpuOutcome, VmEnd};
@@ -81,6 +86,7 @@ struct StatsBaseline {
 /// A running Linux VM and what is needed to report on it.
 pub struct LaunchedVm {
     vm: Vm,
+    event_loop: EventLoop,
     running: Option<RunningVm>,
     profiles: Vec<Arc<VcpuProfile>>,
     stats: Vec<StatsBaseline>,
@@ -120,6 +126,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         .map_err(|e| kernel_error(e, config))?;
     let mut launched = LaunchedVm {
         vm: built.vm,
+        event_loop: built.event_loop,
         running: None,
         profiles: built.profiles,
         stats: Vec::new(),
@@ -130,7 +137,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     };
     launched.open_stats(&built.vcpus)?;
     if opts.stdin_to_serial {
-        spawn_stdin_reader(launched.serial.clone());
+        attach_stdin(&launched.event_loop, launched.serial.clone());
     }
     launched.started = Instant::now();
     launched.running = Some(launched.vm.start(built.vcpus)?);
@@ -177,31 +184,24 @@ fn console_output(config: &VmConfig) -> Result<SerialOutput, LaunchError> {
     Ok(out)
 }
 
-/// Reads stdin and queues it for the guest until stdin ends (the VM keeps running).
-fn spawn_stdin_reader(serial: Arc<Mutex<SerialDevice>>) {
-    let reader = move || {
-        let mut buf = [0u8; 64];
-        let mut stdin = std::io::stdin();
-        while let Ok(n) = stdin.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            let mut rest = &buf[..n];
-            while !rest.is_empty() {
-                let taken = match serial.lock() {
-                    Ok(mut s) => s.enqueue_input(rest).unwrap_or(0),
-                    Err(_) => return,
-                };
-                rest = &rest[taken..];
-                if taken == 0 {
-                    thread::sleep(Duration::from_millis(5));
-                }
-            }
-        }
-    };
-    // A reader that cannot start only means no console input; the VM still runs.
-    if let Err(e) = thread::Builder::new().name("stdin".into()).spawn(reader) {
-        eprintln!("exitless: no console input: cannot start stdin thread: {e}");
+/// Feeds stdin to COM1 from the device event loop until stdin ends (the VM keeps running).
+fn attach_stdin(events: &EventLoop, serial: Arc<Mutex<SerialDevice>>) {
+    // A duplicate of fd 0 without std's buffer in front of it, which epoll could not see.
+    let attached = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(File::from)
+        .and_then(|stdin| ConsoleInput::new(stdin, serial))
+        .map_err(|e| e.to_string())
+        .and_then(|input| {
+            events
+                .handle()
+                .add(Arc::new(Mutex::new(input)))
+                .map_err(|e| e.to_string())
+        });
+    // Without console input the VM still runs.
+    if let Err(e) = attached {
+        eprintln!("exitless: no console input: {e}");
     }
 }
 

@@ -1,6 +1,7 @@
 //! Device models: state machines behind the bus, testable without KVM.
 
 pub mod bench_ports;
+pub mod console_input;
 pub mod i8042;
 pub mod serial;
 pub mod virtio;
