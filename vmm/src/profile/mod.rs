@@ -29,6 +29,7 @@ pub mod false_sharing;
 pub mod histogram;
 pub mod report;
 mod vcpu_profile;
+pub mod virtio;
 
 pub use false_sharing::{run_false_sharing_benchmark, FalseSharingResult};
 pub use histogram::{Histogram, HistogramSnapshot};

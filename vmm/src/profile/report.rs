@@ -23,7 +23,9 @@
 //!     "coalesced": [ COALESCED ]
 //!   },
 //!   "kvm_stats": [ { "scope": "vm" | "vcpuN", "name", "delta" } ],
-//!   "console": { "console_bytes", "log_bytes" }  // guest output dropped: stdout, --serial-log
+//!   "console": { "console_bytes", "log_bytes" }, // guest output dropped: stdout, --serial-log
+//!   "virtio": [ { "device": name, "queues": [ { "queue", "notifies", "interrupts",
+//!                                                "completed", "malformed" } ] } ]
 //! }
 //! REASON = { "reason": "IO_OUT", "count", "total_ns", "min_ns", "max_ns",
 //!            "avg_ns" (f64), "p50_ns", "p99_ns",
@@ -51,6 +53,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use super::vcpu_profile::{
     CoalescedSnapshot, ExitStatsSnapshot, ReasonSnapshot, VcpuProfileSnapshot,
 };
+use super::virtio::VirtioStats;
 use super::ExitReason;
 use crate::devices::serial::OutputLoss;
 
@@ -101,6 +104,8 @@ pub struct ProfileReport {
     pub wall_seconds: f64,
     /// Guest console output the host could not take (dropped and counted).
     pub console: OutputLoss,
+    /// Per-queue work of each virtio device.
+    pub virtio: Vec<VirtioStats>,
 }
 
 /// Cycles to time conversion.
@@ -250,7 +255,14 @@ impl ProfileReport {
             tsc_khz,
             wall_seconds,
             console: OutputLoss::default(),
+            virtio: Vec::new(),
         }
+    }
+
+    /// Adds the virtio devices' queue counters.
+    pub fn with_virtio(mut self, virtio: Vec<VirtioStats>) -> Self {
+        self.virtio = virtio;
+        self
     }
 
     /// Adds what the console and serial log could not take.
@@ -434,6 +446,7 @@ impl ProfileReport {
         self.write_time_split(&mut out);
         self.write_kvm_stats(&mut out);
         self.write_host_cpus(&mut out);
+        super::virtio::write_table(&mut out, &self.virtio);
         self.write_console_loss(&mut out);
         out
     }
@@ -694,6 +707,7 @@ struct ProfileDocument<'a> {
     totals: TotalsDocument,
     kvm_stats: &'a [KvmStatDelta],
     console: OutputLoss,
+    virtio: &'a [VirtioStats],
 }
 
 impl StatsDocument {
@@ -782,6 +796,7 @@ impl ProfileReport {
             totals: self.totals_document(),
             kvm_stats: &self.kvm_stats,
             console: self.console,
+            virtio: &self.virtio,
         }
     }
 }
