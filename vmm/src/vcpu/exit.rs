@@ -34,12 +34,68 @@ pub enum ExitAction {
     End(VmEnd),
 }
 
-/// One handled exit: its reason, the device that took it (index on its bus), the action.
+/// One handled exit: its reason, the device that took it (id on its bus), the action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Handled {
     pub reason: ExitReason,
     pub device: Option<usize>,
     pub action: ExitAction,
+    /// An exit exitless does not handle (reason `Other`): counted, the first of each kind
+    /// logged by the vCPU, and the VM ended where resuming would only repeat it.
+    pub unhandled: Option<UnhandledExit>,
+}
+
+/// A KVM exit kind exitless has no handler for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnhandledExit {
+    /// A kind kvm-ioctls knows by name.
+    Named(&'static str),
+    /// An exit reason number kvm-ioctls does not know.
+    Code(u32),
+}
+
+impl std::fmt::Display for UnhandledExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UnhandledExit::Named(name) => write!(f, "{name}"),
+            UnhandledExit::Code(code) => write!(f, "KVM exit reason {code}"),
+        }
+    }
+}
+
+impl UnhandledExit {
+    /// Whether resuming the guest would only give the same exit again: the instruction did
+    /// not complete (an exception or an unknown hardware exit KVM could not handle, a guest
+    /// access to memory KVM cannot back), so the VM is ended instead of spinning.
+    pub fn repeats(self) -> bool {
+        matches!(
+            self,
+            UnhandledExit::Named("KVM_EXIT_UNKNOWN")
+                | UnhandledExit::Named("KVM_EXIT_EXCEPTION")
+                | UnhandledExit::Named("KVM_EXIT_MEMORY_FAULT")
+                | UnhandledExit::Code(_)
+        )
+    }
+
+    fn of(exit: &VcpuExit<'_>) -> Self {
+        use UnhandledExit::Named;
+        match exit {
+            VcpuExit::Unknown => Named("KVM_EXIT_UNKNOWN"),
+            VcpuExit::Exception => Named("KVM_EXIT_EXCEPTION"),
+            VcpuExit::Hypercall(_) => Named("KVM_EXIT_HYPERCALL"),
+            VcpuExit::Debug(_) => Named("KVM_EXIT_DEBUG"),
+            VcpuExit::SetTpr => Named("KVM_EXIT_SET_TPR"),
+            VcpuExit::TprAccess => Named("KVM_EXIT_TPR_ACCESS"),
+            VcpuExit::Nmi => Named("KVM_EXIT_NMI"),
+            VcpuExit::IoapicEoi(_) => Named("KVM_EXIT_IOAPIC_EOI"),
+            VcpuExit::Hyperv => Named("KVM_EXIT_HYPERV"),
+            VcpuExit::X86Rdmsr(_) => Named("KVM_EXIT_X86_RDMSR"),
+            VcpuExit::X86Wrmsr(_) => Named("KVM_EXIT_X86_WRMSR"),
+            VcpuExit::MemoryFault { .. } => Named("KVM_EXIT_MEMORY_FAULT"),
+            VcpuExit::Unsupported(code) => UnhandledExit::Code(*code),
+            _ => Named("another KVM exit"),
+        }
+    }
 }
 
 const SYSTEM_EVENT_SHUTDOWN: u32 = kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN;
@@ -63,6 +119,7 @@ fn write(bus: &Bus, reason: ExitReason, addr: u64, data: &[u8]) -> io::Result<Ha
         reason,
         device,
         action,
+        unhandled: None,
     })
 }
 
@@ -71,6 +128,20 @@ fn handled(reason: ExitReason, action: ExitAction) -> Handled {
         reason,
         device: None,
         action,
+        unhandled: None,
+    }
+}
+
+fn not_handled(exit: &VcpuExit<'_>) -> Handled {
+    let kind = UnhandledExit::of(exit);
+    let action = if kind.repeats() {
+        ExitAction::End(VmEnd::KvmFailure(0))
+    } else {
+        ExitAction::Resume
+    };
+    Handled {
+        unhandled: Some(kind),
+        ..handled(ExitReason::Other, action)
     }
 }
 
@@ -81,15 +152,13 @@ pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
     Ok(match exit {
         VcpuExit::IoOut(port, data) => write(&buses.pio, R::IoOut, port.into(), data)?,
         VcpuExit::IoIn(port, data) => Handled {
-            reason: R::IoIn,
             device: buses.pio.read(port.into(), data),
-            action: ExitAction::Resume,
+            ..handled(R::IoIn, ExitAction::Resume)
         },
         VcpuExit::MmioWrite(addr, data) => write(&buses.mmio, R::MmioWrite, addr, data)?,
         VcpuExit::MmioRead(addr, data) => Handled {
-            reason: R::MmioRead,
             device: buses.mmio.read(addr, data),
-            action: ExitAction::Resume,
+            ..handled(R::MmioRead, ExitAction::Resume)
         },
         VcpuExit::Hlt => handled(R::Hlt, ExitAction::Resume),
         VcpuExit::IrqWindowOpen => handled(R::IrqWindowOpen, ExitAction::Resume),
@@ -106,7 +175,7 @@ pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
         VcpuExit::FailEntry(reason, _) => {
             handled(R::FailEntry, ExitAction::End(VmEnd::KvmFailure(reason)))
         }
-        _ => handled(R::Other, ExitAction::Resume),
+        other => not_handled(&other),
     })
 }
 
@@ -181,12 +250,8 @@ mod tests {
         let b = buses();
         let h = handle_exit(&b, VcpuExit::IoOut(0x3f8, &[1])).unwrap();
         assert_eq!(
-            h,
-            Handled {
-                reason: ExitReason::IoOut,
-                device: Some(0),
-                action: ExitAction::Resume
-            }
+            (h.reason, h.device, h.action, h.unhandled),
+            (ExitReason::IoOut, Some(0), ExitAction::Resume, None)
         );
         let h = handle_exit(&b, VcpuExit::IoOut(0x3f9, &[0xff])).unwrap();
         assert_eq!(h.action, ExitAction::End(VmEnd::PowerOff(7)));
@@ -217,6 +282,30 @@ mod tests {
         let mut data = [0u8; 2];
         handle_exit(&b, VcpuExit::MmioRead(0xd000_0010, &mut data)).unwrap();
         assert_eq!(data, [0x11, 0x11]);
+    }
+
+    #[test]
+    fn unhandled_exits_are_named_and_end_the_vm_only_where_resuming_would_repeat_them() {
+        let b = buses();
+        let h = handle_exit(&b, VcpuExit::IoapicEoi(0x30)).unwrap();
+        assert_eq!(
+            (h.reason, h.action),
+            (ExitReason::Other, ExitAction::Resume)
+        );
+        assert_eq!(
+            h.unhandled,
+            Some(UnhandledExit::Named("KVM_EXIT_IOAPIC_EOI"))
+        );
+        for spins in [
+            VcpuExit::Exception,
+            VcpuExit::Unknown,
+            VcpuExit::Unsupported(77),
+        ] {
+            let h = handle_exit(&b, spins).unwrap();
+            assert_eq!(h.action, ExitAction::End(VmEnd::KvmFailure(0)), "{h:?}");
+        }
+        let h = handle_exit(&b, VcpuExit::Unsupported(77)).unwrap();
+        assert_eq!(h.unhandled.unwrap().to_string(), "KVM exit reason 77");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::kvm::ring::{CoalescedRing, CoalescedWrite};
 use crate::kvm::{self, StatsFd, StatsSnapshot};
 use crate::profile::{self, ExitReason, VcpuProfile, VcpuProfileSnapshot};
 pub use affinity::pin_current_thread;
-pub use exit::{dispatch, handle_exit, Buses, ExitAction, Handled, VmEnd};
+pub use exit::{dispatch, handle_exit, Buses, ExitAction, Handled, UnhandledExit, VmEnd};
 
 /// Errors running a vCPU.
 #[derive(Debug, Error)]
@@ -88,6 +88,8 @@ pub struct Vcpu {
     coalesced_ring: Option<CoalescedRing>,
     markers: Vec<Marker>,
     warned_unmapped: bool,
+    /// Unhandled exit kinds already logged (each once).
+    logged_unhandled: Vec<UnhandledExit>,
     log_unmapped: bool,
     profiling: bool,
     user_exits: u64,
@@ -121,6 +123,7 @@ impl Vcpu {
             coalesced_ring: None,
             markers: Vec::new(),
             warned_unmapped: false,
+            logged_unhandled: Vec::new(),
             log_unmapped: true,
             profiling: true,
             user_exits: 0,
@@ -240,6 +243,9 @@ impl Vcpu {
             h.reason,
             ExitReason::IoIn | ExitReason::IoOut | ExitReason::MmioRead | ExitReason::MmioWrite
         );
+        if let Some(kind) = h.unhandled {
+            self.log_unhandled(kind, rip);
+        }
         if io && h.device.is_none() && self.log_unmapped && !self.warned_unmapped {
             self.warned_unmapped = true;
             eprintln!(
@@ -248,6 +254,24 @@ impl Vcpu {
             );
         }
         Ok(())
+    }
+
+    /// Says once per kind that an exit was not handled, and what happens now.
+    #[cold]
+    fn log_unhandled(&mut self, kind: UnhandledExit, rip: u64) {
+        if self.logged_unhandled.contains(&kind) {
+            return;
+        }
+        self.logged_unhandled.push(kind);
+        let next = if kind.repeats() {
+            "resuming would repeat it: the VM ends"
+        } else {
+            "the guest resumes (further ones are counted as OTHER in the profile)"
+        };
+        eprintln!(
+            "exitless: vcpu{} {kind} at rip {rip:#x} is not handled by exitless; {next}",
+            self.id
+        );
     }
 
     fn read_regs(&mut self) -> Result<(u64, u64), VcpuError> {
