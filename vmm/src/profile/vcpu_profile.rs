@@ -98,10 +98,17 @@ impl ExitStatsSnapshot {
 
     /// Samples recorded since `earlier`.
     pub fn delta(&self, earlier: &ExitStatsSnapshot) -> ExitStatsSnapshot {
+        let count = self.count.saturating_sub(earlier.count);
+        let total_cycles = self.total_cycles.saturating_sub(earlier.total_cycles);
+        let mut histogram = self.histogram.delta(&earlier.histogram);
+        // The histogram can only bound a lone sample by its bucket; the total is exact.
+        if count == 1 {
+            (histogram.min, histogram.max) = (total_cycles, total_cycles);
+        }
         ExitStatsSnapshot {
-            count: self.count.saturating_sub(earlier.count),
-            total_cycles: self.total_cycles.saturating_sub(earlier.total_cycles),
-            histogram: self.histogram.delta(&earlier.histogram),
+            count,
+            total_cycles,
+            histogram,
         }
     }
 }
@@ -585,6 +592,28 @@ mod tests {
         assert_eq!(io_in.devices[0].count, 1);
         assert_eq!(io_in.stats.min_cycles(), 20);
         assert_eq!(window.exit_count(), 2);
+    }
+
+    #[test]
+    fn a_window_with_one_sample_has_that_sample_as_min_and_max() {
+        let profile = VcpuProfile::new(0, 1, 0);
+        // An earlier, lower sample: the window's one sample sets no new extreme, so its
+        // histogram alone could only bound it by its bucket.
+        profile.record_exit(ExitReason::IoOut, Some(0), 100);
+        profile.record_exit(ExitReason::IoOut, Some(0), 5000);
+        let earlier = profile.snapshot();
+        profile.record_exit(ExitReason::IoOut, Some(0), 1234);
+        let window = profile.snapshot().delta(&earlier);
+        let out = window.reason(ExitReason::IoOut).expect("IO_OUT");
+        assert_eq!(out.stats.count, 1);
+        assert_eq!(
+            (out.stats.min_cycles(), out.stats.max_cycles()),
+            (1234, 1234)
+        );
+        assert_eq!(
+            (out.devices[0].min_cycles(), out.devices[0].max_cycles()),
+            (1234, 1234)
+        );
     }
 
     #[test]
