@@ -1,10 +1,12 @@
 //! `exitless bench`: the exit lab.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
 use vmm::bench::{self, guest::BENCH_GUEST, report, scaling};
+
+use crate::output_file::{ensure_writable, write_json};
 
 /// Measure what each kind of VM exit costs here, and what each exit-avoiding technique saves.
 ///
@@ -63,6 +65,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
         println!("{}", r.render());
         return Ok(0);
     }
+    if let Some(path) = &args.json {
+        ensure_writable("--json", path)?;
+    }
     if let Some(vms) = args.scaling {
         return scaling(&args, vms);
     }
@@ -97,11 +102,6 @@ fn scaling(args: &BenchArgs, vms: usize) -> anyhow::Result<i32> {
         write_json(path, &report)?;
     }
     Ok(if report.failures.is_empty() { 0 } else { 2 })
-}
-
-fn write_json(path: &Path, report: &impl serde::Serialize) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(report)?;
-    std::fs::write(path, text).with_context(|| format!("Cannot write {}", path.display()))
 }
 
 fn print_cases() {

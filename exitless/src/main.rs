@@ -1,6 +1,7 @@
 //! exitless: a KVM VMM that keeps exits few and cheap and shows where exit cycles go.
 
 mod bench;
+mod output_file;
 mod run;
 
 use clap::{Parser, Subcommand};

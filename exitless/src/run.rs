@@ -17,6 +17,8 @@ use vmm::profile::ProfileReport;
 use vmm::terminal::RawTerminal;
 use vmm::vcpu::VmEnd;
 
+use crate::output_file::{ensure_writable, write_json};
+
 /// Exit code when the guest triple-faulted.
 pub const EXIT_TRIPLE_FAULT: i32 = 3;
 /// Exit code when KVM could not run the guest.
@@ -61,7 +63,7 @@ pub struct RunOptions {
     /// Number of vCPUs [default: 1]
     #[arg(long, value_name = "N")]
     cpus: Option<u64>,
-    /// Guest RAM, e.g. 256M or 1G [default: 512M]
+    /// Guest RAM: a number with a K, M, G or T suffix (256M, 1G); a bare number is MiB; 16M to 1T [default: 512M]
     #[arg(long, value_name = "SIZE")]
     memory: Option<String>,
     /// JSON VM config file; command line options override it [default: none]
@@ -143,6 +145,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     let timeout = seconds("timeout", args.timeout)?;
     let interval = seconds("profile-interval", args.profile_interval)?;
     let config = vm_config(&args)?;
+    if let Some(path) = &args.profile_json {
+        ensure_writable("--profile-json", path)?;
+    }
     launch::install_signal_handlers()?;
     // Launch errors already include their causes in their messages: keep them one line.
     let mut vm =
@@ -197,9 +202,7 @@ fn crlf(text: &str) -> String {
 
 fn output_profile(args: &RunOptions, report: &ProfileReport) -> anyhow::Result<()> {
     if let Some(path) = &args.profile_json {
-        let json = serde_json::to_string_pretty(report).context("Cannot serialize profile")?;
-        std::fs::write(path, json + "\n")
-            .with_context(|| format!("Cannot write profile to {}", path.display()))?;
+        write_json(path, report)?;
     }
     if args.profile {
         eprint!("{}", report.render_table(args.profile_per_vcpu));

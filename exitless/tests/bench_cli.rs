@@ -27,6 +27,24 @@ fn unknown_case_is_one_clear_line() {
 }
 
 #[test]
+fn an_unwritable_json_path_is_refused_before_anything_runs() {
+    for args in [
+        &["bench", "--json", "/nonexistent/dir/out.json"][..],
+        &["bench", "--scaling", "2", "--json", "/nonexistent/dir/out.json"][..],
+    ] {
+        let o = exitless(args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        let e = stderr(&o);
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(
+            e.contains("--json /nonexistent/dir/out.json: cannot write there"),
+            "{e}"
+        );
+        assert!(o.stdout.is_empty(), "nothing was measured");
+    }
+}
+
+#[test]
 fn zero_and_absurd_iterations_are_rejected() {
     for n in ["0", "99999999999"] {
         let o = exitless(&["bench", "--iterations", n]);

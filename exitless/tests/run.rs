@@ -109,6 +109,19 @@ fn memory_below_minimum() {
 }
 
 #[test]
+fn an_unwritable_profile_path_is_refused_before_the_vm_starts() {
+    assert_one_line_error(
+        &[
+            "--kernel",
+            "Cargo.toml",
+            "--profile-json",
+            "/nonexistent/dir/p.json",
+        ],
+        &["--profile-json /nonexistent/dir/p.json: cannot write there"],
+    );
+}
+
+#[test]
 fn zero_cpus() {
     assert_one_line_error(
         &["--kernel", "Cargo.toml", "--cpus", "0"],
@@ -153,6 +166,9 @@ fn config_file_values_are_validated() {
     );
     let _ = std::fs::remove_file(&path);
     assert_one_line_error(&["--config", p], &["Cannot read config file", p]);
+    let out = exitless().args(["--config", p]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
 }
 
 #[test]

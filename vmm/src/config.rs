@@ -39,11 +39,11 @@ pub enum ConfigError {
     Irqchip(String),
     #[error("Invalid CPU list '{input}': {reason}")]
     CpuList { input: String, reason: &'static str },
-    #[error("Cannot read config file {}: {source}", path.display())]
+    /// The cause is in the message, not a `source`: one line says it once.
+    #[error("Cannot read config file {}: {error}", path.display())]
     ReadFile {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("Invalid config file {} at line {line}, column {column}: {message}", path.display())]
     Json {
@@ -128,7 +128,8 @@ impl FromStr for MemorySize {
             input: input.to_string(),
             reason,
         };
-        let garbage = "expected a number with optional K, M or G suffix";
+        let garbage =
+            "expected a number of MiB, or a number with a K, M, G or T suffix (e.g. 512M, 2G)";
         let (num, shift) = split_size_suffix(input.trim()).ok_or_else(|| err(garbage))?;
         if num.is_empty() {
             return Err(err(garbage));
@@ -381,9 +382,9 @@ impl VmConfig {
 
     /// Reads and parses a JSON config file.
     pub fn from_json_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::ReadFile {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         Self::from_json_str(&text, path)
     }
@@ -501,7 +502,7 @@ mod tests {
     fn bad_memory_sizes_are_rejected() {
         assert_eq!(
             mem("abc").unwrap_err(),
-            "Invalid memory size 'abc': expected a number with optional K, M or G suffix"
+            "Invalid memory size 'abc': expected a number of MiB, or a number with a K, M, G or T suffix (e.g. 512M, 2G)"
         );
         for bad in ["", "M", "12X", "1.5G", "-1G", "1GB", "1Gi", "5Mé", "1 2M"] {
             assert!(mem(bad).unwrap_err().contains("expected a number"), "{bad}");
