@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use vmm::config::{ConfigError, VmConfig, VmConfigOverrides};
+use vmm::config::{ConfigError, VmConfig, VmConfigOverrides, MAX_VCPUS};
 use vmm::launch::{self, LaunchEnd, LaunchOptions, LaunchedVm};
 use vmm::profile::ProfileReport;
 use vmm::terminal::RawTerminal;
@@ -60,7 +60,7 @@ pub struct RunOptions {
     /// Kernel command line [default: "console=ttyS0 reboot=k panic=1"]
     #[arg(long, value_name = "STR")]
     cmdline: Option<String>,
-    /// Number of vCPUs [default: 1]
+    /// Number of vCPUs: 1 to 254 (fewer if KVM allows fewer) [default: 1]
     #[arg(long, value_name = "N")]
     cpus: Option<u64>,
     /// Guest RAM: a number with a K, M, G or T suffix (256M, 1G); a bare number is MiB; 16M to 1T [default: 512M]
@@ -111,13 +111,13 @@ fn parse<T: FromStr<Err = ConfigError>>(value: Option<&str>) -> anyhow::Result<O
     Ok(value.map(str::parse).transpose()?)
 }
 
-/// The VM config stores the vCPU count as u8; larger counts are reported like KVM's limit.
+/// The VM config stores the vCPU count as u8; larger counts get the same message as any
+/// count over the limit.
 fn cpu_count(n: u64) -> anyhow::Result<u8> {
-    u8::try_from(n).or_else(|_| {
-        let max = vmm::kvm::open().map_or(usize::from(u8::MAX), |k| {
-            k.get_max_vcpus().min(usize::from(u8::MAX))
-        });
-        anyhow::bail!("--cpus {n} exceeds the KVM limit of {max}")
+    u8::try_from(n).map_err(|_| {
+        let kvm = vmm::kvm::open().map_or(MAX_VCPUS, |k| k.get_max_vcpus());
+        let max = kvm.min(MAX_VCPUS);
+        ConfigError::TooManyCpus { cpus: n, max }.into()
     })
 }
 

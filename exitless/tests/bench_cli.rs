@@ -30,7 +30,13 @@ fn unknown_case_is_one_clear_line() {
 fn an_unwritable_json_path_is_refused_before_anything_runs() {
     for args in [
         &["bench", "--json", "/nonexistent/dir/out.json"][..],
-        &["bench", "--scaling", "2", "--json", "/nonexistent/dir/out.json"][..],
+        &[
+            "bench",
+            "--scaling",
+            "2",
+            "--json",
+            "/nonexistent/dir/out.json",
+        ][..],
     ] {
         let o = exitless(args);
         assert_eq!(o.status.code(), Some(1), "{args:?}");

@@ -130,10 +130,24 @@ fn zero_cpus() {
 }
 
 #[test]
+fn more_cpus_than_exitless_allows() {
+    assert_one_line_error(
+        &["--kernel", "Cargo.toml", "--cpus", "255"],
+        &[
+            "--cpus 255 is more than the",
+            "(254 at most, the xAPIC ID limit",
+        ],
+    );
+}
+
+#[test]
 fn more_cpus_than_kvm_allows() {
     assert_one_line_error(
         &["--kernel", "Cargo.toml", "--cpus", "9999"],
-        &["--cpus 9999 exceeds the KVM limit"],
+        &[
+            "--cpus 9999 is more than the",
+            "vCPUs possible here (254 at most",
+        ],
     );
 }
 

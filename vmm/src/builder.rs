@@ -240,9 +240,12 @@ fn load_kernel(vm: &Vm, spec: &VmSpec) -> Result<BootEntry, BuildError> {
                 &spec.cmdline,
                 cpus,
             )?;
-            // The ACPI tables (for kernels without MP table support) are written by
-            // `configure_linux_boot`; the MP table stays for kernels that parse it.
-            mptable::setup_mptable(&vm.mem, cpus)?;
+            // The ACPI tables (the MADT lists every vCPU) are written by
+            // `configure_linux_boot`; the MP table, for kernels without ACPI, only where it
+            // can list them all (an MP table that left vCPUs out would cap them silently).
+            if cpus <= mptable::MAX_MPTABLE_VCPUS {
+                mptable::setup_mptable(&vm.mem, cpus)?;
+            }
             Ok(BootEntry::Linux(Box::new(boot)))
         }
         KernelImage::Embedded(image) => {

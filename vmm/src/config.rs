@@ -27,6 +27,10 @@ pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1";
 pub const DEFAULT_MEMORY_MIB: u64 = 512;
 /// Largest guest memory accepted: 1 TiB.
 pub const MAX_MEMORY: u64 = 1 << 40;
+/// Most vCPUs exitless gives a VM: xAPIC IDs are 8 bits and 0xff is the broadcast ID. The ACPI
+/// MADT lists every one of them; the MP table only as many as fit its space (it is written
+/// only for VMs it can describe whole, for kernels without ACPI).
+pub const MAX_VCPUS: usize = 254;
 /// Longest kernel command line, in bytes (x86 COMMAND_LINE_SIZE less the NUL).
 pub const MAX_CMDLINE_LEN: usize = 2047;
 
@@ -56,8 +60,8 @@ pub enum ConfigError {
     NoKernel,
     #[error("--cpus must be at least 1")]
     NoCpus,
-    #[error("--cpus {cpus} exceeds the KVM limit of {max}")]
-    TooManyCpus { cpus: u8, max: usize },
+    #[error("--cpus {cpus} is more than the {max} vCPUs possible here ({MAX_VCPUS} at most, the xAPIC ID limit, or fewer if KVM allows fewer)")]
+    TooManyCpus { cpus: u64, max: usize },
     #[error("--memory {0} is below the minimum of 16M")]
     MemoryTooSmall(MemorySize),
     #[error("--memory {0} exceeds the maximum of 1T")]
@@ -424,6 +428,8 @@ impl VmConfig {
 
     /// Checks the values against each other and against `max_vcpus` (KVM_CAP_MAX_VCPUS).
     /// Files are not opened here: the loaders report missing ones.
+    /// Checks the values; `max_vcpus` is KVM's limit (the effective one is at most
+    /// [`MAX_VCPUS`]).
     pub fn validate(&self, max_vcpus: usize) -> Result<(), ConfigError> {
         if self.kernel.as_os_str().is_empty() {
             return Err(ConfigError::NoKernel);
@@ -431,10 +437,11 @@ impl VmConfig {
         if self.cpus == 0 {
             return Err(ConfigError::NoCpus);
         }
-        if usize::from(self.cpus) > max_vcpus {
+        let max = max_vcpus.min(MAX_VCPUS);
+        if usize::from(self.cpus) > max {
             return Err(ConfigError::TooManyCpus {
-                cpus: self.cpus,
-                max: max_vcpus,
+                cpus: u64::from(self.cpus),
+                max,
             });
         }
         if self.memory.bytes() < MIN_MEMORY {
@@ -657,7 +664,7 @@ mod tests {
         assert_eq!(check(&|c| c.cpus = 0).unwrap(), "--cpus must be at least 1");
         assert_eq!(
             check(&|c| c.cpus = 9).unwrap(),
-            "--cpus 9 exceeds the KVM limit of 8"
+            "--cpus 9 is more than the 8 vCPUs possible here (254 at most, the xAPIC ID limit, or fewer if KVM allows fewer)"
         );
         assert_eq!(
             check(&|c| c.memory = MemorySize::from_mib(8)).unwrap(),

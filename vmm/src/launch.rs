@@ -15,7 +15,7 @@ use thiserror::Error;
 
 use crate::boot::BootError;
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
-use crate::config::{ConfigError, VmConfig};
+use crate::config::{ConfigError, VmConfig, MAX_VCPUS};
 use crate::devices::console_input::ConsoleInput;
 use crate::devices::serial::{FlushPolicy, SerialDevice, SerialError, SerialOutput};
 use crate::event_loop::EventLoop;
@@ -98,7 +98,7 @@ pub struct LaunchedVm {
 
 /// Builds the VM described by `config` and starts its vCPUs.
 pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, LaunchError> {
-    config.validate(usize::from(u8::MAX))?;
+    config.validate(MAX_VCPUS)?;
     std::fs::metadata(&config.kernel).map_err(|error| LaunchError::KernelFile {
         path: config.kernel.clone(),
         error,
