@@ -210,6 +210,20 @@ fn output_profile(args: &RunOptions, report: &ProfileReport) -> anyhow::Result<(
     Ok(())
 }
 
+/// Why KVM stopped, in one line; on a PVM host, what that host cannot do.
+fn kvm_failure_message(reason: u64, pvm: bool) -> String {
+    let base = format!("KVM could not run the guest (hardware reason {reason:#x})");
+    if pvm {
+        format!(
+            "{base}: this host's KVM is PVM, which emulates guest kernel code one instruction \
+             at a time and cannot run all of it (a stock Linux stops in early boot here); \
+             a real KVM host (VT-x/SVM) runs this guest"
+        )
+    } else {
+        base
+    }
+}
+
 fn exit_code(end: LaunchEnd) -> i32 {
     match end {
         LaunchEnd::TimedOut => {
@@ -230,12 +244,32 @@ fn exit_code(end: LaunchEnd) -> i32 {
             EXIT_TRIPLE_FAULT
         }
         LaunchEnd::Guest(VmEnd::KvmFailure(reason)) => {
-            eprintln!("exitless: KVM could not run the guest (hardware reason {reason:#x})");
+            eprintln!(
+                "exitless: {}",
+                kvm_failure_message(reason, vmm::kvm::is_pvm_host())
+            );
             EXIT_KVM_FAILURE
         }
         LaunchEnd::Guest(VmEnd::SystemEvent(kind)) => {
             eprintln!("exitless: unknown KVM system event {kind}");
             EXIT_SYSTEM_EVENT
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kvm_failure_explains_pvm_in_one_line() {
+        let plain = kvm_failure_message(0x10, false);
+        assert_eq!(plain, "KVM could not run the guest (hardware reason 0x10)");
+        let pvm = kvm_failure_message(0, true);
+        assert!(
+            pvm.contains("PVM, which emulates guest kernel code"),
+            "{pvm}"
+        );
+        assert_eq!(pvm.lines().count(), 1);
     }
 }

@@ -54,7 +54,7 @@ pub fn probe() -> Result<HostInfo, KvmError> {
         Ok(khz) if khz > 0 => u64::from(khz),
         _ => profile::estimate_tsc_khz(std::time::Duration::from_millis(100)),
     };
-    let pvm = fs::metadata("/sys/module/kvm_pvm").is_ok();
+    let pvm = crate::kvm::is_pvm_host();
     Ok(HostInfo {
         hostname: read_trimmed("/proc/sys/kernel/hostname"),
         kernel: read_trimmed("/proc/sys/kernel/osrelease"),

@@ -223,3 +223,9 @@ pub fn sync_rip_rax(fd: &mut kvm_ioctls::VcpuFd) -> (u64, u64) {
     let regs = unsafe { &run.s.regs.regs };
     (regs.rip, regs.rax)
 }
+
+/// Whether /dev/kvm is PVM (module `kvm_pvm`): software nested virtualization that runs guest
+/// user code natively but emulates guest kernel code one instruction at a time.
+pub fn is_pvm_host() -> bool {
+    std::path::Path::new("/sys/module/kvm_pvm").exists()
+}
