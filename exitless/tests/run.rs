@@ -287,17 +287,7 @@ fn stop(child: &mut Child) -> Option<i32> {
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code();
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            panic!("exitless did not stop within 30 s of SIGTERM");
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_exit(child, Duration::from_secs(30))
 }
 
 fn expected_console(cmdline: &str) -> Vec<String> {
