@@ -43,6 +43,8 @@ pub struct Handled {
     /// An exit exitless does not handle (reason `Other`): counted, the first of each kind
     /// logged by the vCPU, and the VM ended where resuming would only repeat it.
     pub unhandled: Option<UnhandledExit>,
+    /// The port or guest-physical address of an I/O or MMIO exit.
+    pub addr: u64,
 }
 
 /// A KVM exit kind exitless has no handler for.
@@ -116,10 +118,9 @@ fn write(bus: &Bus, reason: ExitReason, addr: u64, data: &[u8]) -> io::Result<Ha
         None => (None, ExitAction::Resume),
     };
     Ok(Handled {
-        reason,
         device,
-        action,
-        unhandled: None,
+        addr,
+        ..handled(reason, action)
     })
 }
 
@@ -129,6 +130,7 @@ fn handled(reason: ExitReason, action: ExitAction) -> Handled {
         device: None,
         action,
         unhandled: None,
+        addr: 0,
     }
 }
 
@@ -145,6 +147,24 @@ fn not_handled(exit: &VcpuExit<'_>) -> Handled {
     }
 }
 
+/// Ports guests probe for legacy PC hardware that a microVM does not have: accesses to them
+/// are normal and not worth a message (they are still counted in the profile).
+pub fn is_known_probe_port(port: u64) -> bool {
+    matches!(
+        port,
+        0x70..=0x71        // CMOS RTC and NMI mask
+            | 0x80         // POST code port, Linux's I/O delay
+            | 0x87 | 0xed  // other delay ports
+            | 0x92         // A20 gate
+            | 0xf0..=0xf1  // FPU error
+            | 0x2e8..=0x2ef | 0x2f8..=0x2ff | 0x3e8..=0x3ef // COM2-4
+            | 0x278..=0x27f | 0x378..=0x37f // parallel ports
+            | 0x3b0..=0x3df // VGA
+            | 0x4d0..=0x4d1 // ELCR
+            | 0xcf8..=0xcff // PCI configuration, when no PCI bus is present
+    )
+}
+
 /// Dispatches one exit to the buses. `Err` only for host failures (a device could not write its
 /// output); everything the guest does wrong is a counted, resumable exit.
 pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
@@ -153,11 +173,13 @@ pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
         VcpuExit::IoOut(port, data) => write(&buses.pio, R::IoOut, port.into(), data)?,
         VcpuExit::IoIn(port, data) => Handled {
             device: buses.pio.read(port.into(), data),
+            addr: port.into(),
             ..handled(R::IoIn, ExitAction::Resume)
         },
         VcpuExit::MmioWrite(addr, data) => write(&buses.mmio, R::MmioWrite, addr, data)?,
         VcpuExit::MmioRead(addr, data) => Handled {
             device: buses.mmio.read(addr, data),
+            addr,
             ..handled(R::MmioRead, ExitAction::Resume)
         },
         VcpuExit::Hlt => handled(R::Hlt, ExitAction::Resume),
@@ -306,6 +328,20 @@ mod tests {
         }
         let h = handle_exit(&b, VcpuExit::Unsupported(77)).unwrap();
         assert_eq!(h.unhandled.unwrap().to_string(), "KVM exit reason 77");
+    }
+
+    #[test]
+    fn exits_carry_their_port_or_address() {
+        let b = buses();
+        assert_eq!(
+            handle_exit(&b, VcpuExit::IoOut(0x80, &[1])).unwrap().addr,
+            0x80
+        );
+        let mut d = [0u8; 4];
+        let h = handle_exit(&b, VcpuExit::MmioRead(0xfed0_0000, &mut d)).unwrap();
+        assert_eq!((h.addr, h.device), (0xfed0_0000, None));
+        assert!(is_known_probe_port(0x80) && is_known_probe_port(0x71));
+        assert!(!is_known_probe_port(0x7e0) && !is_known_probe_port(0x3f8));
     }
 
     #[test]

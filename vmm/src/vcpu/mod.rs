@@ -247,13 +247,32 @@ impl Vcpu {
             self.log_unhandled(kind, rip);
         }
         if io && h.device.is_none() && self.log_unmapped && !self.warned_unmapped {
-            self.warned_unmapped = true;
-            eprintln!(
-                "exitless: vcpu{} {:?} to an unmapped address at rip {rip:#x} (further ones are only counted)",
-                self.id, h.reason
-            );
+            self.log_unmapped_access(h, rip);
         }
         Ok(())
+    }
+
+    /// Says once what an access to nothing means, unless the port is one guests are known to
+    /// probe for legacy hardware this VM does not have.
+    #[cold]
+    fn log_unmapped_access(&mut self, h: &Handled, rip: u64) {
+        let pio = matches!(h.reason, ExitReason::IoIn | ExitReason::IoOut);
+        if pio && exit::is_known_probe_port(h.addr) {
+            return;
+        }
+        self.warned_unmapped = true;
+        let (what, place) = match h.reason {
+            ExitReason::IoIn => ("read", format!("I/O port {:#x}", h.addr)),
+            ExitReason::IoOut => ("wrote", format!("I/O port {:#x}", h.addr)),
+            ExitReason::MmioRead => ("read", format!("guest address {:#x}", h.addr)),
+            _ => ("wrote", format!("guest address {:#x}", h.addr)),
+        };
+        eprintln!(
+            "exitless: vcpu{} {what} {place} (rip {rip:#x}), where this VM has no device: reads \
+             return all ones and writes are dropped, as on hardware without the device; \
+             further such accesses are only counted (see --profile)",
+            self.id
+        );
     }
 
     /// Says once per kind that an exit was not handled, and what happens now.
