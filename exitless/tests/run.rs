@@ -101,6 +101,26 @@ fn memory_too_small_for_the_kernel() {
 }
 
 #[test]
+fn truncated_kernels_are_called_truncated() {
+    if !have_kvm("truncated_kernels") || !have_vmlinux("truncated_kernels") {
+        return;
+    }
+    for (name, keep) in [("vmlinux", 20 << 20), ("bzImage", 5 << 20)] {
+        let whole = std::fs::read(root().join("guest").join(name)).unwrap();
+        let path = std::env::temp_dir().join(format!("exitless-cut-{name}-{}", std::process::id()));
+        std::fs::write(&path, &whole[..keep]).unwrap();
+        let p = path.to_str().unwrap();
+        for memory in ["512M", "2G"] {
+            assert_one_line_error(
+                &["--kernel", p, "--memory", memory],
+                &["is truncated or invalid", &format!("the file has {keep}")],
+            );
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+#[test]
 fn memory_below_minimum() {
     assert_one_line_error(
         &["--kernel", "Cargo.toml", "--memory", "8M"],

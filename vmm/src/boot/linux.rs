@@ -132,6 +132,7 @@ fn detect_format(file: &mut File, path: &Path) -> Result<KernelFormat, BootError
 pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, BootError> {
     let mut file = File::open(path).map_err(kernel_file_error(path))?;
     let format = detect_format(&mut file, path)?;
+    super::kernel_check::check_complete(&mut file, path, format == KernelFormat::Elf)?;
     let highmem = Some(GuestAddress(HIGH_RAM_START));
     let load_error = |source| BootError::KernelLoad {
         path: path.to_path_buf(),

@@ -7,6 +7,7 @@ pub mod acpi;
 pub mod cpuid;
 pub mod e820;
 pub mod gdt;
+pub mod kernel_check;
 pub mod linux;
 pub mod mptable;
 pub mod msrs;
@@ -31,6 +32,9 @@ pub enum BootError {
     /// The kernel file has neither a bzImage setup header nor an ELF header.
     #[error("File is neither a bzImage nor an ELF vmlinux: {}", path.display())]
     NotAKernel { path: PathBuf },
+    /// The kernel file is shorter than its own headers say.
+    #[error("Kernel {} is truncated or invalid: its headers describe {needs} bytes, the file has {has}", path.display())]
+    Truncated { path: PathBuf, needs: u64, has: u64 },
     /// linux-loader rejected the kernel image.
     #[error("Cannot load kernel {}: {source}", path.display())]
     KernelLoad {
