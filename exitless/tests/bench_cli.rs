@@ -113,7 +113,7 @@ fn export_guest_writes_a_pvh_elf() {
 #[test]
 fn small_run_reports_exits_that_match_iterations() {
     if std::fs::metadata("/dev/kvm").is_err() {
-        eprintln!("SKIPPED: /dev/kvm is missing on this host");
+        vmm::test_skip::skip("bench_cli", "/dev/kvm is missing on this host");
         return;
     }
     let json = std::env::temp_dir().join(format!("exitless-bench-{}.json", std::process::id()));
@@ -166,7 +166,10 @@ fn kvm_without_permission_is_one_clear_line() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !(closed && root && setpriv) {
-        eprintln!("SKIPPED: needs root, setpriv and a /dev/kvm closed to other users");
+        vmm::test_skip::skip(
+            "kvm_without_permission",
+            "needs root, setpriv and a /dev/kvm closed to other users",
+        );
         return;
     }
     let o = Command::new("setpriv")
@@ -178,7 +181,10 @@ fn kvm_without_permission_is_one_clear_line() {
     assert!(!o.status.success());
     let e = stderr(&o);
     if e.contains("Permission denied") && e.contains("os error") {
-        eprintln!("SKIPPED: the test binary is not reachable as an unprivileged user: {e}");
+        vmm::test_skip::skip(
+            "kvm_without_permission",
+            &format!("the test binary is not reachable as an unprivileged user: {e}"),
+        );
         return;
     }
     assert_eq!(e.lines().count(), 1, "{e}");
@@ -199,7 +205,7 @@ fn scaling_vm_counts_outside_the_range_are_one_clear_line() {
 #[test]
 fn scaling_runs_a_row_per_placement_and_vm_count() {
     if std::fs::metadata("/dev/kvm").is_err() {
-        eprintln!("SKIPPED: /dev/kvm is missing on this host");
+        vmm::test_skip::skip("bench_cli", "/dev/kvm is missing on this host");
         return;
     }
     let json = std::env::temp_dir().join(format!("exitless-scaling-{}.json", std::process::id()));

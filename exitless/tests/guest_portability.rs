@@ -27,7 +27,7 @@ fn export_guest(tag: &str) -> PathBuf {
 fn kvm_available() -> bool {
     let ok = Path::new("/dev/kvm").exists();
     if !ok {
-        eprintln!("SKIPPED: /dev/kvm is missing on this host");
+        vmm::test_skip::skip("guest_portability", "/dev/kvm is missing on this host");
     }
     ok
 }
@@ -84,7 +84,10 @@ fn qemu() -> Option<&'static str> {
         .output()
         .is_ok_and(|o| o.status.success());
     if !found {
-        eprintln!("SKIPPED: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)");
+        vmm::test_skip::skip(
+            "qemu_boots_the_exported_guest",
+            "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)",
+        );
     }
     found.then_some("qemu-system-x86_64")
 }

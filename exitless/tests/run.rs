@@ -32,7 +32,7 @@ fn vmlinux() -> PathBuf {
 fn have_kvm(test: &str) -> bool {
     let ok = Path::new("/dev/kvm").exists();
     if !ok {
-        eprintln!("{test}: skipped: /dev/kvm is missing");
+        vmm::test_skip::skip(test, "/dev/kvm is missing");
     }
     ok
 }
@@ -40,7 +40,10 @@ fn have_kvm(test: &str) -> bool {
 fn have_vmlinux(test: &str) -> bool {
     let ok = vmlinux().exists();
     if !ok {
-        eprintln!("{test}: skipped: guest/vmlinux is missing (run scripts/fetch-guest.sh)");
+        vmm::test_skip::skip(
+            test,
+            "guest/vmlinux is missing (run scripts/fetch-guest.sh)",
+        );
     }
     ok
 }

@@ -17,7 +17,10 @@ fn available() -> bool {
     let kvm = std::path::Path::new("/dev/kvm").exists();
     let bash = std::path::Path::new("/bin/bash").exists();
     if !(script && kvm && bash) {
-        eprintln!("SKIPPED: needs /dev/kvm, /bin/bash and script(1) (bsdutils)");
+        vmm::test_skip::skip(
+            "ctrl_c_on_the_console",
+            "needs /dev/kvm, /bin/bash and script(1) (bsdutils)",
+        );
     }
     script && kvm && bash
 }

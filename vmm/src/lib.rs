@@ -14,5 +14,6 @@ pub mod launch;
 pub mod memory;
 pub mod profile;
 pub mod terminal;
+pub mod test_skip;
 pub mod vcpu;
 pub mod vm;

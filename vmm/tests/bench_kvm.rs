@@ -10,7 +10,7 @@ const ITERS: u64 = 200;
 fn kvm_available() -> bool {
     let ok = std::fs::metadata("/dev/kvm").is_ok();
     if !ok {
-        eprintln!("SKIPPED: /dev/kvm is missing on this host");
+        vmm::test_skip::skip("bench_kvm", "/dev/kvm is missing on this host");
     }
     ok
 }

@@ -242,7 +242,7 @@ mod tests {
     #[test]
     fn kvm_takes_the_table() {
         let Ok(kvm) = kvm_ioctls::Kvm::new() else {
-            eprintln!("skipped: /dev/kvm is not usable");
+            crate::test_skip::skip("kvm_takes_the_table", "/dev/kvm is not usable");
             return;
         };
         let vm = kvm.create_vm().unwrap();
