@@ -29,7 +29,7 @@ use crate::device_manager::{BusKind, DeviceManager, DeviceManagerError};
 use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
 use crate::devices::serial::{self, SerialDevice, SerialOutput};
 use crate::event_loop::{EventLoop, EventLoopError};
-use crate::kvm::KvmError;
+use crate::kvm::{self, KvmError};
 use crate::profile::{self, VcpuProfile};
 use crate::vcpu::{regs, RegsAccess, Vcpu, VcpuError};
 use crate::vm::{Vm, VmError};
@@ -112,6 +112,7 @@ pub struct VmBuilder {
     spec: VmSpec,
     vm: Vm,
     devices: DeviceManager,
+    hypercall_rewrite_off: bool,
 }
 
 /// A built VM, its vCPUs ready to start.
@@ -140,8 +141,23 @@ impl VmBuilder {
                 .create_pit2(pit)
                 .map_err(|e| KvmError::Ioctl("KVM_CREATE_PIT2", e))?;
         }
+        // A guest's vmcall/vmmcall of the wrong vendor gets #UD instead of being rewritten and
+        // re-run: on PVM the rewrite never ends (KVM_RUN would not return). Linux picks the
+        // right instruction itself, so it never needs the rewrite.
+        let hypercall_rewrite_off =
+            vm.caps.disable_quirks2 && kvm::disable_hypercall_rewrite(&vm.fd);
         let devices = DeviceManager::new(vm.fd.clone(), spec.irqchip);
-        Ok(VmBuilder { spec, vm, devices })
+        Ok(VmBuilder {
+            spec,
+            vm,
+            devices,
+            hypercall_rewrite_off,
+        })
+    }
+
+    /// Whether KVM's hypercall-instruction rewrite is off (guest hypercalls cannot livelock).
+    pub fn hypercall_rewrite_off(&self) -> bool {
+        self.hypercall_rewrite_off
     }
 
     pub fn vm(&self) -> &Vm {
@@ -181,7 +197,9 @@ impl VmBuilder {
 
     /// Loads the kernel, writes the boot tables, freezes the devices and creates the vCPUs.
     pub fn build(self, opts: &VcpuOptions) -> Result<BuiltVm, BuildError> {
-        let VmBuilder { spec, vm, devices } = self;
+        let VmBuilder {
+            spec, vm, devices, ..
+        } = self;
         let entry = load_kernel(&vm, &spec)?;
         let buses = devices.finish()?;
         let layout = buses.snapshot();

@@ -130,9 +130,7 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
         irqchip: config.irqchip,
     };
     let mut builder = VmBuilder::new(kvm::open()?, spec)?;
-    let vm = builder.vm();
-    let quirk_off = vm.caps.disable_quirks2 && kvm::disable_hypercall_rewrite(&vm.fd);
-    if config.guest_case == "hypercall" && !quirk_off {
+    if config.guest_case == "hypercall" && !builder.hypercall_rewrite_off() {
         return Err(RunError::Unsupported(
             "KVM cannot disable KVM_X86_QUIRK_FIX_HYPERCALL_INSN; the hypercall loop could livelock",
         ));
