@@ -263,6 +263,9 @@ fn the_bench_guest_runs_every_case_under_run_and_ends() {
         "{out}\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    assert!(out.contains("EXITLESS RESULT case=hypercall cpl=0"), "{out}");
+    assert!(
+        out.contains("EXITLESS RESULT case=hypercall cpl=0"),
+        "{out}"
+    );
     assert!(out.contains("EXITLESS DONE"), "{out}");
 }

@@ -265,10 +265,19 @@ pub fn run_config_placed(
     Ok(run)
 }
 
+/// The first BEGIN marker and the first END after it (a guest may mark in any order; an END
+/// without an earlier BEGIN brackets nothing).
 fn loop_markers(o: &VcpuOutcome) -> Result<(&Marker, &Marker), RunError> {
-    let begin = o.markers.iter().find(|m| m.value == guest::MARKER_BEGIN);
-    let end = o.markers.iter().find(|m| m.value == guest::MARKER_END);
-    begin.zip(end).ok_or(RunError::NoMarkers)
+    let at = o
+        .markers
+        .iter()
+        .position(|m| m.value == guest::MARKER_BEGIN)
+        .ok_or(RunError::NoMarkers)?;
+    let begin = &o.markers[at];
+    let end = o.markers[at..]
+        .iter()
+        .find(|m| m.value == guest::MARKER_END);
+    Ok((begin, end.ok_or(RunError::NoMarkers)?))
 }
 
 fn measure(
@@ -281,7 +290,10 @@ fn measure(
 ) -> ConfigRun {
     let profile = end.profile.delta(&begin.profile);
     // The end marker's own exit is inside the window; the begin marker's is not.
-    let user_exits = (end.user_exits - begin.user_exits).saturating_sub(1);
+    let user_exits = end
+        .user_exits
+        .saturating_sub(begin.user_exits)
+        .saturating_sub(1);
     let cycles = r.cycles_per_iter();
     let vmm = (user_exits > 0 && profile.exit_count() > 0)
         .then(|| profile.userspace_cycles() as f64 / profile.exit_count() as f64);
@@ -391,6 +403,39 @@ mod tests {
     use super::*;
     use crate::bench::cases::CASES;
     use crate::bench::report::tests::run;
+
+    fn marker(value: u32, user_exits: u64) -> Marker {
+        Marker {
+            value,
+            host_tsc: 0,
+            user_exits,
+            profile: crate::profile::VcpuProfile::new(0, 1, 0).snapshot(),
+            kvm_stats: None,
+        }
+    }
+
+    #[test]
+    fn markers_out_of_order_bracket_nothing_and_never_panic() {
+        use crate::vcpu::VmEnd;
+        let outcome = |values: &[(u32, u64)]| VcpuOutcome {
+            id: 0,
+            end: VmEnd::Stopped,
+            markers: values.iter().map(|&(v, n)| marker(v, n)).collect(),
+        };
+        let o = outcome(&[(guest::MARKER_END, 5), (guest::MARKER_BEGIN, 9)]);
+        assert!(matches!(loop_markers(&o), Err(RunError::NoMarkers)));
+        let o = outcome(&[
+            (guest::MARKER_END, 1),
+            (guest::MARKER_BEGIN, 9),
+            (guest::MARKER_END, 20),
+        ]);
+        let (b, e) = loop_markers(&o).unwrap();
+        assert_eq!((b.user_exits, e.user_exits), (9, 20));
+        assert!(matches!(
+            loop_markers(&outcome(&[])),
+            Err(RunError::NoMarkers)
+        ));
+    }
 
     #[test]
     fn coalesced_writes_that_never_reach_the_bus_are_a_problem() {
