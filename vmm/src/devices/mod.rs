@@ -3,6 +3,7 @@
 pub mod bench_ports;
 pub mod console_input;
 pub mod i8042;
+pub mod pci;
 pub mod serial;
 pub mod virtio;
 

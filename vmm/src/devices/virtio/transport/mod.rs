@@ -1,0 +1,363 @@
+//! virtio-pci, modern (virtio 1.x only): a [`VirtioDevice`] behind a PCI function with one
+//! 64-bit memory BAR holding the common configuration, ISR, device configuration, one notify
+//! slot per queue (each its own zero-length ioeventfd) and the MSI-X table and PBA.
+//!
+//! BAR 0 layout:
+//!
+//! | offset | what |
+//! |---|---|
+//! | 0x0000 | common configuration (0x38 bytes) |
+//! | 0x1000 | ISR (1 byte, read to clear) |
+//! | 0x2000 | device configuration |
+//! | 0x3000 | notify: queue q at 0x3000 + 4 q (notify_off_multiplier 4) |
+//! | 0x4000 | MSI-X table (16 bytes per vector) |
+//! | 0x5000 | MSI-X pending-bit array |
+
+pub mod common;
+pub mod interrupt;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::devices::pci::config::{PciConfig, PciIds};
+use crate::devices::pci::{msix, BarChange, BarKind, PciDevice};
+use crate::devices::virtio::{
+    Activation, ActiveQueue, VirtioDevice, VirtioInterrupt, TYPE_BLOCK, VIRTIO_RING_F_EVENT_IDX,
+};
+use crate::event_loop::EventLoopHandle;
+use crate::kvm::IoEvent;
+use common::{CommonCfg, CommonEvent, COMMON_LEN, STATUS_NEEDS_RESET};
+pub use interrupt::{MsiRoutes, MsixInterrupt};
+
+/// Size of BAR 0.
+pub const BAR_SIZE: u64 = 0x8000;
+const COMMON: u64 = 0x0000;
+const ISR: u64 = 0x1000;
+const DEVICE_CFG: u64 = 0x2000;
+const NOTIFY: u64 = 0x3000;
+const NOTIFY_MULTIPLIER: u32 = 4;
+const MSIX_TABLE: u64 = 0x4000;
+const MSIX_PBA: u64 = 0x5000;
+const REGION: u64 = 0x1000;
+/// PCI vendor ID of virtio devices.
+pub const VIRTIO_VENDOR: u16 = 0x1af4;
+const VIRTIO_CAP_ID: u8 = 0x09;
+
+/// The driver-facing state, locked for a register access (never across device work).
+struct Transport {
+    common: CommonCfg,
+    device: Box<dyn VirtioDevice>,
+    active: bool,
+}
+
+/// A virtio device on PCI.
+pub struct VirtioPciDevice {
+    name: String,
+    config: Mutex<PciConfig>,
+    msix_cap: usize,
+    transport: Mutex<Transport>,
+    irq: Arc<MsixInterrupt>,
+    notify: Vec<EventFd>,
+    mem: GuestMemoryMmap,
+    event_loop: EventLoopHandle,
+    faults: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The body of a virtio vendor capability (after its ID and next pointer).
+fn virtio_cap(cfg_type: u8, offset: u64, length: u64, extra: Option<u32>) -> Vec<u8> {
+    let cap_len: u8 = if extra.is_some() { 20 } else { 16 };
+    let mut b = vec![cap_len, cfg_type, 0, 0, 0, 0];
+    b.extend_from_slice(&(offset as u32).to_le_bytes());
+    b.extend_from_slice(&(length as u32).to_le_bytes());
+    if let Some(x) = extra {
+        b.extend_from_slice(&x.to_le_bytes());
+    }
+    b
+}
+
+impl VirtioPciDevice {
+    /// Wraps `device`, BAR 0 placed at `bar_addr` (the guest may move it).
+    pub fn new(
+        name: &str,
+        device: Box<dyn VirtioDevice>,
+        bar_addr: u64,
+        mem: GuestMemoryMmap,
+        event_loop: EventLoopHandle,
+    ) -> std::io::Result<Self> {
+        let queues = device.queue_max_sizes().len();
+        let vectors = queues as u16 + 1;
+        let kind = device.device_type();
+        let class = if kind == TYPE_BLOCK {
+            (0x01, 0x80, 0)
+        } else {
+            (0xff, 0, 0)
+        };
+        let mut config = PciConfig::new(PciIds {
+            vendor: VIRTIO_VENDOR,
+            device: 0x1040 + kind as u16,
+            revision: 1,
+            class,
+            subsystem_vendor: VIRTIO_VENDOR,
+            subsystem: 0x40,
+        });
+        config.set_bar(0, BarKind::Mem64, BAR_SIZE, bar_addr);
+        config.add_capability(VIRTIO_CAP_ID, &virtio_cap(1, COMMON, COMMON_LEN, None));
+        let notify_len = (queues as u64 * u64::from(NOTIFY_MULTIPLIER)).max(4);
+        let notify_cap = virtio_cap(2, NOTIFY, notify_len, Some(NOTIFY_MULTIPLIER));
+        config.add_capability(VIRTIO_CAP_ID, &notify_cap);
+        config.add_capability(VIRTIO_CAP_ID, &virtio_cap(3, ISR, 1, None));
+        config.add_capability(VIRTIO_CAP_ID, &virtio_cap(4, DEVICE_CFG, REGION, None));
+        // The PCI configuration access capability is presented as the spec asks; exitless
+        // does not serve accesses through its window (drivers use the BAR).
+        config.add_capability(
+            VIRTIO_CAP_ID,
+            &[virtio_cap(5, 0, 0, None), vec![0; 4]].concat(),
+        );
+        let body = msix::Msix::capability_body(vectors, 0, MSIX_TABLE as u32, MSIX_PBA as u32);
+        let msix_cap = config.add_capability(msix::CAP_ID, &body);
+        let common = CommonCfg::new(device.features(), device.queue_max_sizes(), vectors);
+        let notify = (0..queues)
+            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok(VirtioPciDevice {
+            name: name.to_string(),
+            config: Mutex::new(config),
+            msix_cap,
+            transport: Mutex::new(Transport {
+                common,
+                device,
+                active: false,
+            }),
+            irq: Arc::new(MsixInterrupt::new(vectors, queues)?),
+            notify,
+            mem,
+            event_loop,
+            faults: AtomicU64::new(0),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The interrupt side: its irqfds to connect as MSI routes.
+    pub fn interrupt(&self) -> &Arc<MsixInterrupt> {
+        &self.irq
+    }
+
+    /// BAR 0's address now (None while the guest has memory decoding off).
+    pub fn bar_address(&self) -> Option<u64> {
+        lock(&self.config).bar_address(0)
+    }
+
+    /// The ioeventfds that take queue notifications in KVM, for BAR 0 at `bar_addr`: one
+    /// zero-length (any width, "fast MMIO") eventfd per queue.
+    pub fn notify_events(&self, bar_addr: u64) -> Vec<(IoEvent, &EventFd)> {
+        self.notify
+            .iter()
+            .enumerate()
+            .map(|(q, evt)| {
+                let addr = bar_addr + NOTIFY + q as u64 * u64::from(NOTIFY_MULTIPLIER);
+                let event = IoEvent {
+                    pio: false,
+                    addr,
+                    len: 0,
+                    datamatch: None,
+                };
+                (event, evt)
+            })
+            .collect()
+    }
+
+    /// Guest accesses that were not valid register accesses.
+    pub fn faults(&self) -> u64 {
+        self.faults.load(Ordering::Relaxed)
+    }
+
+    /// The device's per-queue counters.
+    pub fn counters(&self) -> Arc<[crate::devices::virtio::QueueCounters]> {
+        lock(&self.transport).device.counters()
+    }
+
+    fn fault(&self) {
+        let n = self.faults.fetch_add(1, Ordering::Relaxed);
+        if n == 0 {
+            eprintln!(
+                "{}: guest access to no register ignored (further ones are only counted)",
+                self.name
+            );
+        }
+    }
+
+    fn common_write(&self, offset: u64, data: &[u8]) {
+        let mut t = lock(&self.transport);
+        match t.common.write(offset, data) {
+            CommonEvent::None => {}
+            CommonEvent::Fault => self.fault(),
+            CommonEvent::Vector(queue, vector) => self.irq.set_vector(queue, vector),
+            CommonEvent::Reset => {
+                if t.active {
+                    t.device.reset();
+                }
+                t.active = false;
+                t.common.reset();
+                self.irq.reset();
+            }
+            CommonEvent::DriverOk => self.activate(&mut t),
+        }
+    }
+
+    /// Hands the enabled queues to the device; a queue the guest placed outside its memory
+    /// sets DEVICE_NEEDS_RESET instead.
+    fn activate(&self, t: &mut Transport) {
+        let event_idx = t.common.driver_features & VIRTIO_RING_F_EVENT_IDX != 0;
+        let mut queues = Vec::new();
+        for (index, regs) in t.common.queues.iter().enumerate() {
+            if !regs.enabled {
+                continue;
+            }
+            let built = build_queue(regs, event_idx, &self.mem);
+            let notify = self.notify[index].try_clone();
+            match (built, notify) {
+                (Some(queue), Ok(notify)) => queues.push(ActiveQueue {
+                    index: index as u16,
+                    queue,
+                    notify,
+                }),
+                _ => return self.needs_reset(t, &format!("queue {index} is not usable")),
+            }
+        }
+        let activation = Activation {
+            mem: self.mem.clone(),
+            features: t.common.driver_features,
+            queues,
+            interrupt: self.irq.clone(),
+            event_loop: self.event_loop.clone(),
+        };
+        match t.device.activate(activation) {
+            Ok(()) => t.active = true,
+            Err(e) => self.needs_reset(t, &e.to_string()),
+        }
+    }
+
+    fn needs_reset(&self, t: &mut Transport, why: &str) {
+        eprintln!(
+            "{}: cannot start the device: {why}; it needs a reset",
+            self.name
+        );
+        t.common.status |= STATUS_NEEDS_RESET;
+        t.common.generation = t.common.generation.wrapping_add(1);
+        let _ = self.irq.signal_config();
+    }
+
+    fn notify_write(&self, offset: u64) {
+        // Reached only without ioeventfds (the bench's "notify through the vCPU thread").
+        let q = (offset / u64::from(NOTIFY_MULTIPLIER)) as usize;
+        match self.notify.get(q) {
+            Some(evt) => {
+                let _ = evt.write(1);
+            }
+            None => self.fault(),
+        }
+    }
+}
+
+fn aligned(offset: usize, len: usize) -> bool {
+    matches!(len, 1 | 2 | 4) && offset % len == 0
+}
+
+/// A `virtio_queue::Queue` as the driver programmed it, if it is valid in `mem`.
+fn build_queue(regs: &common::QueueRegs, event_idx: bool, mem: &GuestMemoryMmap) -> Option<Queue> {
+    let mut q = Queue::new(regs.max_size).ok()?;
+    q.set_size(regs.size);
+    let halves = |a: u64| (Some(a as u32), Some((a >> 32) as u32));
+    let (lo, hi) = halves(regs.desc);
+    q.set_desc_table_address(lo, hi);
+    let (lo, hi) = halves(regs.driver);
+    q.set_avail_ring_address(lo, hi);
+    let (lo, hi) = halves(regs.device);
+    q.set_used_ring_address(lo, hi);
+    q.set_event_idx(event_idx);
+    q.set_ready(true);
+    q.is_valid(mem).then_some(q)
+}
+
+impl PciDevice for VirtioPciDevice {
+    fn config_read(&self, offset: usize, data: &mut [u8]) {
+        let config = lock(&self.config);
+        config.read(offset, data);
+        // The MSI-X message control word (bytes 2-3 of the capability's first dword) is live
+        // state; `PciConfig` already refused unaligned or odd-width accesses.
+        let dword = offset & !3;
+        if dword != self.msix_cap || !aligned(offset, data.len()) {
+            return;
+        }
+        let mut bytes = [0u8; 4];
+        config.read(dword, &mut bytes);
+        bytes[2..4].copy_from_slice(&self.irq.control().to_le_bytes());
+        let start = offset - dword;
+        data.copy_from_slice(&bytes[start..start + data.len()]);
+    }
+
+    fn config_write(&self, offset: usize, data: &[u8]) -> Vec<BarChange> {
+        let dword = offset & !3;
+        if dword != self.msix_cap || !aligned(offset, data.len()) {
+            return lock(&self.config).write(offset, data);
+        }
+        // Overlay the written bytes on the capability's first dword; bytes 2-3 are control.
+        let mut bytes = [0u8; 4];
+        self.config_read(dword, &mut bytes);
+        let start = offset - dword;
+        bytes[start..start + data.len()].copy_from_slice(data);
+        if start + data.len() > 2 {
+            self.irq
+                .write_control(u16::from_le_bytes([bytes[2], bytes[3]]));
+        }
+        Vec::new()
+    }
+
+    fn bar_read(&self, bar: u8, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        if bar != 0 {
+            return self.fault();
+        }
+        match offset {
+            o if o < COMMON_LEN => lock(&self.transport).common.read(o, data),
+            ISR => data[0] = self.irq.take_isr(),
+            o if (DEVICE_CFG..DEVICE_CFG + REGION).contains(&o) => lock(&self.transport)
+                .device
+                .read_config(o - DEVICE_CFG, data),
+            o if (MSIX_TABLE..MSIX_PBA).contains(&o) => self.irq.table_read(o - MSIX_TABLE, data),
+            o if (MSIX_PBA..MSIX_PBA + REGION).contains(&o) => {
+                self.irq.pba_read(o - MSIX_PBA, data)
+            }
+            _ => {}
+        }
+    }
+
+    fn bar_write(&self, bar: u8, offset: u64, data: &[u8]) {
+        if bar != 0 {
+            return self.fault();
+        }
+        match offset {
+            o if o < COMMON_LEN => self.common_write(o, data),
+            o if (DEVICE_CFG..DEVICE_CFG + REGION).contains(&o) => lock(&self.transport)
+                .device
+                .write_config(o - DEVICE_CFG, data),
+            o if (NOTIFY..NOTIFY + REGION).contains(&o) => self.notify_write(o - NOTIFY),
+            o if (MSIX_TABLE..MSIX_PBA).contains(&o) => self.irq.table_write(o - MSIX_TABLE, data),
+            _ => self.fault(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
