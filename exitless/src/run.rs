@@ -90,6 +90,13 @@ pub struct RunOptions {
     /// Print a one-line exit summary on stderr every SECS seconds [default: off]
     #[arg(long, value_name = "SECS")]
     profile_interval: Option<f64>,
+    /// A raw disk image as a virtio-blk device (repeatable; readonly=on refuses the guest's
+    /// writes) [default: none]
+    #[arg(long, value_name = "path=FILE[,readonly=on]")]
+    disk: Vec<String>,
+    /// A virtio-rng device fed from the host's getrandom(2) [default: off]
+    #[arg(long)]
+    rng: bool,
     /// Stop the VM after SECS seconds and exit with code 124 [default: no timeout]
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
@@ -136,6 +143,12 @@ fn vm_config(args: &RunOptions) -> anyhow::Result<VmConfig> {
         serial_log: args.serial_log.clone(),
         irqchip: parse(args.irqchip.as_deref())?,
         cpu_affinity: parse(args.cpu_affinity.as_deref())?,
+        disks: args
+            .disk
+            .iter()
+            .map(|d| d.parse())
+            .collect::<Result<_, ConfigError>>()?,
+        rng: args.rng,
     };
     Ok(VmConfig::merge_cli(file, cli)?)
 }

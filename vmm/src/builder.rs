@@ -25,9 +25,11 @@ use crate::boot::params::write_pvh_start_info;
 use crate::boot::{self, cpuid, mptable, msrs, BootError, LinuxBoot};
 use crate::bus::SharedBuses;
 use crate::config::{CpuAffinity, IrqchipMode};
-use crate::device_manager::{BusKind, DeviceManager, DeviceManagerError};
+use crate::device_manager::{BusKind, DeviceManager, DeviceManagerError, Notify};
 use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
 use crate::devices::serial::{self, SerialDevice, SerialOutput};
+use crate::devices::virtio::transport::VirtioPciDevice;
+use crate::devices::virtio::VirtioDevice;
 use crate::event_loop::{EventLoop, EventLoopError};
 use crate::kvm::{self, KvmError};
 use crate::profile::{self, VcpuProfile};
@@ -112,6 +114,7 @@ pub struct VmBuilder {
     spec: VmSpec,
     vm: Vm,
     devices: DeviceManager,
+    event_loop: EventLoop,
     hypercall_rewrite_off: bool,
 }
 
@@ -120,6 +123,8 @@ pub struct BuiltVm {
     pub vm: Vm,
     /// Where device work runs (queue processing, console input): never a vCPU thread.
     pub event_loop: EventLoop,
+    /// The virtio devices, for the profile.
+    pub virtio: Vec<Arc<VirtioPciDevice>>,
     pub vcpus: Vec<Vcpu>,
     pub profiles: Vec<Arc<VcpuProfile>>,
     pub buses: Arc<SharedBuses>,
@@ -151,6 +156,7 @@ impl VmBuilder {
             spec,
             vm,
             devices,
+            event_loop: EventLoop::start()?,
             hypercall_rewrite_off,
         })
     }
@@ -187,6 +193,19 @@ impl VmBuilder {
         Ok(com1)
     }
 
+    /// A virtio device on PCI (virtio-pci with MSI-X); `name` is how the profile shows it.
+    pub fn add_virtio(
+        &mut self,
+        name: &str,
+        device: Box<dyn VirtioDevice>,
+        notify: Notify,
+    ) -> Result<Arc<VirtioPciDevice>, BuildError> {
+        let handle = self.event_loop.handle();
+        Ok(self
+            .devices
+            .add_virtio(name, device, &self.vm.mem, handle, notify)?)
+    }
+
     /// The i8042, for the guest's reset.
     pub fn add_i8042(&mut self) -> Result<(), BuildError> {
         let dev = Arc::new(Mutex::new(I8042::new()));
@@ -198,8 +217,13 @@ impl VmBuilder {
     /// Loads the kernel, writes the boot tables, freezes the devices and creates the vCPUs.
     pub fn build(self, opts: &VcpuOptions) -> Result<BuiltVm, BuildError> {
         let VmBuilder {
-            spec, vm, devices, ..
+            spec,
+            vm,
+            devices,
+            event_loop,
+            ..
         } = self;
+        let virtio = devices.virtio_devices().to_vec();
         let entry = load_kernel(&vm, &spec)?;
         let buses = devices.finish()?;
         let layout = buses.snapshot();
@@ -207,7 +231,8 @@ impl VmBuilder {
         let mmio_count = layout.buses().mmio.names_by_id().len();
         let mut built = BuiltVm {
             vm,
-            event_loop: EventLoop::start()?,
+            event_loop,
+            virtio,
             vcpus: Vec::new(),
             profiles: Vec::new(),
             buses,

@@ -21,6 +21,9 @@ use thiserror::Error;
 
 use crate::memory::MIN_MEMORY;
 
+pub mod disk;
+pub use disk::DiskConfig;
+
 /// Default kernel command line.
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1";
 /// Default guest memory: 512 MiB.
@@ -72,6 +75,8 @@ pub enum ConfigError {
     CmdlineTooLong(usize),
     #[error("Kernel command line contains a NUL byte")]
     CmdlineNul,
+    #[error("Invalid --disk '{input}': {reason}")]
+    Disk { input: String, reason: String },
 }
 
 /// A guest memory size in bytes, always a non-zero multiple of 4 KiB.
@@ -340,6 +345,12 @@ pub struct VmConfig {
     /// vCPU to host CPU pinning.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_affinity: Option<CpuAffinity>,
+    /// Raw disk images, each a virtio-blk device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<DiskConfig>,
+    /// A virtio-rng device fed from the host's random source.
+    #[serde(default)]
+    pub rng: bool,
 }
 
 impl Default for VmConfig {
@@ -353,6 +364,8 @@ impl Default for VmConfig {
             serial_log: None,
             irqchip: IrqchipMode::default(),
             cpu_affinity: None,
+            disks: Vec::new(),
+            rng: false,
         }
     }
 }
@@ -368,6 +381,10 @@ pub struct VmConfigOverrides {
     pub serial_log: Option<PathBuf>,
     pub irqchip: Option<IrqchipMode>,
     pub cpu_affinity: Option<CpuAffinity>,
+    /// Disks given on the command line replace the file's list.
+    pub disks: Vec<DiskConfig>,
+    /// `--rng` turns the device on (it cannot turn the file's off).
+    pub rng: bool,
 }
 
 impl VmConfig {
@@ -420,6 +437,10 @@ impl VmConfig {
         c.serial_log = o.serial_log.or(c.serial_log);
         c.irqchip = o.irqchip.unwrap_or(c.irqchip);
         c.cpu_affinity = o.cpu_affinity.or(c.cpu_affinity);
+        if !o.disks.is_empty() {
+            c.disks = o.disks;
+        }
+        c.rng |= o.rng;
         if c.kernel.as_os_str().is_empty() {
             return Err(ConfigError::NoKernel);
         }
@@ -570,6 +591,8 @@ mod tests {
             serial_log: Some("serial.log".into()),
             irqchip: IrqchipMode::Split,
             cpu_affinity: Some("2,3".parse().unwrap()),
+            disks: vec!["path=a.img,readonly=on".parse().unwrap()],
+            rng: true,
         }
     }
 

@@ -16,8 +16,11 @@ use thiserror::Error;
 use crate::boot::BootError;
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use crate::config::{ConfigError, VmConfig, MAX_VCPUS};
+use crate::device_manager::Notify;
 use crate::devices::console_input::ConsoleInput;
 use crate::devices::serial::{FlushPolicy, SerialDevice, SerialError, SerialOutput};
+use crate::devices::virtio::blk::Block;
+use crate::devices::virtio::rng::Rng;
 use crate::event_loop::EventLoop;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
 use crate::profile::{KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
@@ -48,6 +51,8 @@ pub enum LaunchError {
     Signal(vmm_sys_util::errno::Error),
     #[error("The VM is no longer running")]
     NotRunning,
+    #[error("{0}")]
+    Disk(String),
 }
 
 /// Launch choices that are not part of the VM configuration.
@@ -117,6 +122,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     let mut builder = VmBuilder::new(kvm, spec)?;
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
+    add_virtio_devices(&mut builder, config)?;
     let vcpu_opts = VcpuOptions {
         affinity: config.cpu_affinity.clone(),
         ..VcpuOptions::default()
@@ -142,6 +148,18 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     launched.started = Instant::now();
     launched.running = Some(launched.vm.start(built.vcpus)?);
     Ok(launched)
+}
+
+/// The disks and the entropy source the config asks for, on PCI.
+fn add_virtio_devices(builder: &mut VmBuilder, config: &VmConfig) -> Result<(), LaunchError> {
+    for (i, disk) in config.disks.iter().enumerate() {
+        let blk = Block::open(disk).map_err(|e| LaunchError::Disk(e.to_string()))?;
+        builder.add_virtio(&format!("virtio-blk{i}"), Box::new(blk), Notify::Ioeventfd)?;
+    }
+    if config.rng {
+        builder.add_virtio("virtio-rng", Box::new(Rng::new()), Notify::Ioeventfd)?;
+    }
+    Ok(())
 }
 
 /// An image that does not fit in guest memory is said in the user's terms.

@@ -7,6 +7,8 @@
 //! transport itself on a notify exit), an [`VirtioInterrupt`] to raise the queue's MSI-X
 //! vector, and the device event loop, where all queue work runs (never on a vCPU thread).
 
+pub mod blk;
+pub mod rng;
 pub mod transport;
 
 use std::io;

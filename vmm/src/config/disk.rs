@@ -1,0 +1,88 @@
+//! `--disk path=FILE[,readonly=on]`: a raw image file behind a virtio-blk device.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+/// One disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskConfig {
+    /// The raw image file.
+    pub path: PathBuf,
+    /// The guest may only read it (writes and flushes fail in the guest; the file is opened
+    /// read-only).
+    #[serde(default)]
+    pub readonly: bool,
+}
+
+fn bad(input: &str, reason: String) -> ConfigError {
+    ConfigError::Disk {
+        input: input.to_string(),
+        reason,
+    }
+}
+
+impl FromStr for DiskConfig {
+    type Err = ConfigError;
+
+    /// `path=FILE` with optional `,readonly=on|off`.
+    fn from_str(input: &str) -> Result<Self, ConfigError> {
+        let mut path = None;
+        let mut readonly = false;
+        for part in input.split(',') {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| bad(input, format!("'{part}' is not key=value")))?;
+            match key {
+                "path" if !value.is_empty() => path = Some(PathBuf::from(value)),
+                "readonly" => {
+                    readonly = match value {
+                        "on" | "true" | "yes" => true,
+                        "off" | "false" | "no" => false,
+                        _ => return Err(bad(input, format!("readonly={value}: use on or off"))),
+                    }
+                }
+                _ => {
+                    return Err(bad(
+                        input,
+                        format!("unknown key '{key}' (path=, readonly=)"),
+                    ))
+                }
+            }
+        }
+        let path = path.ok_or_else(|| bad(input, "path=FILE is required".into()))?;
+        Ok(DiskConfig { path, readonly })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disks_parse_and_bad_ones_say_why() {
+        let d: DiskConfig = "path=/tmp/a.img".parse().unwrap();
+        assert_eq!((d.path.to_str(), d.readonly), (Some("/tmp/a.img"), false));
+        let d: DiskConfig = "path=b.img,readonly=on".parse().unwrap();
+        assert!(d.readonly);
+        for (input, why) in [
+            ("b.img", "'b.img' is not key=value"),
+            ("path=a,size=3", "unknown key 'size'"),
+            ("readonly=on", "path=FILE is required"),
+            ("path=a,readonly=maybe", "readonly=maybe: use on or off"),
+            ("path=", "unknown key 'path'"),
+        ] {
+            let e = input.parse::<DiskConfig>().unwrap_err().to_string();
+            assert!(e.starts_with(&format!("Invalid --disk '{input}'")), "{e}");
+            assert!(e.contains(why), "{input}: {e}");
+        }
+        let json: DiskConfig =
+            serde_json::from_str(r#"{"path": "x.img", "readonly": true}"#).unwrap();
+        assert!(json.readonly);
+        assert!(serde_json::from_str::<DiskConfig>(r#"{"path": "x", "ro": 1}"#).is_err());
+    }
+}

@@ -1,0 +1,131 @@
+//! PCI devices in the device manager: BAR placement, the BAR's range on the MMIO bus, queue
+//! notify ioeventfds, MSI-X vectors as irqfds with MSI routes, and what happens when the
+//! guest moves a BAR or reprograms a vector while the VM runs.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use kvm_ioctls::VmFd;
+
+use super::routing::{GsiRouting, MsiMessage};
+use crate::bus::{BusDevice, DeviceEvent, SharedBuses};
+use crate::devices::pci::{BarChange, BarMapper, PciDevice};
+use crate::devices::virtio::transport::{MsiRoutes, VirtioPciDevice, BAR_SIZE};
+use crate::kvm;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One BAR of a PCI device as a bus range: accesses reach `bar_read`/`bar_write`.
+pub struct BarRange {
+    pub device: Arc<dyn PciDevice>,
+    pub bar: u8,
+}
+
+impl BusDevice for BarRange {
+    fn read(&self, offset: u64, data: &mut [u8]) {
+        self.device.bar_read(self.bar, offset, data);
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
+        self.device.bar_write(self.bar, offset, data);
+        Ok(DeviceEvent::None)
+    }
+}
+
+/// MSI route changes from a device's MSI-X table, applied to KVM at once.
+pub struct RouteUpdater {
+    pub routing: Arc<Mutex<GsiRouting>>,
+    pub vm: Arc<VmFd>,
+}
+
+impl MsiRoutes for RouteUpdater {
+    fn set_route(&self, gsi: u32, message: MsiMessage) {
+        let mut routing = lock(&self.routing);
+        match routing.set_msi(gsi, message) {
+            Ok(true) => {
+                if let Err(e) = routing.apply(&self.vm) {
+                    eprintln!("exitless: MSI route for GSI {gsi} not applied: {e}");
+                }
+            }
+            Ok(false) => {}
+            Err(e) => eprintln!("exitless: {e}"),
+        }
+    }
+}
+
+/// Where a virtio-pci device's BAR 0 is mapped.
+pub struct MappedVirtio {
+    pub device: Arc<VirtioPciDevice>,
+    /// Its range id on the MMIO bus.
+    pub range: usize,
+    pub addr: u64,
+    /// Whether its queue notifications are ioeventfds (else they exit to the vCPU thread).
+    pub ioeventfds: bool,
+}
+
+/// Follows BAR moves: the MMIO range and the notify ioeventfds go where the guest put the BAR.
+pub struct PciMapper {
+    pub vm: Arc<VmFd>,
+    pub buses: OnceLock<Arc<SharedBuses>>,
+    pub slots: Mutex<HashMap<u8, MappedVirtio>>,
+}
+
+impl PciMapper {
+    /// The devices by slot.
+    pub fn slots_map(&self) -> &Mutex<HashMap<u8, MappedVirtio>> {
+        &self.slots
+    }
+
+    fn move_bar(&self, m: &mut MappedVirtio, to: u64) -> Result<(), String> {
+        let buses = self.buses.get().ok_or("the buses are not built yet")?;
+        buses
+            .update(|old| {
+                let mut mmio = old.mmio.to_builder();
+                mmio.relocate(m.range, to)?;
+                Ok(crate::bus::Buses {
+                    pio: old.pio.clone(),
+                    mmio: mmio.freeze(),
+                })
+            })
+            .map_err(|e| e.to_string())?;
+        if m.ioeventfds {
+            for (event, evt) in m.device.notify_events(m.addr) {
+                let _ = kvm::ioeventfd(&self.vm, evt, &event, false);
+            }
+            for (event, evt) in m.device.notify_events(to) {
+                kvm::ioeventfd(&self.vm, evt, &event, true).map_err(|e| e.to_string())?;
+            }
+        }
+        m.addr = to;
+        Ok(())
+    }
+}
+
+impl BarMapper for PciMapper {
+    fn bar_moved(&self, slot: u8, change: BarChange) {
+        // Decoding turned off (or a BAR being sized) keeps the old mapping: an access there
+        // still reaches the device, which is harmless; a new address moves it.
+        let (0, Some(to)) = (change.bar, change.new) else {
+            return;
+        };
+        let mut slots = lock(&self.slots);
+        let Some(m) = slots.get_mut(&slot) else {
+            return;
+        };
+        if m.addr == to {
+            return;
+        }
+        if let Err(e) = self.move_bar(m, to) {
+            eprintln!(
+                "exitless: {}: BAR 0 not moved to {to:#x} ({e}); it stays at {:#x}",
+                m.device.name(),
+                m.addr
+            );
+        }
+    }
+}
+
+/// Size BAR 0 of a virtio-pci device takes in the window (its alignment too).
+pub const VIRTIO_BAR_SIZE: u64 = BAR_SIZE;

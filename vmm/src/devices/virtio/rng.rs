@@ -1,0 +1,270 @@
+//! virtio-rng: an entropy source backed by the host's `getrandom(2)`. Its one queue is served
+//! on the device event loop: each chain's device-writable buffers are filled (at most 64 KiB
+//! per chain, so a guest cannot make the host allocate without bound) and returned.
+
+use std::sync::{Arc, Mutex};
+
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber, SubscriberId};
+use virtio_queue::{DescriptorChain, Queue, QueueT};
+use vm_memory::{Bytes, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::{
+    Activation, QueueCounters, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_RNG,
+    VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+};
+use crate::event_loop::EventLoopHandle;
+
+/// Most bytes served for one chain.
+pub const MAX_BYTES_PER_CHAIN: u32 = 64 * 1024;
+const QUEUE_SIZE: u16 = 256;
+
+/// The virtio-rng device model.
+pub struct Rng {
+    counters: Arc<[QueueCounters]>,
+    worker: Option<(EventLoopHandle, SubscriberId)>,
+}
+
+impl Default for Rng {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Rng {
+    pub fn new() -> Self {
+        Rng {
+            counters: Arc::from(vec![QueueCounters::default()]),
+            worker: None,
+        }
+    }
+}
+
+impl VirtioDevice for Rng {
+    fn device_type(&self) -> u32 {
+        TYPE_RNG
+    }
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE]
+    }
+    fn features(&self) -> u64 {
+        VIRTIO_F_VERSION_1 | VIRTIO_RING_F_EVENT_IDX | VIRTIO_RING_F_INDIRECT_DESC
+    }
+    fn read_config(&self, _offset: u64, data: &mut [u8]) {
+        data.fill(0); // virtio-rng has no configuration
+    }
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+
+    fn activate(&mut self, mut a: Activation) -> Result<(), VirtioError> {
+        let Some(q) = a.queues.pop().filter(|q| q.index == 0) else {
+            return Err(VirtioError::QueueCount {
+                device: "virtio-rng".into(),
+                want: 1,
+                got: a.queues.len(),
+            });
+        };
+        let worker = RngWorker {
+            queue: q.queue,
+            notify: q.notify,
+            mem: a.mem,
+            interrupt: a.interrupt,
+            counters: self.counters.clone(),
+        };
+        let id = a
+            .event_loop
+            .add(Arc::new(Mutex::new(worker)))
+            .map_err(|source| VirtioError::EventLoop {
+                device: "virtio-rng".into(),
+                source,
+            })?;
+        self.worker = Some((a.event_loop, id));
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        if let Some((event_loop, id)) = self.worker.take() {
+            let _ = event_loop.remove(id);
+        }
+    }
+
+    fn counters(&self) -> Arc<[QueueCounters]> {
+        self.counters.clone()
+    }
+}
+
+/// The queue's work, on the event loop.
+struct RngWorker {
+    queue: Queue,
+    notify: EventFd,
+    mem: GuestMemoryMmap,
+    interrupt: Arc<dyn VirtioInterrupt>,
+    counters: Arc<[QueueCounters]>,
+}
+
+/// Fills the chain's writable buffers; returns the bytes written, or None for a chain that
+/// has no writable buffer or points outside guest memory.
+fn fill_chain(chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemoryMmap) -> Option<u32> {
+    let mut written = 0u32;
+    let mut any = false;
+    for desc in chain.writable() {
+        any = true;
+        let len = desc.len().min(MAX_BYTES_PER_CHAIN - written);
+        if len == 0 {
+            continue;
+        }
+        let mut bytes = vec![0u8; len as usize];
+        host_random(&mut bytes).ok()?;
+        mem.write_slice(&bytes, desc.addr()).ok()?;
+        written += len;
+    }
+    any.then_some(written)
+}
+
+/// Fills `buf` from the host's entropy pool.
+fn host_random(buf: &mut [u8]) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: getrandom writes at most `rest.len()` bytes into the valid buffer `rest`.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        } else {
+            done += n as usize;
+        }
+    }
+    Ok(())
+}
+
+impl RngWorker {
+    /// Serves every available chain, re-checking after re-enabling notifications (event
+    /// idx), then raises the interrupt if the driver asked for one.
+    fn serve(&mut self) {
+        let counters = &self.counters[0];
+        let mem = &self.mem;
+        loop {
+            if self.queue.disable_notification(mem).is_err() {
+                break;
+            }
+            while let Some(chain) = self.queue.pop_descriptor_chain(mem) {
+                let head = chain.head_index();
+                let len = fill_chain(chain, mem).unwrap_or_else(|| {
+                    QueueCounters::add(&counters.malformed, 1);
+                    0
+                });
+                if self.queue.add_used(mem, head, len).is_err() {
+                    QueueCounters::add(&counters.malformed, 1);
+                }
+                QueueCounters::add(&counters.completed, 1);
+            }
+            if !self.queue.enable_notification(mem).unwrap_or(false) {
+                break;
+            }
+        }
+        if self.queue.needs_notification(mem).unwrap_or(true) {
+            QueueCounters::add(&counters.interrupts, 1);
+            let _ = self.interrupt.signal_queue(0);
+        }
+    }
+}
+
+impl MutEventSubscriber for RngWorker {
+    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+        if self.notify.read().is_ok() {
+            QueueCounters::add(&self.counters[0].notifies, 1);
+        }
+        self.serve();
+    }
+
+    fn init(&mut self, ops: &mut EventOps) {
+        if let Err(e) = ops.add(Events::new(&self.notify, EventSet::IN)) {
+            eprintln!("virtio-rng: cannot watch queue notifications: {e}");
+        }
+        // Work the driver queued before activation is served now.
+        self.serve();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::virtio::ActiveQueue;
+    use crate::event_loop::EventLoop;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::GuestAddress;
+    use vmm_sys_util::eventfd::EFD_NONBLOCK;
+
+    #[derive(Default)]
+    struct CountingIrq(AtomicU64);
+
+    impl VirtioInterrupt for CountingIrq {
+        fn signal_queue(&self, _queue: u16) -> std::io::Result<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn signal_config(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    const WRITE: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_WRITE as u16;
+
+    fn desc(addr: u64, len: u32, flags: u16) -> RawDescriptor {
+        RawDescriptor::from(SplitDescriptor::new(addr, len, flags, 0))
+    }
+
+    fn used_len(vq: &MockSplitQueue<GuestMemoryMmap>, i: u16) -> u32 {
+        vq.used().ring().ref_at(i.into()).unwrap().load().len()
+    }
+
+    #[test]
+    fn buffers_fill_with_random_bytes_and_bad_chains_are_counted() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let vq = MockSplitQueue::new(&mem, 16);
+        // Chain 0: a 64-byte writable buffer. Chain 1: read-only (malformed).
+        // Chain 2: a buffer outside guest memory (malformed).
+        let chains = [
+            desc(0x8000, 64, WRITE),
+            desc(0x9000, 64, 0),
+            desc(0x4000_0000, 64, WRITE),
+        ];
+        vq.add_desc_chains(&chains, 0).unwrap();
+        let rng = Rng::new();
+        let irq = Arc::new(CountingIrq::default());
+        let el = EventLoop::start().unwrap();
+        let notify = EventFd::new(EFD_NONBLOCK).unwrap();
+        let mut dev = rng;
+        let queue: Queue = vq.create_queue().unwrap();
+        dev.activate(Activation {
+            mem: mem.clone(),
+            features: VIRTIO_F_VERSION_1,
+            queues: vec![ActiveQueue {
+                index: 0,
+                queue,
+                notify: notify.try_clone().unwrap(),
+            }],
+            interrupt: irq.clone(),
+            event_loop: el.handle(),
+        })
+        .unwrap();
+        let start = Instant::now();
+        while dev.counters()[0].completed.load(Ordering::Relaxed) < 3 {
+            assert!(start.elapsed() < Duration::from_secs(5), "queue not served");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(used_len(&vq, 0), 64);
+        let mut got = [0u8; 64];
+        mem.read_slice(&mut got, GuestAddress(0x8000)).unwrap();
+        assert!(got.iter().any(|&b| b != got[0]), "random bytes: {got:?}");
+        assert_eq!((used_len(&vq, 1), used_len(&vq, 2)), (0, 0));
+        assert_eq!(dev.counters()[0].malformed.load(Ordering::Relaxed), 2);
+        assert!(irq.0.load(Ordering::SeqCst) >= 1);
+        dev.reset();
+    }
+}
