@@ -5,7 +5,19 @@ use std::env;
 use std::path::PathBuf;
 use std::process::Command;
 
-const SOURCES: &[&str] = &["guest/entry.S", "guest/bench.c"];
+const SOURCES: &[&str] = &[
+    "guest/entry.S",
+    "guest/bench.c",
+    "guest/pci.c",
+    "guest/virtio.c",
+    "guest/virtio_cases.c",
+];
+const HEADERS: &[&str] = &[
+    "guest/layout.h",
+    "guest/guest.h",
+    "guest/virtio.h",
+    "guest/link.ld",
+];
 const FLAGS: &[&str] = &[
     "-ffreestanding",
     "-fno-pic",
@@ -21,10 +33,7 @@ const FLAGS: &[&str] = &[
 ];
 
 fn main() {
-    for f in SOURCES
-        .iter()
-        .chain(["guest/layout.h", "guest/link.ld"].iter())
-    {
+    for f in SOURCES.iter().chain(HEADERS) {
         println!("cargo:rerun-if-changed={f}");
     }
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR is set by cargo"));

@@ -114,7 +114,7 @@ run_user:
     mov %rsp, saved_kernel_rsp(%rip)
     pushq $SEL_UDATA
     push %rdx                       /* user RSP */
-    pushq $0x2                      /* RFLAGS: IF=0 */
+    pushq user_rflags(%rip)         /* RFLAGS: IF=0 unless a case wants interrupts */
     pushq $SEL_UCODE
     lea user_trampoline(%rip), %rax
     push %rax
@@ -147,6 +147,16 @@ ipi_stub:
     push %rax
     incq ipi_count(%rip)
     mov $(APIC_BASE + 0xb0), %eax   /* EOI register; zero-extended */
+    movl $0, (%rax)
+    pop %rax
+    iretq
+
+/* A virtio queue's MSI-X vector: count it and EOI; the driver looks at the used ring. */
+    .globl virtio_irq_stub
+virtio_irq_stub:
+    push %rax
+    incq ipi_count(%rip)
+    mov $(APIC_BASE + 0xb0), %eax
     movl $0, (%rax)
     pop %rax
     iretq
@@ -186,7 +196,8 @@ exc_stub_\vec:
     .data
     .balign 8
 saved_kernel_rsp: .quad 0
-    .globl ipi_count, ud_count
+    .globl ipi_count, ud_count, user_rflags
+user_rflags: .quad 0x2
 ipi_count: .quad 0
 ud_count:  .quad 0
 ap_next:   .long 0

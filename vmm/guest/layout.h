@@ -10,6 +10,7 @@
 #define SEL_KCODE32 0x38    /* 32-bit code, for APs leaving real mode */
 
 #define VEC_IPI          0x40
+#define VEC_VIRTIO       0x50      /* MSI-X vector of the virtio queues the guest drives */
 
 #define APIC_BASE        0xfee00000
 
@@ -20,6 +21,10 @@
 #define BENCH_MMIO       0xd0000000 /* MMIO target in the MMIO gap */
 #define BENCH_MAGIC      0x600dcafe /* value written, for datamatch */
 #define BENCH_MSR        0xc0000102 /* MSR_KERNEL_GS_BASE: harmless */
+
+/* Where the guest puts the BARs of the virtio devices it drives: inside the PCI hole of
+ * exitless (0xc0000000, 256 MiB, which exitless fills from its bottom) and of QEMU's pc. */
+#define PCI_BAR_WINDOW   0xc8000000UL
 
 #define AP_TRAMPOLINE    0x8000   /* SIPI vector 0x08: APs start in real mode here */
 #define AP_STACK_SIZE    4096

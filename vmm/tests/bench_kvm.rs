@@ -188,3 +188,35 @@ fn scaling_runs_every_vm_of_a_point_and_pins_vm_i_to_allowed_cpu_i() {
         }
     }
 }
+
+#[test]
+fn virtio_blk_requests_take_no_userspace_exit_with_ioeventfd_and_msix() {
+    if !kvm_available() {
+        return;
+    }
+    for cfg in ["qd1", "qd32", "qd32-polled"] {
+        let r = run("virtio_blk", cfg);
+        assert_eq!(r.user_exits, 0, "{cfg}");
+        let blk = r.blk.expect("virtio_blk figures");
+        assert_eq!(blk.completed, ITERS, "{cfg}");
+        assert_eq!(blk.malformed, 0, "{cfg}");
+        if cfg == "qd32-polled" {
+            assert_eq!(blk.interrupts, 0, "a polling guest set no vector");
+        } else {
+            assert!(blk.interrupts > 0, "{cfg}: the guest waited for interrupts");
+        }
+    }
+}
+
+#[test]
+fn virtio_blk_notifies_through_the_vcpu_thread_exit_once_each() {
+    if !kvm_available() {
+        return;
+    }
+    let r = run("virtio_blk", "qd1-notify-exits");
+    let blk = r.blk.expect("virtio_blk figures");
+    // At queue depth 1 the guest notifies for every request, and each notify is an exit.
+    assert_eq!(blk.guest_notifies, ITERS);
+    assert_eq!(r.user_exits, ITERS);
+    assert_eq!(blk.completed, ITERS);
+}

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use crate::config::IrqchipMode;
+use crate::device_manager::Notify;
 use crate::vcpu::RegsAccess;
 
 /// What KVM is told about the bench target (port 0x7e0 / MMIO 0xd0000000) before the run.
@@ -33,6 +34,17 @@ pub enum Expect {
     Observe,
 }
 
+/// How a virtio_blk configuration drives its disk: the guest's choices (queue depth, MSI-X
+/// or polling, event idx) and the VMM's (how a queue notification reaches the device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BlkSetup {
+    pub queue_depth: u16,
+    pub notify: Notify,
+    /// Completions interrupt the guest through MSI-X (irqfd); else the guest polls the ring.
+    pub msix: bool,
+    pub event_idx: bool,
+}
+
 /// One way of running a case.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct CaseConfig {
@@ -49,6 +61,8 @@ pub struct CaseConfig {
     pub textbook: Option<&'static str>,
     /// Whether the exit profiler records every exit (off only to measure its own cost).
     pub profiling: bool,
+    /// A virtio-blk disk for the guest's driver (virtio_blk case).
+    pub blk: Option<BlkSetup>,
 }
 
 /// A case: an exit kind and its configurations; the first configuration is the baseline.
@@ -78,7 +92,26 @@ const fn cfg(
         expect_ipis: false,
         textbook: None,
         profiling: true,
+        blk: None,
     }
+}
+
+const fn blk(
+    name: &'static str,
+    queue_depth: u16,
+    notify: Notify,
+    msix: bool,
+    event_idx: bool,
+    expect: Expect,
+) -> CaseConfig {
+    let mut c = cfg(name, "virtio_blk", Target::Unclaimed, expect);
+    c.blk = Some(BlkSetup {
+        queue_depth,
+        notify,
+        msix,
+        event_idx,
+    });
+    c
 }
 
 const fn with_irqchip(mut c: CaseConfig, irqchip: IrqchipMode) -> CaseConfig {
@@ -198,6 +231,19 @@ pub const CASES: &[BenchCase] = &[
         what: "self-IPI through the xAPIC ICR, handler and EOI, at CPL0 (in-kernel LAPIC)",
         rounds: 1,
         configs: &[with_ipis(cfg("in-kernel-lapic", "self_ipi", Unclaimed, NoExit))],
+    },
+    BenchCase {
+        name: "virtio_blk",
+        what: "4 KiB random reads and writes (half each) through the guest's own virtio-pci driver at CPL3, to a disk file in the host page cache",
+        rounds: 3,
+        configs: &[
+            blk("qd1", 1, Notify::Ioeventfd, true, true, NoExit),
+            blk("qd32", 32, Notify::Ioeventfd, true, true, NoExit),
+            blk("qd32-no-event-idx", 32, Notify::Ioeventfd, true, false, NoExit),
+            blk("qd32-polled", 32, Notify::Ioeventfd, false, true, NoExit),
+            blk("qd1-notify-exits", 1, Notify::VcpuThread, true, true, One),
+            blk("qd32-notify-exits", 32, Notify::VcpuThread, true, true, AtMost(1.0)),
+        ],
     },
     BenchCase {
         name: "regs",

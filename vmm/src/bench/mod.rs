@@ -1,6 +1,7 @@
 //! The exit lab: `exitless bench` runs each case's configurations in fresh VMs and reports
 //! what every exit kind costs and what each exit-avoiding technique saves.
 
+pub mod blk;
 pub mod cases;
 pub mod guest;
 pub mod host;

@@ -157,6 +157,19 @@ pub fn render_table(report: &BenchReport) -> String {
 
 fn render_notes(report: &BenchReport, out: &mut String) {
     for row in &report.rows {
+        if let Some(b) = &row.run.blk {
+            let n = row.run.iterations.max(1) as f64;
+            let _ = writeln!(
+                out,
+                "virtio_blk/{}: {:.0} requests/s; per request {:.3} guest notifies, {:.3} interrupts",
+                row.run.config.name,
+                b.requests_per_second,
+                b.guest_notifies as f64 / n,
+                b.interrupts as f64 / n
+            );
+        }
+    }
+    for row in &report.rows {
         for o in &row.run.observations {
             let _ = writeln!(out, "note: {}/{}: {o}", row.run.case, row.run.config.name);
         }
@@ -216,6 +229,7 @@ pub(crate) mod tests {
             io_devices: vec!["com1".into()],
             profile: crate::profile::VcpuProfile::new(0, 1, 0).snapshot(),
             guest_output: String::new(),
+            blk: None,
             problems: vec![],
             observations: vec![],
         }

@@ -16,6 +16,10 @@ pub struct GuestResult {
     pub ipis: u64,
     /// #UD exceptions the guest skipped during the loop.
     pub uds: u64,
+    /// Queue notifications the guest's virtio driver sent (virtio cases only).
+    pub notifies: Option<u64>,
+    /// Requests the device answered with an error status (virtio cases only).
+    pub io_errors: Option<u64>,
 }
 
 /// A line the guest printed, as exitless understands it.
@@ -54,6 +58,14 @@ fn number<T: std::str::FromStr>(line: &str, key: &'static str) -> Result<T, Pars
         .map_err(|_| ParseError::BadValue(key, line.to_string()))
 }
 
+/// A field only some cases print: None when absent, an error when malformed.
+fn optional<T: std::str::FromStr>(line: &str, key: &'static str) -> Result<Option<T>, ParseError> {
+    match field(line, key) {
+        Ok(_) => number(line, key).map(Some),
+        Err(_) => Ok(None),
+    }
+}
+
 /// Parses one line of guest output.
 pub fn parse_line(line: &str) -> Result<GuestLine, ParseError> {
     let line = line.trim_end_matches(['\r', '\n']);
@@ -77,6 +89,8 @@ pub fn parse_line(line: &str) -> Result<GuestLine, ParseError> {
             empty: number(line, "empty")?,
             ipis: number(line, "ipis")?,
             uds: number(line, "uds")?,
+            notifies: optional(line, "notifies")?,
+            io_errors: optional(line, "io_errors")?,
         }),
         _ => GuestLine::Other(line.to_string()),
     })
@@ -104,6 +118,17 @@ mod tests {
             ("pio_out", 3, 1000, 120000, 2000)
         );
         assert_eq!(r.cycles_per_iter(), 118.0);
+        assert_eq!((r.notifies, r.io_errors), (None, None));
+        let l = "EXITLESS RESULT case=virtio_blk cpl=3 iters=10 cycles=9 empty=1 ipis=2 uds=0 qd=4 notifies=3 io_errors=0";
+        let GuestLine::Result(r) = parse_line(l).unwrap() else {
+            panic!("not a result")
+        };
+        assert_eq!((r.notifies, r.io_errors), (Some(3), Some(0)));
+        let bad = l.replace("notifies=3", "notifies=x");
+        assert_eq!(
+            parse_line(&bad),
+            Err(ParseError::BadValue("notifies", bad.clone()))
+        );
     }
 
     #[test]
@@ -152,6 +177,8 @@ mod tests {
             empty: 9,
             ipis: 0,
             uds: 0,
+            notifies: None,
+            io_errors: None,
         };
         assert_eq!(r.cycles_per_iter(), 0.0);
     }

@@ -9,6 +9,7 @@ use serde::Serialize;
 use thiserror::Error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::blk::{self, AttachedBlk};
 use super::cases::{BenchCase, CaseConfig, Expect, Target};
 use super::guest;
 use super::result::{parse_line, GuestLine, GuestResult, ParseError};
@@ -50,6 +51,8 @@ pub enum RunError {
     NoResult(String),
     #[error("The guest did not mark its measured loop")]
     NoMarkers,
+    #[error("{0}")]
+    Disk(String),
 }
 
 /// What one configuration measured, with the checks it passed or failed.
@@ -84,6 +87,8 @@ pub struct ConfigRun {
     /// Everything the guest printed.
     #[serde(skip)]
     pub guest_output: String,
+    /// The virtio_blk case's request figures.
+    pub blk: Option<super::blk::BlkFigures>,
     /// Where the run broke the configuration's design; non-empty means an error.
     pub problems: Vec<String>,
     /// What this host did that a VT-x/SVM host would not.
@@ -96,6 +101,9 @@ struct Prepared {
     vcpu: Vcpu,
     serial: LineCapture,
     ioeventfd: Option<EventFd>,
+    blk: Option<AttachedBlk>,
+    /// Serves the virtio queues while the VM runs.
+    _event_loop: crate::event_loop::EventLoop,
 }
 
 /// The bench guest's own ports: COM1 (captured, not printed), the exit port and the marker
@@ -124,7 +132,11 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
     let spec = VmSpec {
         kernel: KernelImage::Embedded(guest::BENCH_GUEST),
         initrd: None,
-        cmdline: format!("case={} iters={iterations}", config.guest_case),
+        cmdline: format!(
+            "case={} iters={iterations}{}",
+            config.guest_case,
+            config.blk.as_ref().map(blk::guest_args).unwrap_or_default()
+        ),
         memory: GUEST_MEMORY,
         cpus: 1,
         irqchip: config.irqchip,
@@ -138,6 +150,10 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
     let serial = LineCapture::default();
     add_bench_ports(&mut builder, &serial)?;
     let ioeventfd = setup_target(builder.devices(), config.target)?;
+    let blk = match config.blk {
+        Some(setup) => Some(blk::attach(&mut builder, setup)?),
+        None => None,
+    };
     let opts = VcpuOptions {
         regs: config.regs,
         profiling: config.profiling,
@@ -155,6 +171,8 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
         vcpu,
         serial,
         ioeventfd,
+        blk,
+        _event_loop: built.event_loop,
     })
 }
 
@@ -262,6 +280,9 @@ pub fn run_config_placed(
         run.kvm_stats = deltas.into_iter().filter(|(_, v)| *v != 0).collect();
     }
     check(&mut run, config);
+    if let Some(b) = &p.blk {
+        blk::finish(&mut run, b, &result);
+    }
     Ok(run)
 }
 
@@ -315,6 +336,7 @@ fn measure(
         profile,
         io_devices: Vec::new(),
         guest_output: String::new(),
+        blk: None,
         problems: Vec::new(),
         observations: Vec::new(),
     }

@@ -44,7 +44,7 @@ pub enum DeviceManagerError {
 }
 
 /// How a virtio device's queue notifications reach it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Notify {
     /// A zero-length ioeventfd per queue: KVM signals it, no exit to userspace.
     Ioeventfd,

@@ -58,8 +58,9 @@ pub enum VirtioError {
 /// Implemented by the transport: an MSI-X vector through an irqfd, held pending in the PBA
 /// while masked, nothing when the driver chose no vector and polls.
 pub trait VirtioInterrupt: Send + Sync {
-    /// Raises the interrupt of queue `queue`.
-    fn signal_queue(&self, queue: u16) -> io::Result<()>;
+    /// Raises the interrupt of queue `queue`; false if the driver gave the queue no vector
+    /// (it polls), so nothing was raised.
+    fn signal_queue(&self, queue: u16) -> io::Result<bool>;
     /// Raises the configuration-change interrupt.
     fn signal_config(&self) -> io::Result<()>;
 }

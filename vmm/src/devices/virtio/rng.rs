@@ -164,9 +164,10 @@ impl RngWorker {
                 break;
             }
         }
-        if self.queue.needs_notification(mem).unwrap_or(true) {
+        if self.queue.needs_notification(mem).unwrap_or(true)
+            && matches!(self.interrupt.signal_queue(0), Ok(true))
+        {
             QueueCounters::add(&counters.interrupts, 1);
-            let _ = self.interrupt.signal_queue(0);
         }
     }
 }
@@ -204,9 +205,9 @@ mod tests {
     struct CountingIrq(AtomicU64);
 
     impl VirtioInterrupt for CountingIrq {
-        fn signal_queue(&self, _queue: u16) -> std::io::Result<()> {
+        fn signal_queue(&self, _queue: u16) -> std::io::Result<bool> {
             self.0.fetch_add(1, Ordering::SeqCst);
-            Ok(())
+            Ok(true)
         }
         fn signal_config(&self) -> std::io::Result<()> {
             Ok(())

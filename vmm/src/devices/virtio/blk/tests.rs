@@ -27,9 +27,9 @@ const USED_RING: u64 = 0x8000;
 struct Irq(AtomicU64);
 
 impl VirtioInterrupt for Irq {
-    fn signal_queue(&self, _: u16) -> std::io::Result<()> {
+    fn signal_queue(&self, _: u16) -> std::io::Result<bool> {
         self.0.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+        Ok(true)
     }
     fn signal_config(&self) -> std::io::Result<()> {
         Ok(())

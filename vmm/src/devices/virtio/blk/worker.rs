@@ -13,8 +13,9 @@ impl BlockWorker {
     /// Raises the queue's interrupt if the driver asked for one (event idx may say no).
     fn maybe_signal(&mut self) {
         if self.queue.needs_notification(&self.mem).unwrap_or(true) {
-            QueueCounters::add(&self.counters[0].interrupts, 1);
-            let _ = self.interrupt.signal_queue(0);
+            if let Ok(true) = self.interrupt.signal_queue(0) {
+                QueueCounters::add(&self.counters[0].interrupts, 1);
+            }
         }
     }
 

@@ -91,14 +91,15 @@ impl MsixInterrupt {
         self.config_vector.store(NO_VECTOR, Ordering::Release);
     }
 
-    fn fire(&self, vector: u16) -> io::Result<()> {
+    /// Sends `vector` (or leaves it pending while masked); false for no vector.
+    fn fire(&self, vector: u16) -> io::Result<bool> {
         if vector == NO_VECTOR {
-            return Ok(()); // the driver polls
+            return Ok(false); // the driver polls
         }
         if self.msix().trigger(vector) {
             self.irqfds[usize::from(vector)].write(1)?;
         }
-        Ok(())
+        Ok(true)
     }
 
     fn deliver(&self, vectors: &[u16]) {
@@ -149,7 +150,7 @@ impl MsixInterrupt {
 }
 
 impl VirtioInterrupt for MsixInterrupt {
-    fn signal_queue(&self, queue: u16) -> io::Result<()> {
+    fn signal_queue(&self, queue: u16) -> io::Result<bool> {
         self.isr.fetch_or(ISR_QUEUE, Ordering::AcqRel);
         let vector = self
             .queue_vectors
@@ -161,6 +162,7 @@ impl VirtioInterrupt for MsixInterrupt {
     fn signal_config(&self) -> io::Result<()> {
         self.isr.fetch_or(ISR_CONFIG, Ordering::AcqRel);
         self.fire(self.config_vector.load(Ordering::Acquire))
+            .map(drop)
     }
 }
 
@@ -197,7 +199,7 @@ mod tests {
                 }
             ))
         );
-        irq.signal_queue(0).unwrap();
+        assert!(irq.signal_queue(0).unwrap(), "masked: left pending");
         assert!(
             irq.irqfds()[1].read().is_err(),
             "masked: nothing delivered yet"
@@ -213,8 +215,11 @@ mod tests {
         assert_eq!(irq.take_isr(), ISR_QUEUE);
         // No vector: the driver polls; nothing is raised, nothing breaks.
         irq.set_vector(Some(0), NO_VECTOR);
-        irq.signal_queue(0).unwrap();
-        irq.signal_queue(9).unwrap();
+        assert!(
+            !irq.signal_queue(0).unwrap(),
+            "nothing raised without a vector"
+        );
+        assert!(!irq.signal_queue(9).unwrap());
         assert!(irq.irqfds()[1].read().is_err());
     }
 }

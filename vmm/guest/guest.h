@@ -1,0 +1,79 @@
+/* What the bench guest's C files share: types, port and MMIO access, the console, the
+ * command line, the CPL3 trampoline. */
+#ifndef EXITLESS_GUEST_H
+#define EXITLESS_GUEST_H
+
+#include "layout.h"
+
+typedef unsigned long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+static inline void outb(u16 port, u8 v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(port)); }
+static inline void outw(u16 port, u16 v) { __asm__ volatile("outw %0, %1" ::"a"(v), "Nd"(port)); }
+static inline void outl(u16 port, u32 v) { __asm__ volatile("outl %0, %1" ::"a"(v), "Nd"(port)); }
+
+static inline u8 inb(u16 port)
+{
+    u8 v;
+    __asm__ volatile("inb %1, %0" : "=a"(v) : "Nd"(port));
+    return v;
+}
+
+static inline u16 inw(u16 port)
+{
+    u16 v;
+    __asm__ volatile("inw %1, %0" : "=a"(v) : "Nd"(port));
+    return v;
+}
+
+static inline u32 inl(u16 port)
+{
+    u32 v;
+    __asm__ volatile("inl %1, %0" : "=a"(v) : "Nd"(port));
+    return v;
+}
+
+static inline u8 mmio_read8(u64 addr) { return *(volatile u8 *)addr; }
+static inline u16 mmio_read16(u64 addr) { return *(volatile u16 *)addr; }
+static inline u32 mmio_read32(u64 addr) { return *(volatile u32 *)addr; }
+static inline void mmio_write8(u64 addr, u8 v) { *(volatile u8 *)addr = v; }
+static inline void mmio_write16(u64 addr, u16 v) { *(volatile u16 *)addr = v; }
+static inline void mmio_write32(u64 addr, u32 v) { *(volatile u32 *)addr = v; }
+static inline void mmio_write64(u64 addr, u64 v)
+{
+    mmio_write32(addr, (u32)v);
+    mmio_write32(addr + 4, (u32)(v >> 32));
+}
+
+/* Orders this CPU's stores before its later loads (the notify and interrupt checks). */
+static inline void full_barrier(void) { __asm__ volatile("mfence" ::: "memory"); }
+static inline void compiler_barrier(void) { __asm__ volatile("" ::: "memory"); }
+
+static inline u64 rdtsc(void)
+{
+    u32 lo, hi;
+    __asm__ volatile("lfence; rdtsc" : "=a"(lo), "=d"(hi)::"memory");
+    return ((u64)hi << 32) | lo;
+}
+
+void *memset(void *d, int c, u64 n);
+void *memcpy(void *d, const void *s, u64 n);
+
+void puts_(const char *s);
+void put_u64(u64 v);
+void put_hex(u64 v);
+void guest_exit(u32 status);
+
+const char *find_arg(const char *cmdline, const char *key);
+int arg_is(const char *cmdline, const char *key, const char *value);
+u64 parse_u64(const char *s);
+
+/* Runs fn(arg) at CPL3 (RFLAGS from user_rflags) and returns its result. */
+u64 run_user(u64 (*fn)(u64), u64 arg, void *user_stack_top);
+extern u64 user_rflags;
+/* Interrupts the guest handled (self-IPIs and virtio MSI-X vectors). */
+extern u64 ipi_count;
+
+#endif

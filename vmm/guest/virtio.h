@@ -1,0 +1,96 @@
+/* The bench guest's PCI and virtio-pci (modern, virtio 1.x) driver: enough to find a
+ * device on bus 0, give it BARs, negotiate features, set up split queues with MSI-X, and
+ * drive them. Everything runs at CPL3 (I/O bitmap open, low 4 GiB user-mapped). */
+#ifndef EXITLESS_VIRTIO_H
+#define EXITLESS_VIRTIO_H
+
+#include "guest.h"
+
+#define PCI_VENDOR_VIRTIO   0x1af4
+#define PCI_DEVICE_VIRTIO_BLK 0x1042  /* 0x1040 + device id 2 */
+#define PCI_DEVICE_VIRTIO_RNG 0x1044  /* 0x1040 + device id 4 */
+
+/* ---- PCI bus 0 through 0xcf8/0xcfc ---- */
+u32 pci_read32(u8 slot, u8 reg);
+u16 pci_read16(u8 slot, u8 reg);
+u8 pci_read8(u8 slot, u8 reg);
+void pci_write32(u8 slot, u8 reg, u32 v);
+void pci_write16(u8 slot, u8 reg, u16 v);
+/* The first slot on bus 0 whose function 0 is vendor:device, or -1. */
+int pci_find(u16 vendor, u16 device);
+/* Sizes and places every memory BAR of `slot` in PCI_BAR_WINDOW, then turns on memory
+ * decoding and bus mastering; bars[i] is BAR i's address (0 when unused). */
+void pci_assign_bars(u8 slot, u64 bars[6]);
+
+/* ---- virtio-pci transport ---- */
+#define VIRTIO_F_VERSION_1        (1UL << 32)
+#define VIRTIO_RING_F_EVENT_IDX   (1UL << 29)
+#define VIRTIO_NO_VECTOR          0xffff
+
+#define VRING_DESC_F_NEXT  1
+#define VRING_DESC_F_WRITE 2
+#define VRING_USED_F_NO_NOTIFY 1
+
+/* The largest queue the guest sets up (smaller if the device says so). */
+#define VQ_MAX 128
+
+struct vring_desc {
+    u64 addr;
+    u32 len;
+    u16 flags, next;
+};
+
+struct vring_used_elem {
+    u32 id, len;
+};
+
+struct virtio_dev {
+    u8 slot;
+    u64 common, isr, device_cfg, notify;
+    u32 notify_mult;
+    u64 msix_table;
+    u16 msix_entries;
+    u64 features;
+};
+
+struct vring {
+    u16 size, index;
+    struct vring_desc *desc;
+    volatile u16 *avail;                 /* flags, idx, ring[size], used_event */
+    volatile u16 *used;                  /* flags, idx, then elements; avail_event after */
+    u16 avail_idx, kicked_idx, last_used;
+    int event_idx;
+    u64 notify_addr;
+    u64 notifies;
+};
+
+/* Finds the virtio capabilities (and MSI-X) of `slot`, whose BARs are placed; 0 or why not. */
+const char *virtio_open(struct virtio_dev *d, u8 slot);
+/* Resets the device and negotiates `wanted` (VERSION_1 is required); 0 or why not. */
+const char *virtio_negotiate(struct virtio_dev *d, u64 wanted);
+/* Sets up queue `index` in `mem` (VQ_MAX entries' worth), interrupts to MSI-X entry `vector`
+ * (VIRTIO_NO_VECTOR: none); 0 or why not. */
+const char *virtio_queue(struct virtio_dev *d, struct vring *vq, u16 index, u16 vector);
+/* Points MSI-X table entry `entry` at this CPU's LAPIC with vector `vec`, enables MSI-X. */
+void virtio_msix(struct virtio_dev *d, u16 entry, u8 vec);
+void virtio_driver_ok(struct virtio_dev *d);
+
+/* Makes the chain starting at `head` available (not yet notified). */
+void vring_post(struct vring *vq, u16 head);
+/* Notifies the device of what was posted, unless it said it does not need to know. */
+void vring_kick(struct vring *vq);
+/* The next used element, if any: returns 1 and fills *e. */
+int vring_take(struct vring *vq, struct vring_used_elem *e);
+/* Asks for an interrupt at the next completion; returns 1 if one is already there. */
+int vring_arm(struct vring *vq);
+
+/* ---- the cases (virtio_cases.c) ---- */
+/* Finds and sets up the virtio-blk device as the command line says (qd=, irq=poll,
+ * evidx=off, seed=); 0 or why the case cannot run. */
+const char *virtio_blk_setup(const char *cmdline);
+u64 loop_virtio_blk(u64 n);
+u64 loop_virtio_check(u64 blocks);
+/* The virtio_blk result line's own fields. */
+void report_virtio_blk(void);
+
+#endif
