@@ -3,26 +3,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::Stream;
-
-fn exitless() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_exitless"))
-}
-
-fn export_guest(tag: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("exitless-{tag}-{}.elf", std::process::id()));
-    let o = exitless()
-        .args(["bench", "--export-guest"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    path
-}
+use common::{exitless, export_guest, qemu, Stream};
 
 fn kvm_available() -> bool {
     let ok = Path::new("/dev/kvm").exists();
@@ -78,23 +63,11 @@ fn every_vcpu_of_an_smp_guest_reports_in_with_its_apic_id() {
     assert!(out.contains("EXITLESS SMP cpus=3 up=3 bsp_apic=0"), "{out}");
 }
 
-fn qemu() -> Option<&'static str> {
-    let found = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        vmm::test_skip::skip(
-            "qemu_boots_the_exported_guest",
-            "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)",
-        );
-    }
-    found.then_some("qemu-system-x86_64")
-}
-
 #[test]
 fn qemu_boots_the_exported_guest_and_it_reports_results() {
-    let Some(qemu) = qemu() else { return };
+    let Some(qemu) = qemu("qemu_boots_the_exported_guest") else {
+        return;
+    };
     let guest = export_guest("qemu");
     let o = Command::new("timeout")
         .args([

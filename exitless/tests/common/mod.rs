@@ -1,4 +1,7 @@
-//! Shared by the integration tests: a child's output read as it comes, waited on with a limit.
+//! Shared by the integration tests: a child's output read as it comes, waited on with a limit;
+//! the exitless binary, the exported bench guest and QEMU.
+// Each test file uses its own part of this module.
+#![allow(dead_code)]
 
 use std::io::Read;
 use std::sync::mpsc::{channel, Receiver};
@@ -47,4 +50,36 @@ impl Stream {
     pub fn read_to_end(&mut self, limit: Duration) {
         self.wait_for(limit, |_| false);
     }
+}
+
+/// The exitless binary under test.
+pub fn exitless() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_exitless"))
+}
+
+/// The embedded bench guest written to a file of its own (`tag` keeps tests apart).
+pub fn export_guest(tag: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("exitless-{tag}-{}.elf", std::process::id()));
+    let o = exitless()
+        .args(["bench", "--export-guest"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    path
+}
+
+/// QEMU's x86-64 system emulator, if installed (else `test` is reported skipped).
+pub fn qemu(test: &str) -> Option<&'static str> {
+    let found = std::process::Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        vmm::test_skip::skip(
+            test,
+            "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)",
+        );
+    }
+    found.then_some("qemu-system-x86_64")
 }
