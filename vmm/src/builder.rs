@@ -224,7 +224,7 @@ impl VmBuilder {
             ..
         } = self;
         let virtio = devices.virtio_devices().to_vec();
-        let entry = load_kernel(&vm, &spec)?;
+        let entry = load_kernel(&vm, &spec, &devices.acpi_platform())?;
         let buses = devices.finish()?;
         let layout = buses.snapshot();
         let io_names = layout.buses().pio.names_by_id();
@@ -272,7 +272,11 @@ impl VmBuilder {
 }
 
 /// Loads the kernel and everything it reads at boot.
-fn load_kernel(vm: &Vm, spec: &VmSpec) -> Result<BootEntry, BuildError> {
+fn load_kernel(
+    vm: &Vm,
+    spec: &VmSpec,
+    platform: &boot::acpi::AcpiPlatform,
+) -> Result<BootEntry, BuildError> {
     match &spec.kernel {
         KernelImage::File(path) => {
             let cpus = usize::from(spec.cpus);
@@ -282,6 +286,7 @@ fn load_kernel(vm: &Vm, spec: &VmSpec) -> Result<BootEntry, BuildError> {
                 spec.initrd.as_deref(),
                 &spec.cmdline,
                 cpus,
+                platform,
             )?;
             // The ACPI tables (the MADT lists every vCPU) are written by
             // `configure_linux_boot`; the MP table, for kernels without ACPI, only where it

@@ -1,266 +1,197 @@
-//! Minimal ACPI tables: how a kernel without MP table support (`CONFIG_X86_MPPARSE` off) finds
-//! its CPUs and I/O APIC. Written from the ACPI 6.5 specification into the BIOS area, which the
-//! E820 map reserves:
+//! ACPI tables through the `acpi_tables` crate: how a kernel without MP table support
+//! (`CONFIG_X86_MPPARSE` off) finds its CPUs and I/O APIC, and how it finds PCI. Written into
+//! the BIOS area, which the E820 map reserves:
 //!
 //! - RSDP (revision 2) at [`RSDP_START`], where Linux's scan of 0xe0000..0x100000 also finds it;
-//! - XSDT listing the FADT and the MADT;
-//! - FADT (revision 6.5) for a hardware-reduced platform: no PM timer, SCI or fixed registers;
-//! - DSDT with a header and no AML;
-//! - MADT with one Processor Local APIC per vCPU and the I/O APIC.
+//! - XSDT listing the FADT, the MADT and (with PCI) the MCFG;
+//! - FADT (6.5) for a hardware-reduced platform: no PM timer, SCI or fixed registers;
+//! - DSDT whose AML the devices contribute (see [`AcpiPlatform`]);
+//! - MADT with one Processor Local APIC per vCPU and the I/O APIC;
+//! - MCFG with the PCI ECAM range, when the VM has PCI.
 //!
-//! Each table starts on a 16-byte boundary after the previous one; all of them fit between
-//! [`RSDP_START`] and [`ACPI_MAX_END`].
+//! Each table starts on a 16-byte boundary after the previous one, between [`RSDP_START`] and
+//! [`ACPI_MAX_END`].
 
+use acpi_tables::fadt::{FADTBuilder, Flags};
+use acpi_tables::madt::{
+    EnabledStatus, IoApic, LocalInterruptController, ProcessorLocalApic, MADT,
+};
+use acpi_tables::mcfg::MCFG;
+use acpi_tables::rsdp::Rsdp;
+use acpi_tables::sdt::Sdt;
+use acpi_tables::xsdt::XSDT;
+use acpi_tables::Aml;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::e820::{EBDA_START, HIGH_MEMORY_START};
-use super::mptable::{checksum_byte, TableBytes, IOAPIC_ADDR, LAPIC_ADDR, MPTABLE_MAX_END};
+use super::mptable::{checksum_byte, IOAPIC_ADDR, LAPIC_ADDR, MPTABLE_MAX_END};
 use super::BootError;
 
 /// Guest address of the RSDP, the first of the tables.
 pub const RSDP_START: u64 = 0xe_0000;
-/// End (exclusive) of the space reserved for the tables.
-pub const ACPI_MAX_END: u64 = 0xe_1000;
+/// End (exclusive) of the space for the tables: the rest of the reserved BIOS area.
+pub const ACPI_MAX_END: u64 = HIGH_MEMORY_START;
 /// Most vCPUs the MADT describes: APIC IDs are 8 bits, 0xff is the broadcast ID, and the I/O
 /// APIC takes the ID after the last vCPU (as in the MP table).
 pub const MAX_ACPI_VCPUS: usize = 254;
 
 /// OEM fields of every table.
-const OEM_ID: &[u8; 6] = b"EXITLS";
-const OEM_TABLE_ID: &[u8; 8] = b"EXITLESS";
+const OEM_ID: [u8; 6] = *b"EXITLS";
+const OEM_TABLE_ID: [u8; 8] = *b"EXITLESS";
 const OEM_REVISION: u32 = 1;
-const CREATOR_ID: &[u8; 4] = b"EXLS";
-const CREATOR_REVISION: u32 = 1;
 
-/// Size of the header all system description tables share.
+/// Size of the header all system description tables share; the checksum byte's offset in it.
 const HEADER_SIZE: usize = 36;
-/// Offset of the checksum byte in that header.
 const HEADER_CHECKSUM: usize = 9;
-/// Size of a revision 2 RSDP, and the prefix the revision 0 checksum covers.
-const RSDP_SIZE: usize = 36;
-const RSDP_V1_SIZE: usize = 20;
-const RSDP_CHECKSUM: usize = 8;
-const RSDP_EXT_CHECKSUM: usize = 32;
-const RSDP_REVISION: u8 = 2;
-/// Sizes of the other tables (the MADT's depends on the vCPU count).
-const XSDT_SIZE: usize = HEADER_SIZE + 2 * 8;
-const FADT_SIZE: usize = 276;
-const DSDT_SIZE: usize = HEADER_SIZE;
-const MADT_FIXED_SIZE: usize = HEADER_SIZE + 8 + IOAPIC_ENTRY_SIZE;
-const LOCAL_APIC_ENTRY_SIZE: usize = 8;
-const IOAPIC_ENTRY_SIZE: usize = 12;
-/// Size of a Generic Address Structure.
-const GAS_SIZE: usize = 12;
+/// DSDT revision 2: 64-bit AML integers.
+const DSDT_REVISION: u8 = 2;
 /// Alignment of every table.
 const TABLE_ALIGN: u64 = 16;
 
-/// Table revisions: XSDT 1, FADT 6 (minor 5: ACPI 6.5), DSDT 2 (64-bit AML integers), MADT 5.
-const XSDT_REVISION: u8 = 1;
-const FADT_REVISION: u8 = 6;
-const FADT_MINOR_REVISION: u8 = 5;
-const DSDT_REVISION: u8 = 2;
-const MADT_REVISION: u8 = 5;
-
-/// FADT IAPC_BOOT_ARCH: no VGA, no CMOS RTC. The 8042 bit stays clear: the i8042 device only
-/// takes the reset command (which Linux sends to port 0x64 regardless of this flag).
+/// FADT IAPC_BOOT_ARCH: no VGA, no CMOS RTC (so the guest probes neither). The 8042 bit stays
+/// clear: the i8042 device only takes the reset command (which Linux sends regardless).
 const BOOT_ARCH_VGA_NOT_PRESENT: u16 = 1 << 2;
 const BOOT_ARCH_CMOS_RTC_NOT_PRESENT: u16 = 1 << 5;
-/// FADT flags: HW_REDUCED_ACPI, so the OS expects no PM timer, SCI or fixed-feature registers.
-pub const FADT_HW_REDUCED_ACPI: u32 = 1 << 20;
 /// FADT hypervisor vendor identity.
 const HYPERVISOR_VENDOR: &[u8; 8] = b"EXITLESS";
 
-/// MADT flags: the platform also has dual 8259 PICs (KVM's in-kernel irqchip provides them).
+/// MADT flags (offset 40): the platform also has dual 8259 PICs (KVM's in-kernel irqchip).
+const MADT_FLAGS_OFFSET: usize = 40;
 const MADT_PCAT_COMPAT: u32 = 1;
-const MADT_LOCAL_APIC: u8 = 0;
-const MADT_IO_APIC: u8 = 1;
-const LOCAL_APIC_ENABLED: u32 = 1;
 
 const _: () = assert!(EBDA_START < RSDP_START && MPTABLE_MAX_END <= RSDP_START);
-const _: () = assert!(ACPI_MAX_END <= HIGH_MEMORY_START);
-const _: () = assert!(table_end(MAX_ACPI_VCPUS) <= ACPI_MAX_END);
 
-/// Guest addresses of the tables for a given vCPU count.
+/// PCI Express enhanced configuration space (ECAM) for the MCFG: segment 0, buses 0..=`last_bus`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AcpiLayout {
-    pub rsdp: GuestAddress,
-    pub xsdt: GuestAddress,
-    pub fadt: GuestAddress,
-    pub dsdt: GuestAddress,
-    pub madt: GuestAddress,
-    /// First address after the MADT.
-    pub end: GuestAddress,
+pub struct Ecam {
+    pub base: u64,
+    pub last_bus: u8,
 }
 
-const fn align_up(addr: u64) -> u64 {
-    addr.next_multiple_of(TABLE_ALIGN)
-}
-
-const fn madt_size(vcpu_count: usize) -> usize {
-    MADT_FIXED_SIZE + vcpu_count * LOCAL_APIC_ENTRY_SIZE
-}
-
-/// Address of each table: RSDP, XSDT, FADT, DSDT, MADT, end.
-const fn table_addrs(vcpu_count: usize) -> [u64; 6] {
-    let xsdt = align_up(RSDP_START + RSDP_SIZE as u64);
-    let fadt = align_up(xsdt + XSDT_SIZE as u64);
-    let dsdt = align_up(fadt + FADT_SIZE as u64);
-    let madt = align_up(dsdt + DSDT_SIZE as u64);
-    let end = madt + madt_size(vcpu_count) as u64;
-    [RSDP_START, xsdt, fadt, dsdt, madt, end]
-}
-
-const fn table_end(vcpu_count: usize) -> u64 {
-    table_addrs(vcpu_count)[5]
-}
-
-impl AcpiLayout {
-    /// Where the tables for `vcpu_count` vCPUs go.
-    pub fn new(vcpu_count: usize) -> Self {
-        let [rsdp, xsdt, fadt, dsdt, madt, end] = table_addrs(vcpu_count).map(GuestAddress);
-        AcpiLayout {
-            rsdp,
-            xsdt,
-            fadt,
-            dsdt,
-            madt,
-            end,
-        }
+impl Ecam {
+    /// Bytes the range takes: 1 MiB per bus.
+    pub fn size(&self) -> u64 {
+        (u64::from(self.last_bus) + 1) << 20
     }
 }
 
-/// The common table header with length and checksum left at zero (see [`finish_table`]).
-fn table_header(signature: &[u8; 4], revision: u8) -> TableBytes {
-    let mut table = TableBytes::default();
-    table
-        .bytes(signature)
-        .u32(0) // length, filled in by finish_table
-        .u8(revision)
-        .u8(0) // checksum, filled in by finish_table
-        .bytes(OEM_ID)
-        .bytes(OEM_TABLE_ID)
-        .u32(OEM_REVISION)
-        .bytes(CREATOR_ID)
-        .u32(CREATOR_REVISION);
-    table
+/// What the devices contribute: the DSDT's AML (device objects) and the ECAM, if any.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AcpiPlatform {
+    pub dsdt_aml: Vec<u8>,
+    pub ecam: Option<Ecam>,
 }
 
-/// Fills in the header's length and checksum so the whole table sums to zero.
-fn finish_table(table: TableBytes) -> Vec<u8> {
-    let mut bytes = table.0;
-    let length = bytes.len() as u32;
-    bytes[4..8].copy_from_slice(&length.to_le_bytes());
-    bytes[HEADER_CHECKSUM] = checksum_byte(&bytes);
+fn bytes_of(table: &dyn Aml) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    table.to_aml_bytes(&mut bytes);
     bytes
 }
 
-/// The revision 2 Root System Description Pointer: no RSDT, only the XSDT.
-fn rsdp(xsdt: GuestAddress) -> Vec<u8> {
-    let mut table = TableBytes::default();
-    table
-        .bytes(b"RSD PTR ")
-        .u8(0) // checksum of the first 20 bytes, filled in below
-        .bytes(OEM_ID)
-        .u8(RSDP_REVISION)
-        .u32(0) // RSDT address: none
-        .u32(RSDP_SIZE as u32)
-        .u64(xsdt.0)
-        .u8(0) // extended checksum, filled in below
-        .bytes(&[0; 3]);
-    let mut bytes = table.0;
-    bytes[RSDP_CHECKSUM] = checksum_byte(&bytes[..RSDP_V1_SIZE]);
-    bytes[RSDP_EXT_CHECKSUM] = checksum_byte(&bytes);
-    bytes
+/// Sets the header checksum so that the whole table sums to zero again.
+fn fix_checksum(table: &mut [u8]) {
+    table[HEADER_CHECKSUM] = 0;
+    table[HEADER_CHECKSUM] = checksum_byte(table);
 }
 
-/// The Extended System Description Table: 64-bit pointers to the other tables.
-fn xsdt(entries: &[GuestAddress]) -> Vec<u8> {
-    let mut table = table_header(b"XSDT", XSDT_REVISION);
-    for entry in entries {
-        table.u64(entry.0);
-    }
-    finish_table(table)
-}
-
-/// The Fixed ACPI Description Table of a hardware-reduced platform whose DSDT is at `dsdt`.
-/// Every fixed-hardware block, register and length is zero.
+/// The FADT of a hardware-reduced platform whose DSDT is at `dsdt`.
 fn fadt(dsdt: GuestAddress) -> Vec<u8> {
-    let mut table = table_header(b"FACP", FADT_REVISION);
-    table
-        .u32(0) // FIRMWARE_CTRL: no FACS (optional when hardware-reduced)
-        .u32(0) // DSDT: the 64-bit X_DSDT below is used instead
-        .u8(0) // reserved
-        .u8(0) // Preferred_PM_Profile: unspecified
-        .u16(0) // SCI_INT: no SCI
-        .u32(0) // SMI_CMD: no SMM, so ACPI_ENABLE/ACPI_DISABLE are unused
-        .bytes(&[0; 4]) // ACPI_ENABLE, ACPI_DISABLE, S4BIOS_REQ, PSTATE_CNT
-        .bytes(&[0; 8 * 4]) // PM1a/b event, PM1a/b control, PM2 control, PM timer, GPE0/1
-        .bytes(&[0; 8]) // the lengths of those blocks and GPE1_BASE, CST_CNT
-        .bytes(&[0; 8]) // P_LVL2_LAT, P_LVL3_LAT, FLUSH_SIZE, FLUSH_STRIDE
-        .bytes(&[0; 5]) // DUTY_OFFSET, DUTY_WIDTH, DAY_ALRM, MON_ALRM, CENTURY
-        .u16(BOOT_ARCH_VGA_NOT_PRESENT | BOOT_ARCH_CMOS_RTC_NOT_PRESENT)
-        .u8(0) // reserved
-        .u32(FADT_HW_REDUCED_ACPI)
-        .bytes(&[0; GAS_SIZE]) // RESET_REG: none (RESET_REG_SUP is clear)
-        .u8(0) // RESET_VALUE
-        .u16(0) // ARM_BOOT_ARCH
-        .u8(FADT_MINOR_REVISION)
-        .u64(0) // X_FIRMWARE_CTRL
-        .u64(dsdt.0) // X_DSDT
-        .bytes(&[0; 8 * GAS_SIZE]) // X_PM1a/b_EVT, X_PM1a/b_CNT, X_PM2_CNT, X_PM_TMR, X_GPE0/1
-        .bytes(&[0; 2 * GAS_SIZE]) // SLEEP_CONTROL_REG, SLEEP_STATUS_REG
-        .bytes(HYPERVISOR_VENDOR);
-    finish_table(table)
+    let mut fadt = FADTBuilder::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION)
+        .dsdt_64(dsdt.0)
+        .flag(Flags::HwReducedAcpi);
+    fadt.iapc_boot_arch = (BOOT_ARCH_VGA_NOT_PRESENT | BOOT_ARCH_CMOS_RTC_NOT_PRESENT).into();
+    fadt.hypervisor_vendor_identity = u64::from_le_bytes(*HYPERVISOR_VENDOR).into();
+    bytes_of(&fadt.finalize())
 }
 
-/// The Differentiated System Description Table: a header without AML, so no devices yet.
-fn dsdt() -> Vec<u8> {
-    finish_table(table_header(b"DSDT", DSDT_REVISION))
+/// The DSDT: a header and the devices' AML.
+fn dsdt(aml: &[u8]) -> Vec<u8> {
+    let mut sdt = Sdt::new(
+        *b"DSDT",
+        HEADER_SIZE as u32,
+        DSDT_REVISION,
+        OEM_ID,
+        OEM_TABLE_ID,
+        OEM_REVISION,
+    );
+    sdt.append_slice(aml);
+    sdt.as_slice().to_vec()
 }
 
-/// The Multiple APIC Description Table: one enabled local APIC per vCPU (processor UID and
-/// APIC ID both equal to the vCPU index) and the I/O APIC, with ID `vcpu_count` as in the MP
-/// table, taking GSIs from 0.
+/// The MADT: one enabled local APIC per vCPU (processor UID and APIC ID both equal to the
+/// vCPU index) and the I/O APIC, with ID `vcpu_count` as in the MP table, taking GSIs from 0.
 ///
 /// There are no Interrupt Source Overrides: KVM's default routing sends ISA IRQ n to I/O APIC
 /// pin n (GSI n), which is what the OS assumes for an IRQ without an override, and what the
 /// MP table's identity IRQ entries say.
 fn madt(vcpu_count: u8) -> Vec<u8> {
-    let mut table = table_header(b"APIC", MADT_REVISION);
-    table.u32(LAPIC_ADDR).u32(MADT_PCAT_COMPAT);
+    let lapic = LocalInterruptController::Address(LAPIC_ADDR);
+    let mut madt = MADT::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION, lapic);
     for id in 0..vcpu_count {
-        table
-            .u8(MADT_LOCAL_APIC)
-            .u8(LOCAL_APIC_ENTRY_SIZE as u8)
-            .u8(id) // ACPI processor UID
-            .u8(id) // APIC ID
-            .u32(LOCAL_APIC_ENABLED);
+        madt.add_structure(ProcessorLocalApic::new(id, id, EnabledStatus::Enabled));
     }
-    table
-        .u8(MADT_IO_APIC)
-        .u8(IOAPIC_ENTRY_SIZE as u8)
-        .u8(vcpu_count) // I/O APIC ID
-        .u8(0) // reserved
-        .u32(IOAPIC_ADDR)
-        .u32(0); // global system interrupt base
-    finish_table(table)
+    madt.add_structure(IoApic::new(vcpu_count, IOAPIC_ADDR, 0));
+    let mut bytes = bytes_of(&madt);
+    bytes[MADT_FLAGS_OFFSET..MADT_FLAGS_OFFSET + 4]
+        .copy_from_slice(&MADT_PCAT_COMPAT.to_le_bytes());
+    fix_checksum(&mut bytes);
+    bytes
 }
 
-/// All tables for `vcpu_count` vCPUs with their guest addresses.
-fn build_tables(vcpu_count: u8) -> Vec<(GuestAddress, Vec<u8>)> {
-    let layout = AcpiLayout::new(usize::from(vcpu_count));
-    vec![
-        (layout.rsdp, rsdp(layout.xsdt)),
-        (layout.xsdt, xsdt(&[layout.fadt, layout.madt])),
-        (layout.fadt, fadt(layout.dsdt)),
-        (layout.dsdt, dsdt()),
-        (layout.madt, madt(vcpu_count)),
-    ]
+fn mcfg(ecam: Ecam) -> Vec<u8> {
+    let mut mcfg = MCFG::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    mcfg.add_ecam(ecam.base, 0, 0, ecam.last_bus);
+    bytes_of(&mcfg)
 }
 
-/// Writes the ACPI tables for `vcpu_count` vCPUs (see the module documentation) and returns
-/// the RSDP address, for `hvm_start_info.rsdp_paddr` or `boot_params.acpi_rsdp_addr`.
-pub fn setup_acpi(mem: &GuestMemoryMmap, vcpu_count: usize) -> Result<GuestAddress, BootError> {
+/// Places tables one after another from `at`, each on a 16-byte boundary.
+struct Placer {
+    next: u64,
+    tables: Vec<(GuestAddress, Vec<u8>)>,
+}
+
+impl Placer {
+    fn place(&mut self, bytes: Vec<u8>) -> GuestAddress {
+        let at = GuestAddress(self.next);
+        self.next = (self.next + bytes.len() as u64).next_multiple_of(TABLE_ALIGN);
+        self.tables.push((at, bytes));
+        at
+    }
+}
+
+/// All tables for `vcpu_count` vCPUs with their guest addresses, RSDP first.
+fn build_tables(vcpu_count: u8, platform: &AcpiPlatform) -> Vec<(GuestAddress, Vec<u8>)> {
+    let rsdp_len = bytes_of(&Rsdp::new(OEM_ID, 0)).len() as u64;
+    let mut placer = Placer {
+        next: (RSDP_START + rsdp_len).next_multiple_of(TABLE_ALIGN),
+        tables: Vec::new(),
+    };
+    let dsdt = placer.place(dsdt(&platform.dsdt_aml));
+    let mut entries = vec![placer.place(fadt(dsdt)), placer.place(madt(vcpu_count))];
+    if let Some(ecam) = platform.ecam {
+        entries.push(placer.place(mcfg(ecam)));
+    }
+    let mut xsdt = XSDT::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    for entry in entries {
+        xsdt.add_entry(entry.0);
+    }
+    let xsdt = placer.place(bytes_of(&xsdt));
+    let mut tables = vec![(
+        GuestAddress(RSDP_START),
+        bytes_of(&Rsdp::new(OEM_ID, xsdt.0)),
+    )];
+    tables.append(&mut placer.tables);
+    tables
+}
+
+/// Writes the ACPI tables for `vcpu_count` vCPUs and `platform`'s devices (see the module
+/// documentation) and returns the RSDP address, for `hvm_start_info.rsdp_paddr` or
+/// `boot_params.acpi_rsdp_addr`.
+pub fn setup_acpi(
+    mem: &GuestMemoryMmap,
+    vcpu_count: usize,
+    platform: &AcpiPlatform,
+) -> Result<GuestAddress, BootError> {
     if vcpu_count == 0 {
         return Err(BootError::NoVcpus);
     }
@@ -272,7 +203,19 @@ pub fn setup_acpi(mem: &GuestMemoryMmap, vcpu_count: usize) -> Result<GuestAddre
             count: vcpu_count,
             max: MAX_ACPI_VCPUS,
         })?;
-    for (addr, bytes) in build_tables(count) {
+    let tables = build_tables(count, platform);
+    let end = tables
+        .iter()
+        .map(|(a, b)| a.0 + b.len() as u64)
+        .max()
+        .unwrap_or(RSDP_START);
+    if end > ACPI_MAX_END {
+        return Err(BootError::AcpiTooLarge {
+            size: end - RSDP_START,
+            room: ACPI_MAX_END - RSDP_START,
+        });
+    }
+    for (addr, bytes) in tables {
         mem.write_slice(&bytes, addr)
             .map_err(|source| BootError::GuestMemory {
                 what: "ACPI tables",
@@ -287,8 +230,9 @@ mod tests {
     use super::*;
     use crate::boot::e820::{e820_map, E820Kind};
     use crate::boot::mptable::{setup_mptable, MPTABLE_START};
-
     use crate::boot::test_images::{read, sums_to_zero, test_memory};
+
+    const RSDP_SIZE: usize = 36;
 
     fn u32_at(bytes: &[u8], offset: usize) -> u32 {
         u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap())
@@ -298,39 +242,56 @@ mod tests {
         u64::from_le_bytes(bytes[offset..offset + 8].try_into().unwrap())
     }
 
+    fn pci() -> AcpiPlatform {
+        AcpiPlatform {
+            dsdt_aml: b"\x5b\x82AML!".to_vec(),
+            ecam: Some(Ecam {
+                base: 0xe000_0000,
+                last_bus: 0,
+            }),
+        }
+    }
+
     /// Reads the table at `addr` (its length from its header), checking signature and checksum.
     fn read_table(mem: &GuestMemoryMmap, addr: u64, signature: &[u8; 4]) -> Vec<u8> {
         let header = read(mem, addr, HEADER_SIZE);
         assert_eq!(&header[..4], signature, "table at {addr:#x}");
         let table = read(mem, addr, u32_at(&header, 4) as usize);
-        assert!(
-            sums_to_zero(&table),
-            "{} checksum",
-            signature.escape_ascii()
-        );
-        assert_eq!(&table[10..16], b"EXITLS");
-        assert_eq!(&table[16..24], b"EXITLESS");
-        assert_eq!(u32_at(&table, 24), 1);
-        assert_eq!(&table[28..32], b"EXLS");
-        assert_eq!(u32_at(&table, 32), 1);
+        let name = signature.escape_ascii();
+        assert!(sums_to_zero(&table), "{name} checksum");
+        assert_eq!(&table[10..16], b"EXITLS", "{name}");
+        assert_eq!(&table[16..24], b"EXITLESS", "{name}");
+        assert_eq!(u32_at(&table, 24), 1, "{name}");
+        assert_eq!(addr % TABLE_ALIGN, 0, "{name} aligned");
         table
     }
 
-    /// Follows the RSDP to the XSDT and returns (XSDT, FADT, MADT, DSDT address).
-    fn walk(mem: &GuestMemoryMmap, rsdp: GuestAddress) -> (Vec<u8>, Vec<u8>, Vec<u8>, u64) {
+    /// Follows the RSDP to the XSDT and returns every table it lists (with its address) and the
+    /// DSDT (from the FADT).
+    fn walk(mem: &GuestMemoryMmap, rsdp: GuestAddress) -> Vec<(u64, Vec<u8>)> {
         let rsdp = read(mem, rsdp.0, RSDP_SIZE);
-        let xsdt = read_table(mem, u64_at(&rsdp, 24), b"XSDT");
-        assert_eq!(xsdt.len(), HEADER_SIZE + 16);
-        let fadt = read_table(mem, u64_at(&xsdt, 36), b"FACP");
-        let madt = read_table(mem, u64_at(&xsdt, 44), b"APIC");
-        let dsdt = u64_at(&fadt, 140);
-        (xsdt, fadt, madt, dsdt)
+        let xsdt_addr = u64_at(&rsdp, 24);
+        let xsdt = read_table(mem, xsdt_addr, b"XSDT");
+        let mut tables = vec![(xsdt_addr, xsdt.clone())];
+        for at in (HEADER_SIZE..xsdt.len()).step_by(8) {
+            let addr = u64_at(&xsdt, at);
+            let signature: [u8; 4] = read(mem, addr, 4).try_into().unwrap();
+            tables.push((addr, read_table(mem, addr, &signature)));
+        }
+        let fadt = &tables.iter().find(|t| &t.1[..4] == b"FACP").unwrap().1;
+        let dsdt = u64_at(fadt, 140);
+        tables.push((dsdt, read_table(mem, dsdt, b"DSDT")));
+        tables
+    }
+
+    fn table<'a>(tables: &'a [(u64, Vec<u8>)], signature: &[u8; 4]) -> Option<&'a Vec<u8>> {
+        tables.iter().find(|t| &t.1[..4] == signature).map(|t| &t.1)
     }
 
     #[test]
     fn rsdp_has_signature_both_checksums_and_the_xsdt() {
         let mem = test_memory();
-        let addr = setup_acpi(&mem, 2).unwrap();
+        let addr = setup_acpi(&mem, 2, &AcpiPlatform::default()).unwrap();
         assert_eq!(addr, GuestAddress(0xe_0000));
         let rsdp = read(&mem, addr.0, RSDP_SIZE);
         assert_eq!(&rsdp[..8], b"RSD PTR ");
@@ -338,35 +299,48 @@ mod tests {
         assert!(sums_to_zero(&rsdp));
         assert_eq!(&rsdp[9..15], b"EXITLS");
         assert_eq!(rsdp[15], 2, "revision");
-        assert_eq!(u32_at(&rsdp, 16), 0, "no RSDT");
         assert_eq!(u32_at(&rsdp, 20), 36, "length");
-        assert_eq!(u64_at(&rsdp, 24), AcpiLayout::new(2).xsdt.0);
         assert_eq!(u64_at(&rsdp, 24) % 16, 0);
     }
 
     #[test]
-    fn every_table_has_a_valid_header_and_checksum() {
+    fn without_pci_the_xsdt_lists_fadt_and_madt_and_the_dsdt_is_empty() {
         for count in [1, 2, 7, MAX_ACPI_VCPUS] {
             let mem = test_memory();
-            let rsdp = setup_acpi(&mem, count).unwrap();
-            let (_, fadt, madt, dsdt) = walk(&mem, rsdp);
+            let rsdp = setup_acpi(&mem, count, &AcpiPlatform::default()).unwrap();
+            let tables = walk(&mem, rsdp);
+            let sigs: Vec<&[u8]> = tables.iter().map(|t| &t.1[..4]).collect();
+            assert_eq!(sigs, [b"XSDT", b"FACP", b"APIC", b"DSDT"]);
+            let fadt = table(&tables, b"FACP").unwrap();
             assert_eq!((fadt.len(), fadt[8]), (276, 6));
-            assert_eq!(madt.len(), 44 + 8 * count + 12);
-            let dsdt = read_table(&mem, dsdt, b"DSDT");
-            assert_eq!(dsdt.len(), 36, "header only, no AML");
+            assert_eq!(table(&tables, b"APIC").unwrap().len(), 44 + 8 * count + 12);
+            assert_eq!(table(&tables, b"DSDT").unwrap().len(), 36, "no AML");
         }
+    }
+
+    #[test]
+    fn with_pci_the_dsdt_carries_the_devices_aml_and_the_mcfg_the_ecam() {
+        let mem = test_memory();
+        let tables = walk(&mem, setup_acpi(&mem, 2, &pci()).unwrap());
+        let dsdt = table(&tables, b"DSDT").unwrap();
+        assert_eq!(dsdt[8], DSDT_REVISION);
+        assert_eq!(&dsdt[HEADER_SIZE..], &pci().dsdt_aml[..]);
+        let mcfg = table(&tables, b"MCFG").expect("MCFG listed in the XSDT");
+        // Header, 8 reserved bytes, one 16-byte allocation: base, segment, start and end bus.
+        assert_eq!(mcfg.len(), HEADER_SIZE + 8 + 16);
+        assert_eq!(u64_at(mcfg, 44), 0xe000_0000);
+        assert_eq!(&mcfg[52..56], &[0, 0, 0, 0]);
     }
 
     #[test]
     fn fadt_is_hardware_reduced_and_points_at_the_dsdt() {
         let mem = test_memory();
-        let (_, fadt, _, dsdt) = walk(&mem, setup_acpi(&mem, 1).unwrap());
-        assert_eq!(dsdt, AcpiLayout::new(1).dsdt.0);
-        assert_eq!(&read(&mem, dsdt, 4), b"DSDT");
-        assert_eq!(u32_at(&fadt, 40), 0, "32-bit DSDT pointer unused");
-        let flags = u32_at(&fadt, 112);
+        let tables = walk(&mem, setup_acpi(&mem, 1, &AcpiPlatform::default()).unwrap());
+        let fadt = table(&tables, b"FACP").unwrap();
+        assert_eq!(u32_at(fadt, 40), 0, "32-bit DSDT pointer unused");
+        let flags = u32_at(fadt, 112);
         assert_ne!(flags & (1 << 20), 0, "HW_REDUCED_ACPI");
-        assert_eq!(fadt[131], FADT_MINOR_REVISION);
+        assert_eq!(fadt[131], 5, "FADT minor revision");
         assert_eq!(
             u16::from_le_bytes([fadt[109], fadt[110]]),
             (1 << 2) | (1 << 5)
@@ -378,9 +352,10 @@ mod tests {
     fn madt_lists_every_vcpu_and_the_ioapic() {
         for count in [1usize, 2, 5, MAX_ACPI_VCPUS] {
             let mem = test_memory();
-            let (_, _, madt, _) = walk(&mem, setup_acpi(&mem, count).unwrap());
-            assert_eq!(u32_at(&madt, 36), 0xfee0_0000);
-            assert_eq!(u32_at(&madt, 40), 1, "PCAT_COMPAT");
+            let tables = walk(&mem, setup_acpi(&mem, count, &pci()).unwrap());
+            let madt = table(&tables, b"APIC").unwrap();
+            assert_eq!(u32_at(madt, 36), 0xfee0_0000);
+            assert_eq!(u32_at(madt, 40), 1, "PCAT_COMPAT");
             let (mut lapic_ids, mut ioapics) = (Vec::new(), Vec::new());
             let mut offset = 44;
             while offset < madt.len() {
@@ -407,12 +382,13 @@ mod tests {
     }
 
     #[test]
-    fn tables_are_aligned_disjoint_and_in_the_reserved_bios_area() {
-        let layout = AcpiLayout::new(MAX_ACPI_VCPUS);
-        let ranges = build_tables(MAX_ACPI_VCPUS as u8)
-            .into_iter()
+    fn tables_are_disjoint_and_in_the_reserved_bios_area() {
+        let tables = build_tables(MAX_ACPI_VCPUS as u8, &pci());
+        let mut ranges: Vec<(u64, u64)> = tables
+            .iter()
             .map(|(addr, bytes)| (addr.0, addr.0 + bytes.len() as u64))
-            .collect::<Vec<_>>();
+            .collect();
+        ranges.sort_unstable();
         let reserved = e820_map(256 << 20)
             .into_iter()
             .find(|e| e.kind == E820Kind::Reserved)
@@ -426,14 +402,26 @@ mod tests {
                 assert!(end <= next, "table {i} overlaps the next one");
             }
         }
-        assert_eq!(ranges.last().map(|r| r.1), Some(layout.end.0));
+    }
+
+    #[test]
+    fn tables_too_large_for_the_bios_area_are_an_error() {
+        let mem = test_memory();
+        let huge = AcpiPlatform {
+            dsdt_aml: vec![0; 0x2_0000],
+            ecam: None,
+        };
+        assert!(matches!(
+            setup_acpi(&mem, 1, &huge),
+            Err(BootError::AcpiTooLarge { .. })
+        ));
     }
 
     #[test]
     fn mp_table_and_acpi_tables_coexist() {
         let mem = test_memory();
         setup_mptable(&mem, 4).unwrap();
-        let rsdp = setup_acpi(&mem, 4).unwrap();
+        let rsdp = setup_acpi(&mem, 4, &pci()).unwrap();
         assert_eq!(&read(&mem, MPTABLE_START, 4), b"_MP_");
         walk(&mem, rsdp);
     }
@@ -441,18 +429,22 @@ mod tests {
     #[test]
     fn vcpu_count_limits_are_errors() {
         let mem = test_memory();
+        let none = AcpiPlatform::default();
         for count in [MAX_ACPI_VCPUS + 1, 256, 1000] {
-            let err = setup_acpi(&mem, count).unwrap_err();
+            let err = setup_acpi(&mem, count, &none).unwrap_err();
             assert!(matches!(err, BootError::TooManyVcpus { max: 254, .. }));
         }
-        assert!(matches!(setup_acpi(&mem, 0), Err(BootError::NoVcpus)));
+        assert!(matches!(
+            setup_acpi(&mem, 0, &none),
+            Err(BootError::NoVcpus)
+        ));
     }
 
     #[test]
     fn too_small_memory_is_an_error() {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x8_0000)]).unwrap();
         assert!(matches!(
-            setup_acpi(&mem, 1),
+            setup_acpi(&mem, 1, &AcpiPlatform::default()),
             Err(BootError::GuestMemory { .. })
         ));
     }

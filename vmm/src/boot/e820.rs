@@ -115,6 +115,20 @@ pub fn e820_map(mem_size: u64) -> Vec<E820Entry> {
     map
 }
 
+/// Adds a reserved range for `size` bytes from `addr` (outside RAM: an MMIO range the guest
+/// must leave alone, such as PCI ECAM), keeping the map sorted.
+pub fn reserve(map: &mut Vec<E820Entry>, addr: u64, size: u64) {
+    let at = map.iter().position(|e| e.addr > addr).unwrap_or(map.len());
+    map.insert(
+        at,
+        E820Entry {
+            addr,
+            size,
+            kind: E820Kind::Reserved,
+        },
+    );
+}
+
 /// Appends a RAM entry for `start..end` unless the range is empty.
 fn push_ram(map: &mut Vec<E820Entry>, start: u64, end: u64) {
     if end > start {
@@ -230,5 +244,15 @@ mod tests {
         assert_eq!({ zero_page.addr }, 0x9_fc00);
         let pvh = ram(MIB, 2 * MIB).to_hvm_memmap_entry();
         assert_eq!((pvh.addr, pvh.size, pvh.type_), (MIB, 2 * MIB, 1));
+    }
+
+    #[test]
+    fn a_reserved_mmio_range_goes_in_address_order() {
+        let mut map = e820_map(4 * GIB);
+        reserve(&mut map, 0xe000_0000, MIB);
+        let at = map.iter().position(|e| e.addr == 0xe000_0000).unwrap();
+        assert_eq!(map[at].kind, E820Kind::Reserved);
+        assert!(map.windows(2).all(|w| w[0].addr + w[0].size <= w[1].addr));
+        assert!(map[at - 1].addr < 0xe000_0000 && map[at + 1].addr >= 4 * GIB);
     }
 }

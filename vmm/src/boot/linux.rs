@@ -350,14 +350,18 @@ pub fn configure_linux_boot(
     initrd_path: Option<&Path>,
     cmdline: &str,
     vcpu_count: usize,
+    platform: &acpi::AcpiPlatform,
 ) -> Result<LinuxBoot, BootError> {
     let kernel = load_kernel(mem, kernel_path)?;
     let cmdline_len = write_cmdline(mem, cmdline, kernel.cmdline_capacity())?;
     let initrd = initrd_path
         .map(|path| load_initrd(mem, path, &kernel))
         .transpose()?;
-    let e820 = super::e820_map(ram_size(mem));
-    let rsdp = Some(acpi::setup_acpi(mem, vcpu_count)?);
+    let mut e820 = super::e820_map(ram_size(mem));
+    if let Some(ecam) = platform.ecam {
+        super::e820::reserve(&mut e820, ecam.base, ecam.size());
+    }
+    let rsdp = Some(acpi::setup_acpi(mem, vcpu_count, platform)?);
     if kernel.is_pvh() {
         let start_info = params::write_pvh_start_info(mem, initrd, &e820, rsdp)?;
         Ok(LinuxBoot {
@@ -594,7 +598,8 @@ mod tests {
         let mem = memory(64 * MIB);
         let file = TempFile::with_contents(&bzimage(&BzImageSpec::default(), b"payload"));
         let cmdline = "a".repeat(3000);
-        let err = configure_linux_boot(&mem, file.path(), None, &cmdline, 1).unwrap_err();
+        let err = configure_linux_boot(&mem, file.path(), None, &cmdline, 1, &Default::default())
+            .unwrap_err();
         assert!(
             matches!(err, BootError::CmdlineTooLong { max: 2048, .. }),
             "{err}"

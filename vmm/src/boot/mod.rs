@@ -84,6 +84,8 @@ pub enum BootError {
         count: usize,
         max: usize,
     },
+    #[error("The ACPI tables take {size} bytes; the BIOS area has room for {room}")]
+    AcpiTooLarge { size: u64, room: u64 },
 }
 
 pub use e820::{e820_map, E820Entry, E820Kind};

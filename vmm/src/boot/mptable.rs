@@ -80,10 +80,6 @@ impl TableBytes {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
-    pub(super) fn u64(&mut self, v: u64) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
     pub(super) fn bytes(&mut self, v: &[u8]) -> &mut Self {
         self.0.extend_from_slice(v);
         self

@@ -174,8 +174,15 @@ mod tests {
         let mem = memory(64 * MIB);
         let kernel = TempFile::with_contents(&bzimage(&BzImageSpec::default(), b"payload"));
         let initrd = TempFile::with_contents(&[7u8; 10_000]);
-        let boot =
-            configure_linux_boot(&mem, kernel.path(), Some(initrd.path()), CMDLINE, 1).unwrap();
+        let boot = configure_linux_boot(
+            &mem,
+            kernel.path(),
+            Some(initrd.path()),
+            CMDLINE,
+            1,
+            &Default::default(),
+        )
+        .unwrap();
         let params = read_zero_page(&mem);
         let hdr = params.hdr;
         assert_eq!({ hdr.header }, 0x5372_6448);
@@ -202,7 +209,8 @@ mod tests {
         let mem = memory(64 * MIB);
         let image = elf_image(0x100_0000, b"vmlinux", 0x1000, None);
         let kernel = TempFile::with_contents(&image);
-        let boot = configure_linux_boot(&mem, kernel.path(), None, CMDLINE, 1).unwrap();
+        let boot = configure_linux_boot(&mem, kernel.path(), None, CMDLINE, 1, &Default::default())
+            .unwrap();
         let params = read_zero_page(&mem);
         let hdr = params.hdr;
         assert_eq!({ hdr.boot_flag }, 0xaa55);
@@ -229,8 +237,15 @@ mod tests {
         let image = elf_image(0x100_0000, b"vmlinux", 0x1000, Some(0x100_0040));
         let kernel = TempFile::with_contents(&image);
         let initrd = TempFile::with_contents(b"initrd");
-        let boot =
-            configure_linux_boot(&mem, kernel.path(), Some(initrd.path()), CMDLINE, 1).unwrap();
+        let boot = configure_linux_boot(
+            &mem,
+            kernel.path(),
+            Some(initrd.path()),
+            CMDLINE,
+            1,
+            &Default::default(),
+        )
+        .unwrap();
         let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_START)).unwrap();
         assert_eq!((info.magic, info.version), (0x336e_c578, 1));
         assert_eq!(info.cmdline_paddr, 0x2_0000);
@@ -257,7 +272,7 @@ mod tests {
         let mem = memory(32 * MIB);
         let image = elf_image(0x100_0000, b"vmlinux", 0x1000, Some(0x100_0040));
         let kernel = TempFile::with_contents(&image);
-        configure_linux_boot(&mem, kernel.path(), None, "", 1).unwrap();
+        configure_linux_boot(&mem, kernel.path(), None, "", 1, &Default::default()).unwrap();
         let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_START)).unwrap();
         assert_eq!((info.nr_modules, info.modlist_paddr), (0, 0));
         let mut signature = [0u8; 8];

@@ -6,6 +6,7 @@
 pub mod pci;
 pub mod routing;
 
+use crate::boot::acpi::{AcpiPlatform, Ecam};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -212,6 +213,20 @@ impl DeviceManager {
         routing_lock(self.mapper.slots_map()).insert(slot, mapped);
         self.virtio.push(dev.clone());
         Ok(dev)
+    }
+
+    /// What the devices put in the ACPI tables: PCI's host bridge and ECAM when there is PCI.
+    pub fn acpi_platform(&self) -> AcpiPlatform {
+        if self.pci.is_none() {
+            return AcpiPlatform::default();
+        }
+        AcpiPlatform {
+            dsdt_aml: crate::devices::pci::acpi::dsdt_aml(),
+            ecam: Some(Ecam {
+                base: memory::PCI_ECAM_START,
+                last_bus: 0,
+            }),
+        }
     }
 
     /// The virtio devices added so far.

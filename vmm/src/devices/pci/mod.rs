@@ -6,6 +6,7 @@
 //! reports it to the [`BarMapper`] the VMM gave it, which remaps the MMIO bus and the
 //! device's ioeventfds.
 
+pub mod acpi;
 pub mod config;
 pub mod msix;
 pub mod root;
