@@ -334,6 +334,11 @@ fn boot_until_e820(test: &str, cpus: &str) -> Option<serde_json::Value> {
 
 /// Like [`boot_until_e820`], also waiting for lines containing each of `extra`.
 fn boot_until(test: &str, cpus: &str, extra: &[&str]) -> Option<serde_json::Value> {
+    boot_with(test, cpus, &[], extra)
+}
+
+/// Like [`boot_until`], with `args` added to the exitless command line (devices).
+fn boot_with(test: &str, cpus: &str, args: &[String], extra: &[&str]) -> Option<serde_json::Value> {
     if !have_kvm(test) || !have_vmlinux(test) {
         return None;
     }
@@ -351,6 +356,7 @@ fn boot_until(test: &str, cpus: &str, extra: &[&str]) -> Option<serde_json::Valu
     cmd.args(["--memory", "256M", "--cpus", cpus, "--cmdline", &cmdline])
         .args(["--timeout", "90", "--profile-json"])
         .arg(&json)
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("exitless starts");
@@ -433,4 +439,94 @@ fn two_vcpus_are_listed_by_the_acpi_madt() {
     if let Some(profile) = found {
         assert_eq!(profile["vcpus"].as_array().map(Vec::len), Some(2));
     }
+}
+
+/// A zero-filled disk image, removed when dropped.
+struct ScratchImage(PathBuf);
+
+impl ScratchImage {
+    fn new(test: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("exitless-{test}-{}.img", std::process::id()));
+        let file = std::fs::File::create(&path).expect("image created");
+        file.set_len(16 * MIB).expect("image sized");
+        ScratchImage(path)
+    }
+
+    fn disk_arg(&self) -> String {
+        format!("path={}", self.0.display())
+    }
+}
+
+impl Drop for ScratchImage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// With a disk and an rng attached, the kernel finds the PCI platform exitless describes: the
+/// DSDT with the host bridge, the MCFG table, and the ECAM window reserved in its memory map.
+/// (Early boot gets this far on a PVM host too.)
+#[test]
+fn with_devices_the_kernel_finds_the_dsdt_mcfg_and_the_reserved_ecam() {
+    let image = ScratchImage::new("acpi-pci");
+    let args = ["--disk".to_string(), image.disk_arg(), "--rng".to_string()];
+    boot_with(
+        "acpi_pci",
+        "1",
+        &args,
+        &[
+            "ACPI: DSDT ",
+            "ACPI: MCFG ",
+            "BIOS-e820: [mem 0x00000000e0000000-0x00000000e00fffff] reserved",
+        ],
+    );
+}
+
+/// Debian's kernel loads virtio-pci, virtio-blk and virtio-rng from the initramfs and its
+/// /init reports the disk and the hwrng it found. Needs a host whose KVM runs a full boot.
+#[test]
+fn linux_sees_the_virtio_disk_and_the_hwrng() {
+    let test = "linux_virtio_devices";
+    if !have_kvm(test) || !have_vmlinux(test) {
+        return;
+    }
+    if Path::new("/sys/module/kvm_pvm").exists() {
+        vmm::test_skip::skip(
+            test,
+            "this host's KVM is PVM: a stock Linux stops in early boot, before it loads modules",
+        );
+        return;
+    }
+    let initrd = root().join("guest/initramfs.cpio.gz");
+    if !initrd.exists() {
+        vmm::test_skip::skip(
+            test,
+            "guest/initramfs.cpio.gz is missing (run scripts/fetch-guest.sh)",
+        );
+        return;
+    }
+    let image = ScratchImage::new(test);
+    let mut child = exitless()
+        .arg("--kernel")
+        .arg(vmlinux())
+        .arg("--initrd")
+        .arg(&initrd)
+        .args(["--memory", "512M", "--cmdline", "console=ttyS0 panic=-1"])
+        .args(["--disk", &image.disk_arg(), "--rng", "--timeout", "300"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("exitless starts");
+    let mut errs = Stream::spawn(child.stderr.take().unwrap());
+    let mut console = Stream::spawn(child.stdout.take().unwrap());
+    let wanted = [
+        format!("exitless disk /dev/vda {} sectors ro=0", 16 * MIB / 512),
+        "exitless hwrng virtio_rng".to_string(),
+        "exitless guest up".to_string(),
+    ];
+    let took = wait_for_lines(&mut console, &wanted, Duration::from_secs(300));
+    eprintln!("{test}: /dev/vda and the hwrng after {took:?}");
+    let code = stop(&mut child);
+    errs.read_to_end(Duration::from_secs(30));
+    assert_eq!(code, Some(130), "{}", errs.text);
 }

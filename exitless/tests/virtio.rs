@@ -61,12 +61,16 @@ fn check_cmdline(extra: &str) -> String {
     format!("case=virtio_check iters={BLOCKS} seed={SEED}{extra}")
 }
 
-fn run_check(guest: &Path, disk: &str, rng: bool) -> String {
+/// Runs the guest's check; returns its console and the run's profile (JSON).
+fn run_check(guest: &Path, disk: &str, rng: bool) -> (String, serde_json::Value) {
+    let json = guest.with_extension("profile.json");
     let mut cmd = exitless();
     cmd.args(["run", "--kernel"])
         .arg(guest)
         .args(["--memory", "64M", "--timeout", "60", "--disk", disk])
-        .args(["--cmdline", &check_cmdline("")]);
+        .args(["--cmdline", &check_cmdline("")])
+        .arg("--profile-json")
+        .arg(&json);
     if rng {
         cmd.arg("--rng");
     }
@@ -77,7 +81,9 @@ fn run_check(guest: &Path, disk: &str, rng: bool) -> String {
         "{out}\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    out
+    let profile = std::fs::read_to_string(&json).expect("profile written");
+    std::fs::remove_file(&json).ok();
+    (out, serde_json::from_str(&profile).expect("profile parses"))
 }
 
 #[test]
@@ -87,8 +93,19 @@ fn the_guest_writes_flushes_and_reads_back_its_disk_and_gets_random_bytes() {
     }
     let guest = export_guest("virtio-check");
     let image = Image::new("virtio-check", 16);
-    let out = run_check(&guest, &image.disk_arg(false), true);
+    let (out, profile) = run_check(&guest, &image.disk_arg(false), true);
     std::fs::remove_file(&guest).ok();
+    // The profile shows each device's queue work: the requests the guest made, all served.
+    let devices = profile["virtio"].as_array().expect("virtio in the profile");
+    let names: Vec<&str> = devices
+        .iter()
+        .filter_map(|d| d["device"].as_str())
+        .collect();
+    assert_eq!(names, ["virtio-blk0", "virtio-rng"], "{profile:#}");
+    let blk = &devices[0]["queues"][0];
+    assert!(blk["completed"].as_u64() > Some(BLOCKS as u64), "{blk}");
+    assert_eq!(blk["malformed"], 0, "{blk}");
+    assert_eq!(devices[1]["queues"][0]["completed"], 1, "{profile:#}");
     assert!(
         out.contains(&format!(
             "EXITLESS VIRTIO blk flushed blocks={BLOCKS} seed={SEED}"
@@ -118,7 +135,7 @@ fn a_read_only_disk_refuses_the_guest_write_and_stays_unchanged() {
     }
     let guest = export_guest("virtio-ro");
     let image = Image::new("virtio-ro", 1);
-    let out = run_check(&guest, &image.disk_arg(true), false);
+    let (out, _) = run_check(&guest, &image.disk_arg(true), false);
     std::fs::remove_file(&guest).ok();
     // VIRTIO_BLK_S_IOERR is 1.
     assert!(

@@ -21,8 +21,10 @@ use crate::devices::console_input::ConsoleInput;
 use crate::devices::serial::{FlushPolicy, SerialDevice, SerialError, SerialOutput};
 use crate::devices::virtio::blk::Block;
 use crate::devices::virtio::rng::Rng;
+use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::event_loop::EventLoop;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
+use crate::profile::virtio::VirtioStats;
 use crate::profile::{KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
 use crate::vcpu::{Vcpu, VcpuOutcome, VmEnd};
 use crate::vm::{self, RunningVm, Vm, VmError};
@@ -97,6 +99,7 @@ pub struct LaunchedVm {
     stats: Vec<StatsBaseline>,
     io_names: Vec<String>,
     serial: Arc<Mutex<SerialDevice>>,
+    virtio: Vec<Arc<VirtioPciDevice>>,
     tsc_khz: u64,
     started: Instant,
 }
@@ -138,6 +141,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         stats: Vec::new(),
         io_names: built.io_names,
         serial,
+        virtio: built.virtio,
         tsc_khz: built.tsc_khz,
         started: Instant::now(),
     };
@@ -332,11 +336,17 @@ impl LaunchedVm {
                 s.fd.schema().deltas(&s.start, &now),
             ));
         }
+        let virtio = self
+            .virtio
+            .iter()
+            .map(|d| VirtioStats::read(d.name(), &d.counters()))
+            .collect();
         self.build_report(self.snapshots(), deltas, self.elapsed())
+            .with_virtio(virtio)
     }
 
     /// The profile of the window since `earlier` (snapshots taken `window` ago), without
-    /// KVM statistics.
+    /// KVM statistics and virtio counters (the full report has both).
     pub fn report_since(&self, earlier: &[VcpuProfileSnapshot], window: Duration) -> ProfileReport {
         let now = self.snapshots();
         let vcpus = now.iter().zip(earlier).map(|(n, e)| n.delta(e)).collect();
