@@ -552,5 +552,10 @@ void bench_main(u32 start_info_addr)
     if (!ran)
         puts_("EXITLESS ERROR unknown case\n");
     puts_("EXITLESS DONE\n");
+    /* `hold`: stay halted instead of ending, so that a tool can read the VM's counters
+     * (KVM's statistics, the VMM's memory) once the guest is done. */
+    if (find_arg(cmdline, "hold"))
+        for (;;)
+            __asm__ volatile("cli; hlt");
     guest_exit(ran ? 0 : 2);
 }
