@@ -403,6 +403,15 @@ static void skip_case(const struct bench_case *c, const char *why)
 
 static volatile u32 aps_up;
 static volatile u32 console_lock;
+/* coalesced=N (with smp=): each CPU writes N values to BENCH_MMIO, (cpu << 24) | sequence,
+ * all at once, so that several vCPUs fill and drain one coalesced ring together. */
+static volatile u64 smp_coalesced_writes;
+
+static void write_coalesced(u32 cpu)
+{
+    for (u64 i = 0; i < smp_coalesced_writes; i++)
+        mmio_write32(BENCH_MMIO, (cpu << 24) | (u32)i);
+}
 
 static u32 apic_id_from_cpuid(void)
 {
@@ -422,6 +431,7 @@ void ap_main(u32 index)
     put_u64(apic);
     puts_(" up\n");
     __atomic_store_n(&console_lock, 0, __ATOMIC_RELEASE);
+    write_coalesced(index + 1);
     __atomic_fetch_add(&aps_up, 1, __ATOMIC_RELEASE);
 }
 
@@ -448,6 +458,7 @@ static void start_aps(u64 cpus)
         send_to_others(0x4600 | (AP_TRAMPOLINE >> 12)); /* STARTUP */
         delay_cycles(1000000);
     }
+    write_coalesced(0);
     u64 deadline = rdtsc() + 20000000000UL;
     while (aps_up < cpus - 1 && rdtsc() < deadline)
         __asm__ volatile("pause");
@@ -532,6 +543,7 @@ void bench_main(u32 start_info_addr)
     if (lapic)
         lapic_enable();
     u64 cpus = parse_u64(find_arg(cmdline, "smp="));
+    smp_coalesced_writes = parse_u64(find_arg(cmdline, "coalesced="));
     if (cpus > MAX_APS + 1)
         cpus = MAX_APS + 1;
     if (cpus > 1 && lapic)

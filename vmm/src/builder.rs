@@ -31,6 +31,7 @@ use crate::devices::serial::{self, SerialDevice, SerialOutput};
 use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::devices::virtio::VirtioDevice;
 use crate::event_loop::{EventLoop, EventLoopError};
+use crate::kvm::ring::CoalescedRing;
 use crate::kvm::{self, KvmError};
 use crate::profile::{self, VcpuProfile};
 use crate::vcpu::{regs, RegsAccess, Vcpu, VcpuError};
@@ -224,6 +225,7 @@ impl VmBuilder {
             ..
         } = self;
         let virtio = devices.virtio_devices().to_vec();
+        let coalesced = devices.has_coalesced_zones();
         let entry = load_kernel(&vm, &spec, &devices.acpi_platform())?;
         let buses = devices.finish()?;
         let layout = buses.snapshot();
@@ -264,11 +266,26 @@ impl VmBuilder {
             }
             built.vcpus.push(vcpu);
         }
+        if coalesced {
+            share_coalesced_ring(&mut built.vcpus)?;
+        }
         if built.tsc_khz == 0 {
             built.tsc_khz = profile::estimate_tsc_khz(Duration::from_millis(50));
         }
         Ok(built)
     }
+}
+
+/// Maps KVM's coalesced ring (one per VM) once and gives it to every vCPU.
+fn share_coalesced_ring(vcpus: &mut [Vcpu]) -> Result<(), BuildError> {
+    let Some(first) = vcpus.first() else {
+        return Ok(());
+    };
+    let ring = Arc::new(CoalescedRing::map(first.fd())?);
+    for vcpu in vcpus {
+        vcpu.set_coalesced_ring(ring.clone());
+    }
+    Ok(())
 }
 
 /// Loads the kernel and everything it reads at boot.

@@ -10,6 +10,9 @@ pub mod result;
 pub mod runner;
 pub mod scaling;
 
+#[cfg(test)]
+mod coalesced_smp_tests;
+
 use std::time::Instant;
 
 use thiserror::Error;

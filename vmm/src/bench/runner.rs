@@ -108,7 +108,10 @@ struct Prepared {
 
 /// The bench guest's own ports: COM1 (captured, not printed), the exit port and the marker
 /// port, added like any device.
-fn add_bench_ports(builder: &mut VmBuilder, serial: &LineCapture) -> Result<(), RunError> {
+pub(super) fn add_bench_ports(
+    builder: &mut VmBuilder,
+    serial: &LineCapture,
+) -> Result<(), RunError> {
     builder.add_console(SerialOutput::discard().with_capture(serial.clone()))?;
     let devices = builder.devices();
     devices.add(
@@ -161,10 +164,7 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
         affinity: None,
     };
     let built = builder.build(&opts)?;
-    let mut vcpu = built.vcpus.into_iter().next().ok_or(RunError::NoMarkers)?;
-    if matches!(config.target, Target::Coalesced { .. }) {
-        vcpu.map_coalesced_ring()?;
-    }
+    let vcpu = built.vcpus.into_iter().next().ok_or(RunError::NoMarkers)?;
     Ok(Prepared {
         io_devices: built.io_names,
         vm: built.vm,
@@ -176,7 +176,7 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
     })
 }
 
-fn setup_target(devices: &DeviceManager, target: Target) -> Result<Option<EventFd>, RunError> {
+fn setup_target(devices: &mut DeviceManager, target: Target) -> Result<Option<EventFd>, RunError> {
     match target {
         Target::Unclaimed => Ok(None),
         Target::Ioeventfd {

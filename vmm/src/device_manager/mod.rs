@@ -71,6 +71,8 @@ pub struct DeviceManager {
     pci: Option<PciRoot>,
     mapper: Arc<PciMapper>,
     virtio: Vec<Arc<VirtioPciDevice>>,
+    /// Whether a coalesced zone was registered (the vCPUs then drain KVM's ring).
+    coalesced_zones: bool,
 }
 
 impl DeviceManager {
@@ -92,6 +94,7 @@ impl DeviceManager {
             pci: None,
             mapper,
             virtio: Vec::new(),
+            coalesced_zones: false,
         }
     }
 
@@ -237,14 +240,20 @@ impl DeviceManager {
     /// Makes KVM queue guest writes to `[addr, addr + len)` in its coalesced ring instead of
     /// exiting; they reach the bus at a vCPU's next exit.
     pub fn register_coalesced(
-        &self,
+        &mut self,
         addr: IoEventAddress,
         len: u32,
     ) -> Result<(), DeviceManagerError> {
         self.vm
             .register_coalesced_mmio(addr, len)
             .map_err(|e| KvmError::Ioctl("KVM_REGISTER_COALESCED_MMIO", e))?;
+        self.coalesced_zones = true;
         Ok(())
+    }
+
+    /// Whether KVM may queue writes in its coalesced ring (a zone was registered).
+    pub fn has_coalesced_zones(&self) -> bool {
+        self.coalesced_zones
     }
 
     /// Ends set-up: PCI configuration access (when there are PCI devices), the buses frozen

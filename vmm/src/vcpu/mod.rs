@@ -85,7 +85,7 @@ pub struct Vcpu {
     profile: Arc<VcpuProfile>,
     stats: Option<StatsFd>,
     regs: RegsAccess,
-    coalesced_ring: Option<CoalescedRing>,
+    coalesced_ring: Option<Arc<CoalescedRing>>,
     markers: Vec<Marker>,
     warned_unmapped: bool,
     /// Unhandled exit kinds already logged (each once).
@@ -147,11 +147,10 @@ impl Vcpu {
         &self.fd
     }
 
-    /// Maps the coalesced MMIO/PIO ring: on every userspace exit it is drained to the devices
-    /// before the exit itself is handled, so writes reach them in guest order.
-    pub fn map_coalesced_ring(&mut self) -> Result<(), VcpuError> {
-        self.coalesced_ring = Some(CoalescedRing::map(&self.fd)?);
-        Ok(())
+    /// Gives the vCPU the VM's coalesced MMIO/PIO ring: on every userspace exit it is drained
+    /// to the devices before the exit itself is handled, so writes reach them in guest order.
+    pub fn set_coalesced_ring(&mut self, ring: Arc<CoalescedRing>) {
+        self.coalesced_ring = Some(ring);
     }
 
     /// Opens the vCPU's KVM stats fd so guest markers also snapshot KVM's counters; returns
@@ -198,11 +197,14 @@ impl Vcpu {
             };
             let buses = self.buses.current(&self.shared_buses);
             // Writes queued in a coalesced ring reach their devices before the exit is handled.
-            let handled = match (&mut self.coalesced_ring, result) {
+            let handled = match (&self.coalesced_ring, result) {
                 (None, Ok(exit)) => handle_exit(buses, exit)?,
-                (Some(ring), Ok(exit)) => dispatch(buses, ring.drain(), Some(exit), delivered)?,
+                (Some(ring), Ok(exit)) => {
+                    let queued = ring.drain().into_iter().flatten();
+                    dispatch(buses, queued, Some(exit), delivered)?
+                }
                 (ring, Err(e)) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-                    let queued = ring.iter_mut().flat_map(CoalescedRing::drain);
+                    let queued = ring.iter().flat_map(|r| r.drain()).flatten();
                     let handled = dispatch(buses, queued, None, delivered)?;
                     self.fd.set_kvm_immediate_exit(0);
                     handled
