@@ -3,7 +3,8 @@
 //! Exit codes: 0 when the guest powers off or reboots (a reboot ends the VM with "guest
 //! rebooted"), 3 on a triple fault, 4 when KVM fails to run the guest, 5 on an unknown KVM
 //! system event, 124 when `--timeout` stopped the VM, 130 when SIGINT or SIGTERM stopped it,
-//! and 1 for any error setting the VM up (one line on stderr).
+//! 159 when a seccomp filter stopped exitless, and 1 for any error setting the VM up (one line
+//! on stderr).
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -41,7 +42,8 @@ output is dropped, said once on stderr and counted in the profile (\"console\" i
 --profile-json); the VM runs on to its own end. --serial-log still gets everything.\n\n\
 Exit codes: 0 guest powered off or rebooted, 1 setup error, \
 3 triple fault, 4 KVM failure, 5 unknown KVM system event, 124 --timeout reached, \
-130 stopped by SIGINT/SIGTERM."
+130 stopped by SIGINT/SIGTERM, 159 a thread made a system call its seccomp filter does not \
+allow (see --seccomp)."
 )]
 pub struct RunArgs {
     #[command(flatten)]
@@ -166,6 +168,8 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     let mut vm =
         launch::launch(&config, LaunchOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut terminal = RawTerminal::enter();
+    // From here the main thread only waits, reports and stops the VM.
+    vmm::seccomp::apply(vmm::seccomp::ThreadKind::Main)?;
     let end = wait(&args, &mut vm, timeout, interval);
     if let Ok(t) = terminal.as_mut() {
         t.restore();

@@ -74,6 +74,10 @@ impl EventLoop {
         let thread = thread::Builder::new()
             .name("devices".into())
             .spawn(move || {
+                if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Devices) {
+                    eprintln!("exitless: {e}; devices are not served");
+                    return;
+                }
                 while !flag.load(Ordering::Acquire) {
                     if let Err(e) = manager.run() {
                         eprintln!("exitless: device event loop failed: {e}");

@@ -13,6 +13,7 @@ pub mod kvm;
 pub mod launch;
 pub mod memory;
 pub mod profile;
+pub mod seccomp;
 pub mod terminal;
 pub mod test_skip;
 pub mod vcpu;

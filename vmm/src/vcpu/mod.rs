@@ -34,6 +34,8 @@ pub enum VcpuError {
     Kvm(#[from] kvm::KvmError),
     #[error("Cannot pin vCPU thread to host CPU {0}: {1}")]
     Affinity(usize, io::Error),
+    #[error(transparent)]
+    Seccomp(#[from] crate::seccomp::SeccompError),
 }
 
 /// How the VMM reads guest registers on each userspace exit.
@@ -171,6 +173,7 @@ impl Vcpu {
             pin_current_thread(cpu).map_err(|e| VcpuError::Affinity(cpu, e))?;
         }
         kvm::kick::arm(&mut self.fd);
+        crate::seccomp::apply(crate::seccomp::ThreadKind::Vcpu)?;
         let result = self.run_loop();
         kvm::kick::disarm();
         Ok(VcpuOutcome {

@@ -198,16 +198,22 @@ impl Pool {
         for i in 0..threads {
             let (rx, completed, file) = (rx.clone(), completed.clone(), file.clone());
             let done = done.try_clone()?;
-            let worker = move || loop {
-                let job = rx.lock().map(|r| r.recv());
-                let Ok(Ok((slot, kind, offset, iov))) = job else {
+            let worker = move || {
+                if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::DiskIo) {
+                    eprintln!("exitless: {e}; this disk I/O thread ends");
                     return;
-                };
-                let result = run_op(&file, kind, offset, &iov);
-                if let Ok(mut c) = completed.lock() {
-                    c.push(Completion { slot, result });
                 }
-                let _ = done.write(1);
+                loop {
+                    let job = rx.lock().map(|r| r.recv());
+                    let Ok(Ok((slot, kind, offset, iov))) = job else {
+                        return;
+                    };
+                    let result = run_op(&file, kind, offset, &iov);
+                    if let Ok(mut c) = completed.lock() {
+                        c.push(Completion { slot, result });
+                    }
+                    let _ = done.write(1);
+                }
             };
             workers.push(
                 std::thread::Builder::new()

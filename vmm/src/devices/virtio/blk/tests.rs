@@ -387,6 +387,14 @@ fn a_request_through_an_indirect_table_is_served_and_a_nested_one_is_dropped() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+    // Both chains are back in the used ring (its index follows the counters).
+    while r.mem.read_obj::<u16>(GuestAddress(USED_RING + 2)).unwrap() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "used ring not filled"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let mut got = vec![0u8; 4096];
     r.mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
     assert!(got.iter().all(|&b| b == 0xaa), "the disk's bytes were read");

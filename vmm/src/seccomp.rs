@@ -1,0 +1,362 @@
+//! Seccomp filters per thread kind (the `seccompiler` crate). Each thread that a guest can
+//! reach installs, once set up, a filter allowing only the system calls it makes; any other
+//! call raises SIGSYS, whose handler says which thread made which call and ends the process
+//! with [`EXIT_SECCOMP`]. The lists and why each call is there: docs/seccomp.md.
+//!
+//! Filters are on unless [`disable`] was called (`--seccomp off`). Only the system call number
+//! is filtered, not its arguments.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Once;
+
+use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+use thiserror::Error;
+
+/// Exit code of a process that a seccomp filter stopped (128 + SIGSYS, as a shell reports a
+/// process killed by SIGSYS).
+pub const EXIT_SECCOMP: i32 = 128 + libc::SIGSYS;
+
+#[derive(Debug, Error)]
+pub enum SeccompError {
+    #[error("Cannot build the seccomp filter of the {0} thread: {1}")]
+    Build(&'static str, seccompiler::BackendError),
+    #[error("Cannot install the seccomp filter of the {0} thread: {1}")]
+    Install(&'static str, seccompiler::Error),
+    #[error("Cannot install the SIGSYS handler: {0}")]
+    Handler(std::io::Error),
+}
+
+/// The kinds of thread exitless runs, each with its own allowed list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadKind {
+    /// `exitless run`'s main thread once the VM runs: signals, reports, stopping the vCPUs.
+    Main,
+    /// A vCPU: KVM_RUN and the exits it handles, including device set-up the guest triggers
+    /// (BAR moves, MSI-X routes, starting a disk's I/O).
+    Vcpu,
+    /// The device event loop: queues, console input, completions.
+    Devices,
+    /// A disk's I/O thread where io_uring is unavailable.
+    DiskIo,
+}
+
+impl ThreadKind {
+    fn name(self) -> &'static str {
+        match self {
+            ThreadKind::Main => "main",
+            ThreadKind::Vcpu => "vCPU",
+            ThreadKind::Devices => "devices",
+            ThreadKind::DiskIo => "disk I/O",
+        }
+    }
+
+    /// The system calls this kind of thread may make.
+    pub fn allowed(self) -> Vec<libc::c_long> {
+        let mut calls = COMMON.to_vec();
+        calls.extend_from_slice(match self {
+            ThreadKind::Main => MAIN,
+            ThreadKind::Vcpu => VCPU,
+            ThreadKind::Devices => DEVICES,
+            ThreadKind::DiskIo => DISK_IO,
+        });
+        if self == ThreadKind::Vcpu {
+            // A disk's I/O threads start on the vCPU that activates the disk and keep its
+            // filter under their own: both must allow their calls.
+            calls.extend(DISK_IO.iter().filter(|c| !VCPU.contains(c)));
+        }
+        calls
+    }
+}
+
+/// Every thread: memory, locks, signals, its own end, and writing diagnostics.
+const COMMON: &[libc::c_long] = &[
+    libc::SYS_brk,
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_close,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    libc::SYS_futex,
+    libc::SYS_getpid,
+    libc::SYS_getrandom,
+    libc::SYS_gettid,
+    libc::SYS_madvise,
+    libc::SYS_mmap,
+    libc::SYS_mprotect,
+    libc::SYS_mremap,
+    libc::SYS_munmap,
+    libc::SYS_nanosleep,
+    libc::SYS_prctl,
+    libc::SYS_restart_syscall,
+    libc::SYS_rseq,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_sched_yield,
+    // Only ever narrows: a thread started by a filtered one (a disk's I/O threads, started by
+    // the vCPU that activated the disk) adds its own filter.
+    libc::SYS_seccomp,
+    libc::SYS_set_robust_list,
+    libc::SYS_sigaltstack,
+    libc::SYS_tgkill,
+    libc::SYS_write,
+    libc::SYS_writev,
+];
+
+const MAIN: &[libc::c_long] = &[
+    libc::SYS_fcntl,
+    libc::SYS_fstat,
+    libc::SYS_fsync,
+    libc::SYS_ioctl,
+    libc::SYS_lseek,
+    libc::SYS_newfstatat,
+    libc::SYS_openat,
+    libc::SYS_poll,
+    libc::SYS_pread64,
+    libc::SYS_read,
+    libc::SYS_rt_sigaction,
+    libc::SYS_statx,
+];
+
+const VCPU: &[libc::c_long] = &[
+    libc::SYS_clone,
+    libc::SYS_clone3,
+    libc::SYS_eventfd2,
+    libc::SYS_fcntl,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_io_uring_setup,
+    libc::SYS_ioctl,
+    libc::SYS_pread64,
+    libc::SYS_read,
+    libc::SYS_sched_setaffinity,
+];
+
+const DEVICES: &[libc::c_long] = &[
+    libc::SYS_epoll_ctl,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_wait,
+    libc::SYS_fdatasync,
+    libc::SYS_fsync,
+    libc::SYS_io_uring_enter,
+    libc::SYS_ioctl,
+    libc::SYS_read,
+    libc::SYS_timerfd_settime,
+];
+
+const DISK_IO: &[libc::c_long] = &[
+    libc::SYS_fdatasync,
+    libc::SYS_fsync,
+    libc::SYS_pread64,
+    libc::SYS_preadv,
+    libc::SYS_preadv2,
+    libc::SYS_pwrite64,
+    libc::SYS_pwritev,
+    libc::SYS_pwritev2,
+];
+
+static DISABLED: AtomicBool = AtomicBool::new(false);
+
+/// Turns filtering off for the rest of the process (`--seccomp off`): threads started later
+/// run unfiltered.
+pub fn disable() {
+    DISABLED.store(true, Ordering::SeqCst);
+}
+
+/// Whether threads install their filters.
+pub fn enabled() -> bool {
+    !DISABLED.load(Ordering::SeqCst)
+}
+
+/// The BPF program for `kind`: allowed calls pass, anything else raises SIGSYS.
+pub fn program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
+    let rules = kind
+        .allowed()
+        .into_iter()
+        .map(|n| (n, vec![]))
+        .collect::<BTreeMap<_, _>>();
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Trap,
+        SeccompAction::Allow,
+        TargetArch::x86_64,
+    )
+    .map_err(|e| SeccompError::Build(kind.name(), e))?;
+    BpfProgram::try_from(filter).map_err(|e| SeccompError::Build(kind.name(), e))
+}
+
+/// Installs `kind`'s filter on the calling thread, unless filtering is off.
+pub fn apply(kind: ThreadKind) -> Result<(), SeccompError> {
+    if !enabled() {
+        return Ok(());
+    }
+    install_sigsys_handler()?;
+    let program = program(kind)?;
+    seccompiler::apply_filter(&program).map_err(|e| SeccompError::Install(kind.name(), e))
+}
+
+fn install_sigsys_handler() -> Result<(), SeccompError> {
+    static ONCE: Once = Once::new();
+    let mut result = Ok(());
+    ONCE.call_once(|| {
+        // SAFETY: a zeroed sigaction is valid; the handler only makes async-signal-safe calls
+        // (prctl, write, _exit).
+        let rc = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_sigsys as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO;
+            libc::sigaction(libc::SIGSYS, &action, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            result = Err(SeccompError::Handler(std::io::Error::last_os_error()));
+        }
+    });
+    result
+}
+
+/// Says which thread made which system call, then ends the process: a filtered thread went
+/// outside its list (a bug in exitless or its list, or an exploited device model).
+extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let mut thread = [0u8; 17];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes and a NUL into the 17-byte buffer.
+    unsafe { libc::prctl(libc::PR_GET_NAME, thread.as_mut_ptr()) };
+    // SAFETY: the kernel passes a valid siginfo for SIGSYS; si_syscall sits at a fixed place
+    // in its union (the `_sigsys` member: call address, then system call number).
+    let call = unsafe { syscall_number(info) };
+    let mut line = Line::default();
+    line.push(b"exitless: seccomp: thread ");
+    line.push(&thread[..thread.iter().position(|&b| b == 0).unwrap_or(16)]);
+    line.push(b" made system call ");
+    line.push_number(call);
+    line.push(
+        b", which its filter does not allow; stopping (--seccomp off disables the filters)\n",
+    );
+    // SAFETY: write and _exit are async-signal-safe; the buffer is live.
+    unsafe {
+        libc::write(2, line.buf.as_ptr().cast(), line.len);
+        libc::_exit(EXIT_SECCOMP);
+    }
+}
+
+/// # Safety
+/// `info` points at the siginfo of a SIGSYS raised by seccomp.
+unsafe fn syscall_number(info: *const libc::siginfo_t) -> u64 {
+    // The union starts after si_signo, si_errno, si_code and padding (16 bytes on x86_64);
+    // `_sigsys` holds `void *_call_addr; int _syscall; unsigned _arch`.
+    let base = info.cast::<u8>().add(16);
+    let call = std::ptr::read_unaligned(base.add(8).cast::<libc::c_int>());
+    call as u64
+}
+
+/// A fixed buffer for the handler's one line (no allocation in a signal handler).
+struct Line {
+    buf: [u8; 200],
+    len: usize,
+}
+
+impl Default for Line {
+    fn default() -> Self {
+        Line {
+            buf: [0; 200],
+            len: 0,
+        }
+    }
+}
+
+impl Line {
+    fn push(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        self.len += n;
+    }
+
+    fn push_number(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_builds_a_program_and_lists_each_call_once() {
+        for kind in [
+            ThreadKind::Main,
+            ThreadKind::Vcpu,
+            ThreadKind::Devices,
+            ThreadKind::DiskIo,
+        ] {
+            assert!(!program(kind).unwrap().is_empty());
+            let mut calls = kind.allowed();
+            let n = calls.len();
+            calls.sort();
+            calls.dedup();
+            assert_eq!(calls.len(), n, "{kind:?} lists a call twice");
+        }
+    }
+
+    #[test]
+    fn no_guest_facing_thread_may_open_files_or_sockets_or_exec() {
+        for kind in [ThreadKind::Vcpu, ThreadKind::Devices, ThreadKind::DiskIo] {
+            let calls = kind.allowed();
+            for forbidden in [
+                libc::SYS_openat,
+                libc::SYS_open,
+                libc::SYS_socket,
+                libc::SYS_connect,
+                libc::SYS_execve,
+                libc::SYS_ptrace,
+            ] {
+                assert!(!calls.contains(&forbidden), "{kind:?} allows {forbidden}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_handler_line_says_the_call_number() {
+        let mut line = Line::default();
+        line.push(b"call ");
+        line.push_number(41);
+        line.push_number(0);
+        assert_eq!(&line.buf[..line.len], b"call 410");
+    }
+
+    /// A forked child with the vCPU filter that opens a socket is stopped by the handler with
+    /// its exit code and its line (the parent only waits).
+    #[test]
+    fn a_call_outside_the_list_stops_the_process_with_its_code() {
+        let program = program(ThreadKind::Vcpu).unwrap();
+        install_sigsys_handler().unwrap();
+        // SAFETY: the child only makes system calls (no allocation) before it ends.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            if seccompiler::apply_filter(&program).is_err() {
+                // SAFETY: ends the child at once.
+                unsafe { libc::_exit(2) };
+            }
+            // SAFETY: a plain system call; the filter stops it.
+            unsafe {
+                libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                libc::_exit(0);
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), EXIT_SECCOMP);
+    }
+}
