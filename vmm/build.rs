@@ -23,6 +23,9 @@ const FLAGS: &[&str] = &[
     "-fno-pic",
     "-fno-pie",
     "-fno-stack-protector",
+    // cc adds -fsanitize=address when the Rust code is built with ASan (cargo fuzz); the
+    // guest has no sanitizer runtime.
+    "-fno-sanitize=all",
     "-fno-asynchronous-unwind-tables",
     "-mno-red-zone",
     "-mgeneral-regs-only",
@@ -42,6 +45,8 @@ fn main() {
         .files(SOURCES)
         .include("guest")
         .pic(false)
+        // A freestanding guest: no -C target-cpu or the like from RUSTFLAGS.
+        .inherit_rustflags(false)
         .warnings_into_errors(true);
     for f in FLAGS {
         build.flag(f);

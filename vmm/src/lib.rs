@@ -9,6 +9,7 @@ pub mod config;
 pub mod device_manager;
 pub mod devices;
 pub mod event_loop;
+pub mod fuzzing;
 pub mod kvm;
 pub mod launch;
 pub mod memory;

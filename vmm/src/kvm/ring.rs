@@ -42,7 +42,8 @@ impl CoalescedWrite {
         &self.data[..usize::from(self.len)]
     }
 
-    fn from_entry(entry: &kvm_coalesced_mmio) -> Self {
+    /// Decodes one ring entry (any length or flag a guest can make KVM record).
+    pub fn from_entry(entry: &kvm_coalesced_mmio) -> Self {
         // SAFETY: the union holds `pio` (u32) or `padding` (u32) at the same place; any bit
         // pattern is a valid u32, and KVM zeroes it for MMIO entries.
         let pio = unsafe { entry.__bindgen_anon_1.pio != 0 };

@@ -108,6 +108,32 @@ impl QueueCounters {
     }
 }
 
+/// Ends a device's serve loop on a ring that announces work it cannot hand out: a guest that
+/// sets the available index past what the ring holds makes `enable_notification` report new
+/// chains forever while `pop_descriptor_chain` yields none. Two rounds in a row that popped
+/// nothing end the loop (one such round is a guest adding a chain just after the last pop),
+/// counted as malformed; the queue is served again at its next notification.
+#[derive(Debug, Default)]
+pub struct StallGuard {
+    idle_rounds: u8,
+}
+
+impl StallGuard {
+    /// After a round that popped `popped` chains while more were announced: whether to go on.
+    pub fn go_on(&mut self, popped: usize, counters: &QueueCounters) -> bool {
+        if popped > 0 {
+            self.idle_rounds = 0;
+            return true;
+        }
+        self.idle_rounds += 1;
+        if self.idle_rounds < 2 {
+            return true;
+        }
+        QueueCounters::add(&counters.malformed, 1);
+        false
+    }
+}
+
 /// A virtio device model behind the transport. Configuration calls come from vCPU threads and
 /// are short; queue work runs on the event loop once activated.
 pub trait VirtioDevice: Send {

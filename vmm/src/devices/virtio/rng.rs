@@ -10,7 +10,7 @@ use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    Activation, QueueCounters, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_RNG,
+    Activation, QueueCounters, StallGuard, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_RNG,
     VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use crate::event_loop::EventLoopHandle;
@@ -145,11 +145,14 @@ impl RngWorker {
     fn serve(&mut self) {
         let counters = &self.counters[0];
         let mem = &self.mem;
+        let mut stall = StallGuard::default();
         loop {
             if self.queue.disable_notification(mem).is_err() {
                 break;
             }
+            let mut popped = 0;
             while let Some(chain) = self.queue.pop_descriptor_chain(mem) {
+                popped += 1;
                 let head = chain.head_index();
                 let len = fill_chain(chain, mem).unwrap_or_else(|| {
                     QueueCounters::add(&counters.malformed, 1);
@@ -160,7 +163,9 @@ impl RngWorker {
                 }
                 QueueCounters::add(&counters.completed, 1);
             }
-            if !self.queue.enable_notification(mem).unwrap_or(false) {
+            if !self.queue.enable_notification(mem).unwrap_or(false)
+                || !stall.go_on(popped, counters)
+            {
                 break;
             }
         }

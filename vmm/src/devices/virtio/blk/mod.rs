@@ -18,7 +18,7 @@ use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    Activation, QueueCounters, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_BLOCK,
+    Activation, QueueCounters, StallGuard, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_BLOCK,
     VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use crate::config::DiskConfig;

@@ -100,11 +100,14 @@ impl BlockWorker {
     /// idx), starts their I/O in one batch, and signals for the ones answered at once.
     pub(super) fn serve_queue(&mut self) {
         let mut answered = false;
+        let mut stall = StallGuard::default();
         loop {
             if self.queue.disable_notification(&self.mem).is_err() {
                 break;
             }
+            let mut popped = 0;
             while let Some(chain) = self.queue.pop_descriptor_chain(&self.mem) {
+                popped += 1;
                 match request::parse(chain, &self.mem, self.shape) {
                     Err(refused) => {
                         self.refused(refused);
@@ -117,7 +120,9 @@ impl BlockWorker {
                     Ok(r) => answered |= !self.start(r),
                 }
             }
-            if !self.queue.enable_notification(&self.mem).unwrap_or(false) {
+            if !self.queue.enable_notification(&self.mem).unwrap_or(false)
+                || !stall.go_on(popped, &self.counters[0])
+            {
                 break;
             }
         }

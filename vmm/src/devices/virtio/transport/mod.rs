@@ -326,7 +326,7 @@ impl PciDevice for VirtioPciDevice {
 
     fn bar_read(&self, bar: u8, offset: u64, data: &mut [u8]) {
         data.fill(0);
-        if bar != 0 {
+        if bar != 0 || !(1..=8).contains(&data.len()) {
             return self.fault();
         }
         match offset {
@@ -344,7 +344,7 @@ impl PciDevice for VirtioPciDevice {
     }
 
     fn bar_write(&self, bar: u8, offset: u64, data: &[u8]) {
-        if bar != 0 {
+        if bar != 0 || !(1..=8).contains(&data.len()) {
             return self.fault();
         }
         match offset {

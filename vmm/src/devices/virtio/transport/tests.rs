@@ -179,3 +179,17 @@ fn config_space_has_the_virtio_capabilities_and_live_msix_control() {
     dev.bar_read(0, 0x2000, &mut d);
     assert_eq!(d, [0x10, 0x10, 0x10, 0x10]);
 }
+
+/// Found by the virtio_transport fuzz target: a zero-length read of the ISR register indexed
+/// an empty buffer. Accesses of no bytes or more than 8 are counted faults, never a panic.
+#[test]
+fn accesses_of_zero_or_more_than_eight_bytes_are_counted_faults() {
+    let (dev, _, _el) = device();
+    let mut none = [0u8; 0];
+    dev.bar_read(0, ISR, &mut none);
+    dev.bar_write(0, ISR, &[]);
+    let mut wide = [0u8; 16];
+    dev.bar_read(0, 0, &mut wide);
+    assert_eq!(dev.faults(), 3);
+    assert_eq!(wide, [0; 16]);
+}

@@ -1,0 +1,4 @@
+#![no_main]
+//! `cargo +nightly fuzz run coalesced_ring`: see docs/fuzzing.md.
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| vmm::fuzzing::coalesced_ring(data));

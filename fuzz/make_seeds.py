@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of each fuzz target (fuzz/corpus/NAME/seed-*): inputs that reach deep
+into each parser, so the short runs of the test suite start from real traffic."""
+import os
+import struct
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+LEN = {1: 0, 2: 1, 4: 2, 8: 3, 3: 5, 0: 6}
+
+
+def access(write, offset, length, value=0):
+    """One step of vmm::fuzzing's access stream: op, offset (u16), length code, value (u64)."""
+    return struct.pack("<BHBQ", 1 if write else 0, offset, LEN[length], value)
+
+
+def save(target, name, data):
+    os.makedirs(os.path.join(ROOT, target), exist_ok=True)
+    with open(os.path.join(ROOT, target, name), "wb") as f:
+        f.write(data)
+
+
+def serial():
+    init = [access(True, 3, 1, 0x80), access(True, 0, 1, 1), access(True, 1, 1, 0),
+            access(True, 3, 1, 0x03), access(True, 1, 1, 0x0f)]
+    text = [access(True, 0, 1, c) for c in b"EXITLESS\n"]
+    reads = [access(False, r, 1) for r in range(8)] + [access(False, 9, 4), access(True, 7, 2, 1)]
+    save("serial", "seed-init", b"\x04ab\n\x00" + b"".join(init + text))
+    save("serial", "seed-reads", b"".join(reads))
+
+
+def i8042():
+    save("i8042", "seed-reset", b"".join([access(False, 4, 1), access(True, 4, 1, 0xfe)]))
+    save("i8042", "seed-data", b"".join([access(True, 0, 1, 0xf4), access(False, 0, 1),
+                                         access(True, 4, 1, 0x60), access(True, 0, 1, 0x47)]))
+
+
+def cf8(bus, slot, fn, reg):
+    return 0x80000000 | bus << 16 | slot << 11 | fn << 8 | reg
+
+
+def pci_config():
+    steps = []
+    for reg in range(0, 0x40, 4):  # the virtio function at slot 1, through 0xCF8/0xCFC
+        steps += [access(True, 0, 4, cf8(0, 1, 0, reg)), access(False, 4, 4)]
+    steps += [access(True, 0, 4, cf8(0, 1, 0, 0x10)), access(True, 4, 4, 0xffffffff),
+              access(False, 4, 4), access(True, 4, 4, 0xc8000000),
+              access(True, 0, 4, cf8(0, 1, 0, 0x04)), access(True, 4, 2, 0x0006)]
+    half = b"".join(steps)
+    ecam = [access(False, (1 << 15) | reg, 4) for reg in range(0, 0x100, 4)]
+    ecam += [access(True, (1 << 15) | 0x10, 4, 0xffffffff), access(False, (1 << 15) | 0x10, 4)]
+    ecam_bytes = b"".join(ecam)
+    pad = max(len(half), len(ecam_bytes))
+    save("pci_config", "seed-ports-ecam", half.ljust(pad, b"\0") + ecam_bytes.ljust(pad, b"\0"))
+
+
+def virtio_transport():
+    s = [access(True, 0x14, 1, 0), access(True, 0x14, 1, 1), access(True, 0x14, 1, 3),
+         access(True, 0x00, 4, 0), access(False, 0x04, 4), access(True, 0x00, 4, 1),
+         access(False, 0x04, 4), access(True, 0x08, 4, 1), access(True, 0x0c, 4, 1),
+         access(True, 0x14, 1, 11), access(False, 0x14, 1),
+         access(True, 0x16, 2, 0), access(False, 0x18, 2), access(True, 0x18, 2, 8),
+         access(True, 0x1a, 2, 0), access(True, 0x20, 8, 0x1000), access(True, 0x28, 8, 0x2000),
+         access(True, 0x30, 8, 0x3000), access(True, 0x1c, 2, 1), access(True, 0x14, 1, 15),
+         access(False, 0x1e, 2), access(True, 0x1000, 2, 0), access(False, 0x800, 1),
+         access(True, 0x2000, 4, 0xfee00000), access(True, 0x200c, 4, 0)]
+    save("virtio_transport", "seed-driver", b"".join(s))
+
+
+def desc(addr, length, flags, nxt):
+    return struct.pack("<QIHH", addr, length, flags, nxt)
+
+
+def blk_request():
+    NEXT, WRITE, INDIRECT = 1, 2, 4
+
+    def image(descs, heads, extra):
+        mem = bytearray(0x4000)
+        table = b"".join(descs)
+        mem[0:len(table)] = table
+        avail = struct.pack("<HH", 0, len(heads)) + b"".join(struct.pack("<H", h) for h in heads)
+        mem[0x100:0x100 + len(avail)] = avail
+        for addr, data in extra:
+            mem[addr:addr + len(data)] = data
+        return bytes(mem)
+
+    read = [desc(0x1000, 16, NEXT, 1), desc(0x2000, 512, WRITE | NEXT, 2), desc(0x3000, 1, WRITE, 0)]
+    header_in = struct.pack("<IIQ", 0, 0, 2)
+    save("blk_request", "seed-read", image(read, [0], [(0x1000, header_in)]))
+    write = [desc(0x1000, 16, NEXT, 1), desc(0x2000, 4096, NEXT, 2), desc(0x3000, 1, WRITE, 0)]
+    save("blk_request", "seed-write", image(write, [0], [(0x1000, struct.pack("<IIQ", 1, 0, 60))]))
+    table = b"".join(read)
+    save("blk_request", "seed-indirect",
+         image([desc(0x3800, len(table), INDIRECT, 0)], [0], [(0x1000, header_in), (0x3800, table)]))
+    loop = [desc(0x1000, 16, NEXT, 1), desc(0x2000, 512, WRITE | NEXT, 0)]
+    save("blk_request", "seed-loop", image(loop, [0, 1], [(0x1000, header_in)]))
+
+
+def coalesced_ring():
+    e = lambda addr, length, value, pio: struct.pack("<QBQB", addr, length, value, pio)
+    save("coalesced_ring", "seed-mixed", e(0xd0000000, 4, 0x600dcafe, 0) + e(0x7e0, 4, 1, 1)
+         + e(0x7e4, 200, 7, 1) + e(0xffffffffffffffff, 8, 0, 0))
+
+
+def bench_line():
+    lines = ["EXITLESS START version=1",
+             "EXITLESS RESULT case=pio_out cpl=3 iters=5000 cycles=123456 empty=10 ipis=0 uds=0",
+             "EXITLESS RESULT case=virtio_blk cpl=3 iters=5000 cycles=1 empty=1 ipis=1 uds=0 qd=32 notifies=3 io_errors=0",
+             "EXITLESS SKIP case=hlt reason=no lapic", "EXITLESS ERROR exception vector=14 cr2=0x10",
+             "EXITLESS DONE", "EXITLESS RESULT case= iters=-1 cycles=99999999999999999999999"]
+    save("bench_line", "seed-lines", "\n".join(lines).encode())
+
+
+for make in (serial, i8042, pci_config, virtio_transport, blk_request, coalesced_ring, bench_line):
+    make()

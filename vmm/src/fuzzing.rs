@@ -1,0 +1,265 @@
+//! Fuzz targets: every parser a guest (or the bench guest's console) feeds, driven by
+//! arbitrary bytes. Each function must return for any input without panicking; where a
+//! parser promises more (a request's buffers lie inside guest memory and inside the disk),
+//! the target asserts it. `fuzz/` runs them under libFuzzer (`cargo +nightly fuzz run NAME`);
+//! the test suite runs each over its checked-in corpus and a few thousand mutations of it
+//! (`vmm/tests/fuzz_corpus.rs`). docs/fuzzing.md says how to run them for hours.
+
+use std::sync::{Arc, Mutex};
+
+use kvm_bindings::kvm_coalesced_mmio;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::bus::{BusBuilder, BusDevice, Buses, MutBusDevice};
+use crate::devices::i8042::{I8042, I8042_LEN};
+use crate::devices::pci::root::{PciConfigPorts, PciEcam, PciRoot};
+use crate::devices::pci::PciDevice;
+use crate::devices::serial::{SerialDevice, SerialOutput};
+use crate::devices::virtio::blk::request::{self, DiskShape};
+use crate::devices::virtio::rng::Rng;
+use crate::devices::virtio::transport::VirtioPciDevice;
+use crate::event_loop::EventLoop;
+use crate::kvm::ring::CoalescedWrite;
+
+/// A fuzz target: takes any bytes, must return.
+pub type Target = fn(&[u8]);
+
+/// The targets by name, as `fuzz/fuzz_targets/NAME.rs` and the corpus directories call them.
+pub const TARGETS: &[(&str, Target)] = &[
+    ("serial", serial),
+    ("i8042", i8042),
+    ("pci_config", pci_config),
+    ("virtio_transport", virtio_transport),
+    ("blk_request", blk_request),
+    ("coalesced_ring", coalesced_ring),
+    ("bench_line", bench_line),
+];
+
+/// Reads the input as a stream of small values; past its end every value is 0.
+struct Input<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Input<'a> {
+    fn new(data: &'a [u8]) -> Self {
+        Input { data, pos: 0 }
+    }
+
+    fn more(&self) -> bool {
+        self.pos < self.data.len()
+    }
+
+    fn u8(&mut self) -> u8 {
+        let b = self.data.get(self.pos).copied().unwrap_or(0);
+        self.pos += 1;
+        b
+    }
+
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.u8(), self.u8()])
+    }
+
+    fn u64(&mut self) -> u64 {
+        (0..8).fold(0, |v, i| v | u64::from(self.u8()) << (8 * i))
+    }
+
+    /// An access length: mostly 1, 2, 4 or 8, sometimes 3 or 0 (hostile).
+    fn len(&mut self) -> usize {
+        [1, 2, 4, 8, 1, 3, 0, 4][usize::from(self.u8() & 7)]
+    }
+}
+
+/// One guest access per step: read or write, offset, length, value.
+fn accesses(data: &[u8], max_offset: u64, dev: &dyn BusDevice) {
+    let mut input = Input::new(data);
+    while input.more() {
+        let op = input.u8();
+        let offset = u64::from(input.u16()) % max_offset;
+        let len = input.len();
+        let value = input.u64().to_le_bytes();
+        if op & 1 == 0 {
+            let mut buf = [0u8; 8];
+            dev.read(offset, &mut buf[..len]);
+        } else {
+            let _ = dev.write(offset, &value[..len]);
+        }
+    }
+}
+
+/// COM1's registers, including offsets past them and odd lengths; console input mixed in.
+pub fn serial(data: &[u8]) {
+    let Ok(irq) = EventFd::new(EFD_NONBLOCK) else {
+        return;
+    };
+    let mut serial = SerialDevice::new(irq, SerialOutput::discard());
+    if let Some((&n, rest)) = data.split_first() {
+        let _ = serial.enqueue_input(&rest[..usize::from(n).min(rest.len())]);
+    }
+    accesses(data, 16, &Mutex::new(serial));
+}
+
+/// The i8042's ports (data, status/command) and beyond.
+pub fn i8042(data: &[u8]) {
+    accesses(data, I8042_LEN + 4, &Mutex::new(I8042::new()));
+}
+
+/// A virtio-pci function (virtio-rng) on the guest's memory, with its own event loop.
+fn rng_function(mem: &GuestMemoryMmap) -> Option<(Arc<VirtioPciDevice>, EventLoop)> {
+    // A fuzzing process is not a VMM: its sanitizer runtime makes calls the device thread's
+    // filter does not list.
+    crate::seccomp::disable();
+    let event_loop = EventLoop::start().ok()?;
+    let dev = VirtioPciDevice::new(
+        "virtio-rng",
+        Box::new(Rng::new()),
+        0xc000_0000,
+        mem.clone(),
+        event_loop.handle(),
+    )
+    .ok()?;
+    Some((Arc::new(dev), event_loop))
+}
+
+fn small_memory() -> Option<GuestMemoryMmap> {
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).ok()
+}
+
+/// PCI configuration space through 0xCF8/0xCFC and through ECAM: the host bridge and one
+/// virtio function, BAR sizing and moves, capabilities, MSI-X control.
+pub fn pci_config(data: &[u8]) {
+    let Some(mem) = small_memory() else {
+        return;
+    };
+    let Some((dev, _event_loop)) = rng_function(&mem) else {
+        return;
+    };
+    let mut root = PciRoot::new();
+    root.add(dev);
+    let root = Arc::new(root);
+    let (half, rest) = data.split_at(data.len() / 2);
+    accesses(half, 8, &PciConfigPorts::new(root.clone()));
+    accesses(rest, 1 << 16, &PciEcam::new(root));
+}
+
+/// The virtio-pci transport's BAR (common config, notify, ISR, device config, MSI-X table and
+/// PBA) driven in any order, queues pointed anywhere in guest memory that the input fills.
+pub fn virtio_transport(data: &[u8]) {
+    let Some(mem) = small_memory() else {
+        return;
+    };
+    let _ = mem.write_slice(&data[..data.len().min(4096)], GuestAddress(0));
+    let Some((dev, _event_loop)) = rng_function(&mem) else {
+        return;
+    };
+    let bar = BarAccess(dev);
+    accesses(data, 1 << 14, &bar);
+}
+
+/// BAR 0 of a PCI function as a bus device.
+struct BarAccess(Arc<VirtioPciDevice>);
+
+impl BusDevice for BarAccess {
+    fn read(&self, offset: u64, data: &mut [u8]) {
+        self.0.bar_read(0, offset, data);
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<crate::bus::DeviceEvent> {
+        self.0.bar_write(0, offset, data);
+        Ok(crate::bus::DeviceEvent::None)
+    }
+}
+
+/// virtio-blk request parsing: a split queue whose descriptor table and available ring are the
+/// input (loops, chains out of memory, indirect tables, wrong directions). A request that
+/// parses must have its buffers in guest memory and its sectors inside the disk.
+pub fn blk_request(data: &[u8]) {
+    const SIZE: u16 = 16;
+    let Some(mem) = small_memory() else {
+        return;
+    };
+    let _ = mem.write_slice(&data[..data.len().min(1 << 16)], GuestAddress(0));
+    let Ok(mut queue) = Queue::new(SIZE) else {
+        return;
+    };
+    queue.set_desc_table_address(Some(0), Some(0));
+    queue.set_avail_ring_address(Some(0x100), Some(0));
+    queue.set_used_ring_address(Some(0x200), Some(0));
+    queue.set_size(SIZE);
+    queue.set_ready(true);
+    let disk = DiskShape {
+        capacity_bytes: 64 * 512,
+        readonly: data.first().is_some_and(|b| b & 1 == 1),
+    };
+    for _ in 0..2 * SIZE {
+        let Some(chain) = queue.pop_descriptor_chain(&mem) else {
+            break;
+        };
+        if let Ok(req) = request::parse(chain, &mem, disk) {
+            if matches!(req.op, request::Op::Read | request::Op::Write) {
+                let end = req.offset.saturating_add(req.data_len);
+                assert!(
+                    end <= disk.capacity_bytes,
+                    "request past the end of the disk"
+                );
+            }
+            assert!(
+                !(disk.readonly && req.op == request::Op::Write),
+                "write to a read-only disk"
+            );
+            for &(addr, len) in &req.data {
+                assert!(
+                    mem.get_slice(addr, len as usize).is_ok(),
+                    "buffer outside memory"
+                );
+            }
+        }
+    }
+}
+
+/// Coalesced-ring entries (any length, flags, address) decoded and delivered to a bus.
+pub fn coalesced_ring(data: &[u8]) {
+    #[derive(Default)]
+    struct Sink;
+    impl MutBusDevice for Sink {
+        fn read(&mut self, _: u64, data: &mut [u8]) {
+            data.fill(0);
+        }
+        fn write(&mut self, _: u64, _: &[u8]) -> std::io::Result<crate::bus::DeviceEvent> {
+            Ok(crate::bus::DeviceEvent::None)
+        }
+    }
+    let mut pio = BusBuilder::new();
+    let mut mmio = BusBuilder::new();
+    let sink: Arc<dyn BusDevice> = Arc::new(Mutex::new(Sink));
+    if pio.insert("sink", 0x7e0, 8, sink.clone()).is_err()
+        || mmio.insert("sink", 0xd000_0000, 8, sink).is_err()
+    {
+        return;
+    }
+    let buses = Buses {
+        pio: pio.freeze(),
+        mmio: mmio.freeze(),
+    };
+    let mut input = Input::new(data);
+    let mut writes = Vec::new();
+    while input.more() {
+        let mut entry = kvm_coalesced_mmio {
+            phys_addr: input.u64(),
+            len: u32::from(input.u8()),
+            data: input.u64().to_le_bytes(),
+            ..Default::default()
+        };
+        entry.__bindgen_anon_1.pio = u32::from(input.u8() & 1);
+        writes.push(CoalescedWrite::from_entry(&entry));
+    }
+    let _ = crate::vcpu::exit::dispatch(&buses, writes.into_iter(), None, |_, _| {});
+}
+
+/// The bench result-line parser, on any console line.
+pub fn bench_line(data: &[u8]) {
+    for line in String::from_utf8_lossy(data).lines() {
+        let _ = crate::bench::result::parse_line(line);
+    }
+}
