@@ -20,7 +20,8 @@ use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::event_loop::{EventLoopError, EventLoopHandle};
+use crate::event_loop::{EventLoopError, EventLoopHandle, Subscriber};
+use event_manager::SubscriberId;
 
 /// Feature bit every exitless device offers and requires: virtio 1.x (no legacy interface).
 pub const VIRTIO_F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -105,6 +106,36 @@ impl QueueCounters {
     /// Adds `n` to one counter (single writer: a load and a store, no locked instruction).
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    }
+}
+
+/// A device's queue work on the event loop while the device is active.
+#[derive(Default)]
+pub struct QueueWorker(Option<(EventLoopHandle, SubscriberId)>);
+
+impl QueueWorker {
+    /// Puts `worker` on `event_loop` (it serves what is already queued at once).
+    pub fn start(
+        &mut self,
+        device: &str,
+        event_loop: EventLoopHandle,
+        worker: Subscriber,
+    ) -> Result<(), VirtioError> {
+        let id = event_loop
+            .add(worker)
+            .map_err(|source| VirtioError::EventLoop {
+                device: device.into(),
+                source,
+            })?;
+        self.0 = Some((event_loop, id));
+        Ok(())
+    }
+
+    /// Takes the worker off the event loop (device reset); nothing if none runs.
+    pub fn stop(&mut self) {
+        if let Some((event_loop, id)) = self.0.take() {
+            let _ = event_loop.remove(id);
+        }
     }
 }
 

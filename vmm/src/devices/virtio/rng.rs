@@ -4,16 +4,15 @@
 
 use std::sync::{Arc, Mutex};
 
-use event_manager::{EventOps, EventSet, Events, MutEventSubscriber, SubscriberId};
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    Activation, QueueCounters, StallGuard, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_RNG,
-    VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+    Activation, QueueCounters, QueueWorker, StallGuard, VirtioDevice, VirtioError, VirtioInterrupt,
+    TYPE_RNG, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
-use crate::event_loop::EventLoopHandle;
 
 /// Most bytes served for one chain.
 pub const MAX_BYTES_PER_CHAIN: u32 = 64 * 1024;
@@ -22,7 +21,7 @@ const QUEUE_SIZE: u16 = 256;
 /// The virtio-rng device model.
 pub struct Rng {
     counters: Arc<[QueueCounters]>,
-    worker: Option<(EventLoopHandle, SubscriberId)>,
+    worker: QueueWorker,
 }
 
 impl Default for Rng {
@@ -35,7 +34,7 @@ impl Rng {
     pub fn new() -> Self {
         Rng {
             counters: Arc::from(vec![QueueCounters::default()]),
-            worker: None,
+            worker: QueueWorker::default(),
         }
     }
 }
@@ -70,21 +69,12 @@ impl VirtioDevice for Rng {
             interrupt: a.interrupt,
             counters: self.counters.clone(),
         };
-        let id = a
-            .event_loop
-            .add(Arc::new(Mutex::new(worker)))
-            .map_err(|source| VirtioError::EventLoop {
-                device: "virtio-rng".into(),
-                source,
-            })?;
-        self.worker = Some((a.event_loop, id));
-        Ok(())
+        let worker = Arc::new(Mutex::new(worker));
+        self.worker.start("virtio-rng", a.event_loop, worker)
     }
 
     fn reset(&mut self) {
-        if let Some((event_loop, id)) = self.worker.take() {
-            let _ = event_loop.remove(id);
-        }
+        self.worker.stop();
     }
 
     fn counters(&self) -> Arc<[QueueCounters]> {

@@ -11,18 +11,17 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex};
 
-use event_manager::{EventOps, EventSet, Events, MutEventSubscriber, SubscriberId};
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use thiserror::Error;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    Activation, QueueCounters, StallGuard, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_BLOCK,
-    VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+    Activation, QueueCounters, QueueWorker, StallGuard, VirtioDevice, VirtioError, VirtioInterrupt,
+    TYPE_BLOCK, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use crate::config::DiskConfig;
-use crate::event_loop::EventLoopHandle;
 use io::{Completion, DiskIo, IoKind, IoOp, Iovecs};
 use request::{DiskShape, Op, Refused, Request, ID_LEN, SECTOR};
 
@@ -50,7 +49,7 @@ pub struct Block {
     config: [u8; 24],
     thread_pool: bool,
     counters: Arc<[QueueCounters]>,
-    worker: Option<(EventLoopHandle, SubscriberId)>,
+    worker: QueueWorker,
 }
 
 impl Block {
@@ -90,7 +89,7 @@ impl Block {
             config,
             thread_pool: false,
             counters: Arc::from(vec![QueueCounters::default()]),
-            worker: None,
+            worker: QueueWorker::default(),
         })
     }
 
@@ -98,13 +97,6 @@ impl Block {
     pub fn with_thread_pool(mut self) -> Self {
         self.thread_pool = true;
         self
-    }
-
-    fn refuse(device: &str, source: crate::event_loop::EventLoopError) -> VirtioError {
-        VirtioError::EventLoop {
-            device: device.into(),
-            source,
-        }
     }
 }
 
@@ -162,18 +154,12 @@ impl VirtioDevice for Block {
             free: (0..size as u32).rev().collect(),
             warned_io: false,
         };
-        let id = a
-            .event_loop
-            .add(Arc::new(Mutex::new(worker)))
-            .map_err(|e| Self::refuse("virtio-blk", e))?;
-        self.worker = Some((a.event_loop, id));
-        Ok(())
+        let worker = Arc::new(Mutex::new(worker));
+        self.worker.start("virtio-blk", a.event_loop, worker)
     }
 
     fn reset(&mut self) {
-        if let Some((event_loop, id)) = self.worker.take() {
-            let _ = event_loop.remove(id);
-        }
+        self.worker.stop();
     }
 
     fn counters(&self) -> Arc<[QueueCounters]> {
