@@ -1,6 +1,7 @@
 //! exitless: a KVM VMM that keeps exits few and cheap and shows where exit cycles go.
 
 mod bench;
+mod compare;
 mod output_file;
 mod run;
 
@@ -31,6 +32,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Boot a Linux guest.
     Run(run::RunArgs),
+    /// Run the bench guest under exitless and the peer VMMs found here, side by side.
+    Compare(compare::CompareArgs),
 }
 
 fn main() {
@@ -41,6 +44,7 @@ fn main() {
     let result = match cli.command {
         Command::Bench(args) => bench::main(args),
         Command::Run(args) => run::main(args),
+        Command::Compare(args) => compare::main(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod boot;
 pub mod builder;
 pub mod bus;
+pub mod compare;
 pub mod config;
 pub mod device_manager;
 pub mod devices;

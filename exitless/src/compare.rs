@@ -1,0 +1,239 @@
+//! `exitless compare`: the bench guest side by side under exitless and the peer VMMs found on
+//! this host (QEMU, Firecracker, Cloud Hypervisor).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use vmm::bench::guest::BENCH_GUEST;
+use vmm::compare::peer::{Vmm, VmmKind};
+use vmm::compare::{self, CompareReport, Plan, Spread};
+
+use crate::output_file::{ensure_writable, write_json};
+
+/// Cases every VMM can run: no device beyond the console is needed.
+const SHARED_CASES: &[&str] = &[
+    "pio_out",
+    "pio_in",
+    "mmio_write",
+    "mmio_read",
+    "pio_out_cpl0",
+    "cpuid",
+    "msr_read",
+    "msr_write",
+];
+
+#[derive(Args)]
+#[command(
+    after_help = "Each VMM boots the bench guest (the PVH ELF that `exitless bench \
+--export-guest` writes) with 1 vCPU and the same memory, once per case at two iteration counts \
+(N/5 and N), so that start-up cancels out of the per-iteration figures. Rounds interleave the \
+VMMs; each figure is min/median/max over the rounds, with the median wall time per iteration \
+as a ratio to exitless's. A peer that is missing or cannot boot the guest is reported in one \
+line and the others go on. Every VMM is killed once its guest printed its last line."
+)]
+pub struct CompareArgs {
+    /// QEMU's x86-64 system emulator [default: qemu-system-x86_64 on PATH]
+    #[arg(long, value_name = "PATH")]
+    qemu: Option<PathBuf>,
+    /// Firecracker [default: firecracker on PATH]
+    #[arg(long, value_name = "PATH")]
+    firecracker: Option<PathBuf>,
+    /// Cloud Hypervisor [default: cloud-hypervisor on PATH]
+    #[arg(long, value_name = "PATH")]
+    cloud_hypervisor: Option<PathBuf>,
+    /// Comma-separated guest cases (pio_out, pio_in, mmio_write, mmio_read, pio_out_cpl0,
+    /// cpuid, msr_read, msr_write)
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "pio_out,mmio_write,cpuid"
+    )]
+    cases: Vec<String>,
+    /// Iterations of the larger run of each case (10 to 1000000; the smaller is a fifth)
+    #[arg(long, default_value_t = 2000)]
+    iterations: u64,
+    /// Rounds over all VMMs (1 to 100)
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Guest memory in MiB for every VMM (64 to 65536)
+    #[arg(long, value_name = "MIB", default_value_t = 512)]
+    memory: u64,
+    /// Longest one run may take, in seconds
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    timeout: u64,
+    /// Also write the figures as JSON to FILE
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
+    check(&args)?;
+    if let Some(path) = &args.json {
+        ensure_writable("--json", path)?;
+    }
+    let mut vmms = vec![Vmm::named(
+        VmmKind::Exitless,
+        &std::env::current_exe().context("Cannot find the exitless binary")?,
+    )?];
+    vmms.extend(peers(&args)?);
+    if vmms.len() == 1 {
+        bail!("No VMM to compare with: none of qemu-system-x86_64, firecracker, cloud-hypervisor is on PATH (or name one with --qemu, --firecracker, --cloud-hypervisor)");
+    }
+    let workdir = std::env::temp_dir().join(format!("exitless-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&workdir)
+        .with_context(|| format!("Cannot create {}", workdir.display()))?;
+    let guest = workdir.join("bench-guest.elf");
+    std::fs::write(&guest, BENCH_GUEST)
+        .with_context(|| format!("Cannot write {}", guest.display()))?;
+    let plan = Plan {
+        vmms,
+        cases: args.cases.clone(),
+        iterations: args.iterations,
+        rounds: args.rounds,
+        memory_mib: args.memory,
+        limit: Duration::from_secs(args.timeout),
+        guest,
+        workdir: workdir.clone(),
+    };
+    let report = compare::run(&plan, |step| eprintln!("[compare] {step}"));
+    let _ = std::fs::remove_dir_all(&workdir);
+    let report = report?;
+    print_table(&report);
+    if let Some(path) = &args.json {
+        write_json(path, &report)?;
+    }
+    Ok(0)
+}
+
+fn check(args: &CompareArgs) -> anyhow::Result<()> {
+    if let Some(bad) = args
+        .cases
+        .iter()
+        .find(|c| !SHARED_CASES.contains(&c.as_str()))
+    {
+        bail!(
+            "--cases: unknown case {bad:?}; cases every VMM can run: {}",
+            SHARED_CASES.join(", ")
+        );
+    }
+    if !(10..=1_000_000).contains(&args.iterations) {
+        bail!(
+            "--iterations must be 10 to 1000000, got {}",
+            args.iterations
+        );
+    }
+    if !(1..=100).contains(&args.rounds) {
+        bail!("--rounds must be 1 to 100, got {}", args.rounds);
+    }
+    if !(64..=65536).contains(&args.memory) {
+        bail!("--memory must be 64 to 65536 MiB, got {}", args.memory);
+    }
+    if args.timeout == 0 {
+        bail!("--timeout must be at least 1 second");
+    }
+    Ok(())
+}
+
+/// The peers named or found on PATH; a missing one is said on stderr and left out.
+fn peers(args: &CompareArgs) -> anyhow::Result<Vec<Vmm>> {
+    let named = [&args.qemu, &args.firecracker, &args.cloud_hypervisor];
+    let mut found = Vec::new();
+    for (kind, path) in VmmKind::PEERS.into_iter().zip(named) {
+        match path {
+            Some(p) => found.push(Vmm::named(kind, p)?),
+            None => match Vmm::on_path(kind) {
+                Some(vmm) => found.push(vmm),
+                None => eprintln!(
+                    "[compare] {}: not on PATH (name it with --{}); left out",
+                    kind.name(),
+                    kind.name()
+                ),
+            },
+        }
+    }
+    Ok(found)
+}
+
+fn print_table(report: &CompareReport) {
+    let [small, large] = report.iterations;
+    println!(
+        "{} rounds, {small} and {large} iterations, {} MiB, 1 vCPU: median (min-max)",
+        report.rounds, report.memory_mib
+    );
+    for v in report.vmms.iter().filter(|v| v.failed.is_some()) {
+        println!("{}: left out: {}", v.vmm, v.failed.as_deref().unwrap_or(""));
+    }
+    println!(
+        "{:<13} {:<17} {:>18} {:>18} {:>12} {:>20} {:>12} {:>10} {:>10} {:>7}",
+        "case",
+        "vmm",
+        "first line ms",
+        "done ms",
+        "cycles/iter",
+        "wall us/iter",
+        "cpu us/iter",
+        "peak RSS",
+        "beyond",
+        "ratio"
+    );
+    let cases = report
+        .vmms
+        .first()
+        .map(|v| v.cases.clone())
+        .unwrap_or_default();
+    for case in cases.iter().map(|c| &c.case) {
+        for v in &report.vmms {
+            let Some(c) = v.cases.iter().find(|c| &c.case == case) else {
+                continue;
+            };
+            let ratio = c
+                .wall_ratio_to_exitless
+                .map_or("-".into(), |r| format!("{r:.2}x"));
+            println!(
+                "{:<13} {:<17} {:>18} {:>18} {:>12.0} {:>20} {:>12.1} {:>8.1}M {:>8.1}M {:>7}",
+                case,
+                v.vmm,
+                spread(&c.first_line_ms, 1),
+                spread(&c.done_ms, 1),
+                c.guest_cycles_per_iter.median,
+                spread(&c.wall_per_iter_us, 2),
+                c.cpu_per_iter_us.median,
+                c.peak_rss_kib.median / 1024.0,
+                c.rss_beyond_guest_kib.median / 1024.0,
+                ratio
+            );
+        }
+    }
+    if let Some(note) = noise_note(report) {
+        println!("{note}");
+    }
+}
+
+/// Said under the table when start-up noise exceeded a loop's own time.
+fn noise_note(report: &CompareReport) -> Option<String> {
+    let noisy = report
+        .vmms
+        .iter()
+        .flat_map(|v| v.cases.iter().map(move |c| (v.vmm, c)))
+        .filter(|(_, c)| c.wall_per_iter_us.min <= 0.0)
+        .map(|(vmm, c)| format!("{vmm}/{}", c.case))
+        .collect::<Vec<_>>();
+    (!noisy.is_empty()).then(|| {
+        format!(
+            "note: start-up varied more than the loop took ({}): raise --iterations for wall time per iteration",
+            noisy.join(", ")
+        )
+    })
+}
+
+fn spread(s: &Spread, decimals: usize) -> String {
+    format!(
+        "{:.d$} ({:.d$}-{:.d$})",
+        s.median,
+        s.min,
+        s.max,
+        d = decimals
+    )
+}

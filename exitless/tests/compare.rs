@@ -1,0 +1,135 @@
+//! `exitless compare` end to end: against QEMU with small iteration counts (skipped with a
+//! printed reason where QEMU or /dev/kvm is missing), and bad input refused in one line.
+
+mod common;
+
+use common::{exitless, qemu};
+
+fn compare(args: &[&str]) -> std::process::Output {
+    exitless()
+        .arg("compare")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("exitless runs")
+}
+
+/// Exit code 1 and one stderr line holding `needle`.
+fn refused(args: &[&str], needle: &str) {
+    let o = compare(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: {err}");
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    refused(&["--rounds", "0"], "--rounds must be 1 to 100, got 0");
+    let plain = std::env::temp_dir().join(format!("exitless-not-a-vmm-{}", std::process::id()));
+    std::fs::write(&plain, "not a program").unwrap();
+    let plain_arg = plain.to_str().unwrap();
+    refused(
+        &["--qemu", plain_arg],
+        &format!("qemu: {plain_arg} is not an executable file"),
+    );
+    std::fs::remove_file(&plain).ok();
+    refused(&["--cases", "virtio_blk"], "unknown case \"virtio_blk\"");
+    refused(&["--iterations", "5"], "--iterations must be 10 to 1000000");
+    let o = compare(&["--no-such-peer", "x"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err
+        .lines()
+        .next()
+        .unwrap_or("")
+        .contains("unexpected argument '--no-such-peer'"));
+}
+
+#[test]
+fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        vmm::test_skip::skip("compare_qemu", "/dev/kvm is missing on this host");
+        return;
+    }
+    let Some(qemu) = qemu("compare_qemu") else {
+        return;
+    };
+    let json = std::env::temp_dir().join(format!("exitless-compare-{}.json", std::process::id()));
+    let o = compare(&[
+        "--qemu",
+        &which(qemu),
+        "--firecracker",
+        "/bin/false",
+        "--cases",
+        "pio_out,cpuid",
+        "--iterations",
+        "200",
+        "--rounds",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).ok();
+    assert_eq!(report["schema"], "exitless.compare/1");
+    assert_eq!(report["iterations"], serde_json::json!([40, 200]));
+    let names: Vec<&str> = report["vmms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["vmm"].as_str())
+        .collect();
+    assert_eq!(names[..2], ["exitless", "qemu"], "{report:#}");
+    // A peer that cannot boot the guest (here /bin/false) is left out with its reason.
+    let firecracker = &report["vmms"][2];
+    assert_eq!(firecracker["vmm"], "firecracker");
+    assert!(
+        firecracker["failed"]
+            .as_str()
+            .is_some_and(|r| r.contains("ended")),
+        "{firecracker}"
+    );
+    for vmm in &report["vmms"].as_array().unwrap()[..2] {
+        assert!(vmm["failed"].is_null(), "{vmm}");
+        let cases: Vec<&str> = vmm["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["case"].as_str())
+            .collect();
+        assert_eq!(cases, ["pio_out", "cpuid"], "{vmm}");
+        for c in vmm["cases"].as_array().unwrap() {
+            for key in [
+                "first_line_ms",
+                "done_ms",
+                "guest_cycles_per_iter",
+                "peak_rss_kib",
+            ] {
+                assert!(c[key]["median"].as_f64() > Some(0.0), "{key}: {c}");
+            }
+            // With so few iterations start-up noise can exceed the loop; only the shape here.
+            assert!(c["wall_per_iter_us"]["median"].is_f64(), "{c}");
+            assert!(c.get("wall_ratio_to_exitless").is_some(), "{c}");
+        }
+    }
+    assert!(out.contains("pio_out") && out.contains("qemu"), "{out}");
+    assert!(
+        err.contains("[compare] round 1/1"),
+        "progress on stderr: {err}"
+    );
+}
+
+fn which(program: &str) -> String {
+    let o = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}

@@ -1,0 +1,265 @@
+//! `exitless compare`: the bench guest under exitless and under each peer VMM found on this
+//! host, one case at a time, in rounds that interleave the VMMs (hosts are noisy). Each case
+//! runs at two iteration counts so that start-up cancels out of the per-exit figures.
+
+pub mod peer;
+pub mod process;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+use thiserror::Error;
+
+use peer::{Launch, Vmm, VmmKind};
+use process::RunSample;
+
+#[derive(Debug, Error)]
+pub enum CompareError {
+    #[error("{vmm}: {path} is not an executable file")]
+    NotExecutable { vmm: &'static str, path: PathBuf },
+    #[error("Cannot start the VMM: {0}")]
+    Spawn(std::io::Error),
+    #[error("The VMM's console could not be read")]
+    NoConsole,
+    #[error("The guest did not finish within {0:?}")]
+    Timeout(Duration),
+    #[error("The VMM ended before the guest finished ({0})")]
+    Ended(String),
+    #[error("The guest reported: {0}")]
+    Guest(String),
+    #[error("The guest finished without a result line for its case")]
+    NoResult,
+    #[error("Cannot prepare the run's folder: {0}")]
+    Workdir(std::io::Error),
+    #[error("exitless itself failed on case {case}: {source}")]
+    Exitless {
+        case: String,
+        #[source]
+        source: Box<CompareError>,
+    },
+}
+
+/// What to compare.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// exitless first, then the peers.
+    pub vmms: Vec<Vmm>,
+    pub cases: Vec<String>,
+    /// The larger of the two iteration counts (the smaller is a fifth of it).
+    pub iterations: u64,
+    pub rounds: u32,
+    pub memory_mib: u64,
+    /// Longest a single run may take.
+    pub limit: Duration,
+    pub guest: PathBuf,
+    pub workdir: PathBuf,
+}
+
+/// min, median and max over the rounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Spread {
+    pub min: f64,
+    pub median: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    pub fn of(values: &[f64]) -> Self {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return Spread::default();
+        }
+        v.sort_by(f64::total_cmp);
+        let mid = v.len() / 2;
+        let median = if v.len() % 2 == 0 {
+            (v[mid - 1] + v[mid]) / 2.0
+        } else {
+            v[mid]
+        };
+        Spread {
+            min: v[0],
+            median,
+            max: v[v.len() - 1],
+        }
+    }
+}
+
+/// One VMM's figures for one case.
+#[derive(Clone, Debug, Serialize)]
+pub struct CaseFigures {
+    pub case: String,
+    pub first_line_ms: Spread,
+    pub done_ms: Spread,
+    /// Guest cycles per iteration (the guest's own count).
+    pub guest_cycles_per_iter: Spread,
+    /// Wall time per iteration from the two iteration counts (start-up cancels out).
+    pub wall_per_iter_us: Spread,
+    /// Process CPU (user + system) per iteration, from the two counts; coarse (clock ticks).
+    pub cpu_per_iter_us: Spread,
+    pub peak_rss_kib: Spread,
+    pub rss_beyond_guest_kib: Spread,
+    /// This VMM's median wall time per iteration over exitless's, same sitting.
+    pub wall_ratio_to_exitless: Option<f64>,
+}
+
+/// One VMM's results: its figures, or why it has none.
+#[derive(Clone, Debug, Serialize)]
+pub struct VmmReport {
+    pub vmm: &'static str,
+    pub path: PathBuf,
+    pub failed: Option<String>,
+    pub cases: Vec<CaseFigures>,
+}
+
+/// The whole comparison.
+#[derive(Clone, Debug, Serialize)]
+pub struct CompareReport {
+    pub schema: &'static str,
+    pub iterations: [u64; 2],
+    pub rounds: u32,
+    pub memory_mib: u64,
+    pub vmms: Vec<VmmReport>,
+}
+
+/// A (small, large) pair of runs.
+type Pair = (RunSample, RunSample);
+
+/// Runs the plan; `progress` hears each step. A peer that fails is reported and left out of
+/// later rounds; exitless failing ends the comparison.
+pub fn run(plan: &Plan, mut progress: impl FnMut(&str)) -> Result<CompareReport, CompareError> {
+    let counts = [(plan.iterations / 5).max(1), plan.iterations];
+    let mut pairs: Vec<Vec<Vec<Pair>>> = vec![vec![Vec::new(); plan.cases.len()]; plan.vmms.len()];
+    let mut failed: Vec<Option<String>> = vec![None; plan.vmms.len()];
+    for round in 1..=plan.rounds {
+        for (c, case) in plan.cases.iter().enumerate() {
+            for (v, vmm) in plan.vmms.iter().enumerate() {
+                if failed[v].is_some() {
+                    continue;
+                }
+                progress(&format!(
+                    "round {round}/{}: {} {case}",
+                    plan.rounds,
+                    vmm.kind.name()
+                ));
+                match run_pair(plan, vmm, case, counts) {
+                    Ok(pair) => pairs[v][c].push(pair),
+                    Err(e) if vmm.kind == VmmKind::Exitless => {
+                        return Err(CompareError::Exitless {
+                            case: case.clone(),
+                            source: Box::new(e),
+                        })
+                    }
+                    Err(e) => {
+                        progress(&format!("{}: {case}: {e}; left out", vmm.kind.name()));
+                        failed[v] = Some(format!("{case}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(report(plan, counts, pairs, failed))
+}
+
+fn run_pair(plan: &Plan, vmm: &Vmm, case: &str, counts: [u64; 2]) -> Result<Pair, CompareError> {
+    let one = |iters: u64| {
+        // `hold`: the guest halts after its last line instead of ending the VM, so that
+        // every VMM is still there to be measured (QEMU would exit at once).
+        let cmdline = format!("case={case} iters={iters} hold");
+        let launch = Launch {
+            guest: &plan.guest,
+            cmdline: &cmdline,
+            memory_mib: plan.memory_mib,
+            workdir: &plan.workdir,
+        };
+        process::run(vmm.command(&launch)?, case, plan.limit)
+    };
+    Ok((one(counts[0])?, one(counts[1])?))
+}
+
+fn report(
+    plan: &Plan,
+    counts: [u64; 2],
+    pairs: Vec<Vec<Vec<Pair>>>,
+    failed: Vec<Option<String>>,
+) -> CompareReport {
+    let extra = (counts[1] - counts[0]).max(1) as f64;
+    let mut vmms: Vec<VmmReport> = plan
+        .vmms
+        .iter()
+        .zip(pairs)
+        .zip(failed)
+        .map(|((vmm, per_case), failed)| VmmReport {
+            vmm: vmm.kind.name(),
+            path: vmm.path.clone(),
+            failed,
+            cases: plan
+                .cases
+                .iter()
+                .zip(per_case)
+                .filter(|(_, p)| !p.is_empty())
+                .map(|(case, p)| figures(case, &p, extra))
+                .collect(),
+        })
+        .collect();
+    let base: Vec<(String, f64)> = vmms
+        .first()
+        .map(|e| {
+            e.cases
+                .iter()
+                .map(|c| (c.case.clone(), c.wall_per_iter_us.median))
+                .collect()
+        })
+        .unwrap_or_default();
+    for c in vmms.iter_mut().flat_map(|v| v.cases.iter_mut()) {
+        c.wall_ratio_to_exitless = base
+            .iter()
+            .find(|(case, _)| *case == c.case)
+            .filter(|(_, b)| *b > 0.0)
+            .map(|(_, b)| c.wall_per_iter_us.median / b);
+    }
+    CompareReport {
+        schema: "exitless.compare/1",
+        iterations: counts,
+        rounds: plan.rounds,
+        memory_mib: plan.memory_mib,
+        vmms,
+    }
+}
+
+fn figures(case: &str, pairs: &[Pair], extra: f64) -> CaseFigures {
+    let over = |f: &dyn Fn(&Pair) -> f64| Spread::of(&pairs.iter().map(f).collect::<Vec<_>>());
+    let cpu = |s: &RunSample| s.cpu.user_ms + s.cpu.system_ms;
+    CaseFigures {
+        case: case.to_string(),
+        first_line_ms: over(&|(a, b)| a.first_line_ms.min(b.first_line_ms)),
+        done_ms: over(&|(_, b)| b.done_ms),
+        guest_cycles_per_iter: over(&|(_, b)| {
+            b.result.cycles as f64 / b.result.iters.max(1) as f64
+        }),
+        wall_per_iter_us: over(&|(a, b)| (b.done_ms - a.done_ms) * 1e3 / extra),
+        cpu_per_iter_us: over(&|(a, b)| (cpu(b) - cpu(a)) * 1e3 / extra),
+        peak_rss_kib: over(&|(_, b)| b.peak_rss_kib as f64),
+        rss_beyond_guest_kib: over(&|(_, b)| b.rss_beyond_guest_kib as f64),
+        wall_ratio_to_exitless: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_is_min_median_max_of_finite_values() {
+        assert_eq!(
+            Spread::of(&[3.0, 1.0, 2.0]),
+            Spread {
+                min: 1.0,
+                median: 2.0,
+                max: 3.0
+            }
+        );
+        assert_eq!(Spread::of(&[4.0, 1.0, f64::NAN, 2.0, 3.0]).median, 2.5);
+        assert_eq!(Spread::of(&[]), Spread::default());
+    }
+}

@@ -1,0 +1,194 @@
+//! The VMMs `exitless compare` runs, and how each starts the bench guest (a direct-boot PVH
+//! ELF, 1 vCPU): as each one's own documentation starts a kernel.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Serialize;
+
+use super::CompareError;
+
+/// A VMM that can boot the bench guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VmmKind {
+    Exitless,
+    Qemu,
+    Firecracker,
+    CloudHypervisor,
+}
+
+impl VmmKind {
+    pub const PEERS: [VmmKind; 3] = [
+        VmmKind::Qemu,
+        VmmKind::Firecracker,
+        VmmKind::CloudHypervisor,
+    ];
+
+    /// The name on reports and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            VmmKind::Exitless => "exitless",
+            VmmKind::Qemu => "qemu",
+            VmmKind::Firecracker => "firecracker",
+            VmmKind::CloudHypervisor => "cloud-hypervisor",
+        }
+    }
+
+    /// The executable looked up on PATH when no path is given.
+    pub fn program(self) -> &'static str {
+        match self {
+            VmmKind::Exitless => "exitless",
+            VmmKind::Qemu => "qemu-system-x86_64",
+            VmmKind::Firecracker => "firecracker",
+            VmmKind::CloudHypervisor => "cloud-hypervisor",
+        }
+    }
+}
+
+/// A VMM found on this host: its kind and executable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Vmm {
+    pub kind: VmmKind,
+    pub path: PathBuf,
+}
+
+/// What one run boots.
+#[derive(Clone, Debug)]
+pub struct Launch<'a> {
+    pub guest: &'a Path,
+    pub cmdline: &'a str,
+    pub memory_mib: u64,
+    /// A folder of the run's own (Firecracker's config file goes there).
+    pub workdir: &'a Path,
+}
+
+impl Vmm {
+    /// The peer named by the user (`--qemu PATH`): it must be an executable file.
+    pub fn named(kind: VmmKind, path: &Path) -> Result<Self, CompareError> {
+        if !is_executable(path) {
+            return Err(CompareError::NotExecutable {
+                vmm: kind.name(),
+                path: path.to_path_buf(),
+            });
+        }
+        Ok(Vmm {
+            kind,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The peer on PATH, if any.
+    pub fn on_path(kind: VmmKind) -> Option<Self> {
+        let path = std::env::var_os("PATH")?;
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(kind.program()))
+            .find(|p| is_executable(p))
+            .map(|path| Vmm { kind, path })
+    }
+
+    /// The command that boots `launch` with 1 vCPU, console on stdout.
+    pub fn command(&self, launch: &Launch) -> Result<Command, CompareError> {
+        let mut cmd = Command::new(&self.path);
+        let mem = launch.memory_mib.to_string();
+        match self.kind {
+            VmmKind::Exitless => {
+                cmd.arg("run")
+                    .arg("--kernel")
+                    .arg(launch.guest)
+                    .args(["--memory", &format!("{mem}M"), "--cpus", "1"])
+                    .args(["--cmdline", launch.cmdline]);
+            }
+            VmmKind::Qemu => {
+                cmd.args(["-accel", "kvm", "-M", "microvm", "-m", &mem, "-smp", "1"])
+                    .args(["-nodefaults", "-no-user-config", "-display", "none"])
+                    .args(["-serial", "stdio", "-kernel"])
+                    .arg(launch.guest)
+                    .args(["-append", launch.cmdline])
+                    .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"]);
+            }
+            VmmKind::Firecracker => {
+                let config = launch.workdir.join("firecracker.json");
+                let json = serde_json::json!({
+                    "boot-source": {
+                        "kernel_image_path": launch.guest,
+                        "boot_args": launch.cmdline,
+                    },
+                    "machine-config": {"vcpu_count": 1, "mem_size_mib": launch.memory_mib},
+                });
+                std::fs::write(&config, json.to_string()).map_err(CompareError::Workdir)?;
+                cmd.args(["--no-api", "--level", "Error", "--config-file"])
+                    .arg(config);
+            }
+            VmmKind::CloudHypervisor => {
+                cmd.arg("--kernel")
+                    .arg(launch.guest)
+                    .args(["--cmdline", launch.cmdline, "--cpus", "boot=1"])
+                    .args(["--memory", &format!("size={mem}M")])
+                    .args(["--serial", "tty", "--console", "off"]);
+            }
+        }
+        Ok(cmd)
+    }
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(cmd: &Command) -> Vec<String> {
+        cmd.get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn each_vmm_boots_the_guest_with_one_vcpu_and_the_same_memory() {
+        let dir = std::env::temp_dir().join(format!("exitless-peer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let launch = Launch {
+            guest: Path::new("/g.elf"),
+            cmdline: "case=pio_out iters=10",
+            memory_mib: 512,
+            workdir: &dir,
+        };
+        let cmd = |kind| {
+            let vmm = Vmm {
+                kind,
+                path: PathBuf::from("/bin/true"),
+            };
+            args(&vmm.command(&launch).unwrap()).join(" ")
+        };
+        let exitless = cmd(VmmKind::Exitless);
+        assert!(exitless.contains("--memory 512M --cpus 1"), "{exitless}");
+        assert!(exitless.contains("--cmdline case=pio_out iters=10"));
+        let qemu = cmd(VmmKind::Qemu);
+        assert!(qemu.contains("-m 512 -smp 1") && qemu.contains("-kernel /g.elf"));
+        let ch = cmd(VmmKind::CloudHypervisor);
+        assert!(ch.contains("--cpus boot=1 --memory size=512M"), "{ch}");
+        let fc = cmd(VmmKind::Firecracker);
+        assert!(fc.contains("--no-api"), "{fc}");
+        let config = std::fs::read_to_string(dir.join("firecracker.json")).unwrap();
+        let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+        assert_eq!(config["machine-config"]["vcpu_count"], 1);
+        assert_eq!(config["machine-config"]["mem_size_mib"], 512);
+        assert_eq!(config["boot-source"]["boot_args"], "case=pio_out iters=10");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_named_peer_must_be_an_executable_file() {
+        let plain = std::env::temp_dir().join(format!("exitless-plain-{}", std::process::id()));
+        std::fs::write(&plain, "x").unwrap();
+        let err = Vmm::named(VmmKind::Qemu, &plain).unwrap_err();
+        std::fs::remove_file(&plain).ok();
+        assert!(err.to_string().contains("not an executable"), "{err}");
+        assert!(Vmm::named(VmmKind::Qemu, Path::new("/nonexistent/qemu")).is_err());
+        assert!(Vmm::named(VmmKind::Qemu, Path::new("/bin/true")).is_ok());
+    }
+}

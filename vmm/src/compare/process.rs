@@ -1,0 +1,237 @@
+//! One run of one VMM: started, its console read line by line with the time each line came,
+//! measured from /proc once the guest printed `EXITLESS DONE`, then killed (no VMM is left
+//! running, whatever it would do after the guest's last line: reset, reboot, hang).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::CompareError;
+use crate::bench::result::{parse_line, GuestLine, GuestResult};
+
+/// What one run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunSample {
+    /// From spawning the process to the guest's first console line.
+    pub first_line_ms: f64,
+    /// From spawning the process to `EXITLESS DONE`.
+    pub done_ms: f64,
+    /// The guest's result line for its case.
+    #[serde(skip)]
+    pub result: GuestResult,
+    /// Peak RSS (VmHWM) when the guest was done.
+    pub peak_rss_kib: u64,
+    /// RSS beyond the guest RAM mapping (the largest mapping's RSS left out).
+    pub rss_beyond_guest_kib: u64,
+    /// Process CPU time until the guest was done (user, system, of which guest).
+    pub cpu: CpuTimes,
+}
+
+/// CPU time from /proc/PID/stat, in ms.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct CpuTimes {
+    pub user_ms: f64,
+    pub system_ms: f64,
+    pub guest_ms: f64,
+}
+
+/// Starts `cmd` and waits up to `limit` for the guest to finish its case.
+pub fn run(mut cmd: Command, case: &str, limit: Duration) -> Result<RunSample, CompareError> {
+    let started = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(CompareError::Spawn)?;
+    let outcome = read_until_done(&mut child, case, started, limit);
+    let _ = child.kill();
+    let _ = child.wait();
+    outcome
+}
+
+fn read_until_done(
+    child: &mut Child,
+    case: &str,
+    started: Instant,
+    limit: Duration,
+) -> Result<RunSample, CompareError> {
+    let stdout = child.stdout.take().ok_or(CompareError::NoConsole)?;
+    let (tx, lines) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send((Instant::now(), line)).is_err() {
+                return;
+            }
+        }
+    });
+    let mut first_line = None;
+    let mut result = None;
+    loop {
+        let left = limit.saturating_sub(started.elapsed());
+        let (at, line) = match lines.recv_timeout(left) {
+            Ok(got) => got,
+            Err(RecvTimeoutError::Timeout) => return Err(CompareError::Timeout(limit)),
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(CompareError::Ended(exit_status(child)))
+            }
+        };
+        first_line.get_or_insert(at);
+        match parse_line(line.trim_end_matches('\r')) {
+            Ok(GuestLine::Result(r)) if r.case == case => result = Some(r),
+            Ok(GuestLine::Error(e)) => return Err(CompareError::Guest(e)),
+            Ok(GuestLine::Skip { reason, .. }) => return Err(CompareError::Guest(reason)),
+            Ok(GuestLine::Done) => {
+                let result = result.ok_or(CompareError::NoResult)?;
+                return Ok(sample(child.id(), started, first_line, at, result));
+            }
+            _ => {}
+        }
+    }
+}
+
+fn sample(
+    pid: u32,
+    started: Instant,
+    first: Option<Instant>,
+    done: Instant,
+    result: GuestResult,
+) -> RunSample {
+    let ms = |t: Instant| t.duration_since(started).as_secs_f64() * 1e3;
+    RunSample {
+        first_line_ms: ms(first.unwrap_or(done)),
+        done_ms: ms(done),
+        result,
+        peak_rss_kib: status_kib(pid, "VmHWM:"),
+        rss_beyond_guest_kib: rss_beyond_largest_mapping(pid),
+        cpu: cpu_times(pid),
+    }
+}
+
+fn exit_status(child: &mut Child) -> String {
+    match child.wait() {
+        Ok(s) => s.to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Total RSS less the RSS of the largest mapping (guest RAM, for every VMM here).
+fn rss_beyond_largest_mapping(pid: u32) -> u64 {
+    let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return 0;
+    };
+    let (mut total, mut largest, mut size, mut guest_rss) = (0u64, 0u64, 0u64, 0u64);
+    for line in smaps.lines() {
+        if let Some(rss) = line.strip_prefix("Rss:") {
+            let kib: u64 = rss
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            total += kib;
+            if size > largest {
+                (largest, guest_rss) = (size, kib);
+            }
+        } else if let Some((range, _)) = line.split_once(' ') {
+            if let Some((lo, hi)) = range.split_once('-') {
+                if let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16))
+                {
+                    size = hi - lo;
+                }
+            }
+        }
+    }
+    total.saturating_sub(guest_rss)
+}
+
+/// utime, stime and guest_time (fields 14, 15 and 43 of /proc/PID/stat), in ms.
+fn cpu_times(pid: u32) -> CpuTimes {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return CpuTimes::default();
+    };
+    // Fields after the command name (which may hold spaces) start at field 3.
+    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf has no memory effects.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let field = |n: usize| {
+        fields
+            .get(n - 3)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    CpuTimes {
+        user_ms: field(14) * 1e3 / ticks,
+        system_ms: field(15) * 1e3 / ticks,
+        guest_ms: field(43) * 1e3 / ticks,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        cmd
+    }
+
+    #[test]
+    fn a_run_ends_at_done_with_its_result_and_the_process_is_killed() {
+        let script = "echo 'EXITLESS START version=1'; \
+            echo 'EXITLESS RESULT case=pio_out cpl=3 iters=10 cycles=1000 empty=10 ipis=0 uds=0'; \
+            echo 'EXITLESS DONE'; sleep 30";
+        let started = Instant::now();
+        let s = run(sh(script), "pio_out", Duration::from_secs(10)).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "killed, not waited for"
+        );
+        assert_eq!((s.result.iters, s.result.cycles), (10, 1000));
+        assert!(s.first_line_ms <= s.done_ms);
+        assert!(s.peak_rss_kib > 0);
+    }
+
+    #[test]
+    fn a_guest_that_never_finishes_or_fails_is_one_clear_error() {
+        let e = run(
+            sh("echo 'EXITLESS START'; sleep 30"),
+            "pio_out",
+            Duration::from_millis(300),
+        );
+        assert!(matches!(e, Err(CompareError::Timeout(_))), "{e:?}");
+        let e = run(
+            sh("echo 'EXITLESS START'; exit 3"),
+            "pio_out",
+            Duration::from_secs(10),
+        );
+        assert!(e.unwrap_err().to_string().contains("exit status: 3"));
+        let e = run(
+            sh("echo 'EXITLESS ERROR exception vector=8'; sleep 30"),
+            "pio_out",
+            Duration::from_secs(10),
+        );
+        assert!(e.unwrap_err().to_string().contains("vector=8"));
+        let e = run(
+            sh("echo 'EXITLESS DONE'"),
+            "pio_out",
+            Duration::from_secs(10),
+        );
+        assert!(matches!(e, Err(CompareError::NoResult)), "{e:?}");
+    }
+}
