@@ -162,11 +162,14 @@ fn print_table(report: &CompareReport) {
         "{} rounds, {small} and {large} iterations, {} MiB, 1 vCPU: median (min-max)",
         report.rounds, report.memory_mib
     );
+    if report.turnaround != "measured" {
+        println!("turnaround per exit: not measured ({})", report.turnaround);
+    }
     for v in report.vmms.iter().filter(|v| v.failed.is_some()) {
         println!("{}: left out: {}", v.vmm, v.failed.as_deref().unwrap_or(""));
     }
     println!(
-        "{:<13} {:<17} {:>18} {:>18} {:>12} {:>20} {:>12} {:>10} {:>10} {:>7}",
+        "{:<13} {:<17} {:>18} {:>18} {:>12} {:>20} {:>12} {:>10} {:>10} {:>7} {:>24}",
         "case",
         "vmm",
         "first line ms",
@@ -176,7 +179,8 @@ fn print_table(report: &CompareReport) {
         "cpu us/iter",
         "peak RSS",
         "beyond",
-        "ratio"
+        "ratio",
+        "turnaround us min/med/p99"
     );
     let cases = report
         .vmms
@@ -192,7 +196,7 @@ fn print_table(report: &CompareReport) {
                 .wall_ratio_to_exitless
                 .map_or("-".into(), |r| format!("{r:.2}x"));
             println!(
-                "{:<13} {:<17} {:>18} {:>18} {:>12.0} {:>20} {:>12.1} {:>8.1}M {:>8.1}M {:>7}",
+                "{:<13} {:<17} {:>18} {:>18} {:>12.0} {:>20} {:>12.1} {:>8.1}M {:>8.1}M {:>7} {:>24}",
                 case,
                 v.vmm,
                 spread(&c.first_line_ms, 1),
@@ -202,7 +206,11 @@ fn print_table(report: &CompareReport) {
                 c.cpu_per_iter_us.median,
                 c.peak_rss_kib.median / 1024.0,
                 c.rss_beyond_guest_kib.median / 1024.0,
-                ratio
+                ratio,
+                c.turnaround_us.map_or("-".into(), |t| format!(
+                    "{:.1}/{:.1}/{:.1}",
+                    t.min, t.median, t.p99
+                ))
             );
         }
     }

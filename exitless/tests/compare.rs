@@ -119,6 +119,19 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
             assert!(c.get("wall_ratio_to_exitless").is_some(), "{c}");
         }
     }
+    // The turnaround column: every loop exit of pio_out is a userspace exit, each paired
+    // with the next KVM_RUN on its thread.
+    if report["turnaround"] == "measured" {
+        for vmm in &report["vmms"].as_array().unwrap()[..2] {
+            let t = &vmm["cases"][0]["turnaround_us"];
+            assert!(t["samples"].as_u64() >= Some(200), "{vmm}");
+            assert!(t["min"].as_f64() <= t["median"].as_f64(), "{t}");
+            assert!(t["median"].as_f64() <= t["p99"].as_f64(), "{t}");
+        }
+    } else {
+        let why = report["turnaround"].as_str().unwrap_or("?");
+        vmm::test_skip::skip("compare_turnaround", why);
+    }
     assert!(out.contains("pio_out") && out.contains("qemu"), "{out}");
     assert!(
         err.contains("[compare] round 1/1"),

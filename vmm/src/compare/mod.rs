@@ -4,6 +4,7 @@
 
 pub mod peer;
 pub mod process;
+pub mod turnaround;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use thiserror::Error;
 
 use peer::{Launch, Vmm, VmmKind};
 use process::RunSample;
+use turnaround::Tracer;
 
 #[derive(Debug, Error)]
 pub enum CompareError {
@@ -101,6 +103,19 @@ pub struct CaseFigures {
     pub rss_beyond_guest_kib: Spread,
     /// This VMM's median wall time per iteration over exitless's, same sitting.
     pub wall_ratio_to_exitless: Option<f64>,
+    /// Turnaround per userspace exit (tracefs), pooled over the rounds' larger runs.
+    pub turnaround_us: Option<Turnaround>,
+    /// Why a run had no turnaround figures, when tracing worked otherwise.
+    pub turnaround_note: Option<String>,
+}
+
+/// The VMM's time from a userspace exit to its next KVM_RUN, on the vCPU thread.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Turnaround {
+    pub min: f64,
+    pub median: f64,
+    pub p99: f64,
+    pub samples: usize,
 }
 
 /// One VMM's results: its figures, or why it has none.
@@ -119,11 +134,13 @@ pub struct CompareReport {
     pub iterations: [u64; 2],
     pub rounds: u32,
     pub memory_mib: u64,
+    /// "measured", or why the turnaround column is empty.
+    pub turnaround: String,
     pub vmms: Vec<VmmReport>,
 }
 
-/// A (small, large) pair of runs.
-type Pair = (RunSample, RunSample);
+/// A (small, large) pair of runs, with the larger run's turnarounds (µs) or why none.
+type Pair = (RunSample, RunSample, Result<Vec<f64>, String>);
 
 /// Runs the plan; `progress` hears each step. A peer that fails is reported and left out of
 /// later rounds; exitless failing ends the comparison.
@@ -131,6 +148,10 @@ pub fn run(plan: &Plan, mut progress: impl FnMut(&str)) -> Result<CompareReport,
     let counts = [(plan.iterations / 5).max(1), plan.iterations];
     let mut pairs: Vec<Vec<Vec<Pair>>> = vec![vec![Vec::new(); plan.cases.len()]; plan.vmms.len()];
     let mut failed: Vec<Option<String>> = vec![None; plan.vmms.len()];
+    let tracer = Tracer::open();
+    if let Err(why) = &tracer {
+        progress(&format!("turnaround per exit not measured: {why}"));
+    }
     for round in 1..=plan.rounds {
         for (c, case) in plan.cases.iter().enumerate() {
             for (v, vmm) in plan.vmms.iter().enumerate() {
@@ -142,7 +163,7 @@ pub fn run(plan: &Plan, mut progress: impl FnMut(&str)) -> Result<CompareReport,
                     plan.rounds,
                     vmm.kind.name()
                 ));
-                match run_pair(plan, vmm, case, counts) {
+                match run_pair(plan, vmm, case, counts, tracer.as_ref().ok()) {
                     Ok(pair) => pairs[v][c].push(pair),
                     Err(e) if vmm.kind == VmmKind::Exitless => {
                         return Err(CompareError::Exitless {
@@ -158,11 +179,19 @@ pub fn run(plan: &Plan, mut progress: impl FnMut(&str)) -> Result<CompareReport,
             }
         }
     }
-    Ok(report(plan, counts, pairs, failed))
+    let mut report = report(plan, counts, pairs, failed);
+    report.turnaround = tracer.map_or_else(|why| why, |_| "measured".to_string());
+    Ok(report)
 }
 
-fn run_pair(plan: &Plan, vmm: &Vmm, case: &str, counts: [u64; 2]) -> Result<Pair, CompareError> {
-    let one = |iters: u64| {
+fn run_pair(
+    plan: &Plan,
+    vmm: &Vmm,
+    case: &str,
+    counts: [u64; 2],
+    tracer: Option<&Tracer>,
+) -> Result<Pair, CompareError> {
+    let one = |iters: u64, at_done: &mut dyn FnMut(u32)| {
         // `hold`: the guest halts after its last line instead of ending the VM, so that
         // every VMM is still there to be measured (QEMU would exit at once).
         let cmdline = format!("case={case} iters={iters} hold");
@@ -172,9 +201,19 @@ fn run_pair(plan: &Plan, vmm: &Vmm, case: &str, counts: [u64; 2]) -> Result<Pair
             memory_mib: plan.memory_mib,
             workdir: &plan.workdir,
         };
-        process::run(vmm.command(&launch)?, case, plan.limit)
+        process::run(vmm.command(&launch)?, case, plan.limit, at_done)
     };
-    Ok((one(counts[0])?, one(counts[1])?))
+    let small = one(counts[0], &mut |_| {})?;
+    let mut turnarounds = Err("not traced".to_string());
+    if let Some(t) = tracer {
+        t.clear();
+    }
+    let large = one(counts[1], &mut |pid| {
+        if let Some(t) = tracer {
+            turnarounds = t.turnarounds(pid);
+        }
+    })?;
+    Ok((small, large, turnarounds))
 }
 
 fn report(
@@ -223,6 +262,7 @@ fn report(
         iterations: counts,
         rounds: plan.rounds,
         memory_mib: plan.memory_mib,
+        turnaround: String::new(),
         vmms,
     }
 }
@@ -230,18 +270,37 @@ fn report(
 fn figures(case: &str, pairs: &[Pair], extra: f64) -> CaseFigures {
     let over = |f: &dyn Fn(&Pair) -> f64| Spread::of(&pairs.iter().map(f).collect::<Vec<_>>());
     let cpu = |s: &RunSample| s.cpu.user_ms + s.cpu.system_ms;
+    let mut pooled: Vec<f64> = pairs
+        .iter()
+        .flat_map(|(_, _, t)| t.iter().flatten())
+        .copied()
+        .collect();
+    let samples = pooled.len();
+    let turnaround_note = pairs
+        .iter()
+        .find_map(|(_, _, t)| t.as_ref().err())
+        .filter(|_| samples == 0)
+        .cloned();
+    let turnaround_us = turnaround::percentiles(&mut pooled).map(|[min, median, p99]| Turnaround {
+        min,
+        median,
+        p99,
+        samples,
+    });
     CaseFigures {
         case: case.to_string(),
-        first_line_ms: over(&|(a, b)| a.first_line_ms.min(b.first_line_ms)),
-        done_ms: over(&|(_, b)| b.done_ms),
-        guest_cycles_per_iter: over(&|(_, b)| {
+        first_line_ms: over(&|(a, b, _)| a.first_line_ms.min(b.first_line_ms)),
+        done_ms: over(&|(_, b, _)| b.done_ms),
+        guest_cycles_per_iter: over(&|(_, b, _)| {
             b.result.cycles as f64 / b.result.iters.max(1) as f64
         }),
-        wall_per_iter_us: over(&|(a, b)| (b.done_ms - a.done_ms) * 1e3 / extra),
-        cpu_per_iter_us: over(&|(a, b)| (cpu(b) - cpu(a)) * 1e3 / extra),
-        peak_rss_kib: over(&|(_, b)| b.peak_rss_kib as f64),
-        rss_beyond_guest_kib: over(&|(_, b)| b.rss_beyond_guest_kib as f64),
+        wall_per_iter_us: over(&|(a, b, _)| (b.done_ms - a.done_ms) * 1e3 / extra),
+        cpu_per_iter_us: over(&|(a, b, _)| (cpu(b) - cpu(a)) * 1e3 / extra),
+        peak_rss_kib: over(&|(_, b, _)| b.peak_rss_kib as f64),
+        rss_beyond_guest_kib: over(&|(_, b, _)| b.rss_beyond_guest_kib as f64),
         wall_ratio_to_exitless: None,
+        turnaround_us,
+        turnaround_note,
     }
 }
 

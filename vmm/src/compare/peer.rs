@@ -115,6 +115,7 @@ impl Vmm {
                         "boot_args": launch.cmdline,
                     },
                     "machine-config": {"vcpu_count": 1, "mem_size_mib": launch.memory_mib},
+                    "drives": [],
                 });
                 std::fs::write(&config, json.to_string()).map_err(CompareError::Workdir)?;
                 cmd.args(["--no-api", "--level", "Error", "--config-file"])

@@ -38,19 +38,47 @@ pub struct CpuTimes {
     pub guest_ms: f64,
 }
 
-/// Starts `cmd` and waits up to `limit` for the guest to finish its case.
-pub fn run(mut cmd: Command, case: &str, limit: Duration) -> Result<RunSample, CompareError> {
+/// Starts `cmd` and waits up to `limit` for the guest to finish its case; `at_done` gets the
+/// process id while the VMM still runs, after the guest's last line.
+pub fn run(
+    mut cmd: Command,
+    case: &str,
+    limit: Duration,
+    at_done: &mut dyn FnMut(u32),
+) -> Result<RunSample, CompareError> {
     let started = Instant::now();
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(CompareError::Spawn)?;
-    let outcome = read_until_done(&mut child, case, started, limit);
+    let last_error = last_line_of(child.stderr.take());
+    let outcome = read_until_done(&mut child, case, started, limit, at_done);
     let _ = child.kill();
     let _ = child.wait();
-    outcome
+    outcome.map_err(|e| match e {
+        CompareError::Ended(status) => match last_error.join().ok().flatten() {
+            Some(line) => CompareError::Ended(format!("{status}: {line}")),
+            None => CompareError::Ended(status),
+        },
+        other => other,
+    })
+}
+
+/// Reads a child's stderr to its end on a thread of its own; gives its last non-empty line.
+fn last_line_of(
+    stderr: Option<std::process::ChildStderr>,
+) -> std::thread::JoinHandle<Option<String>> {
+    std::thread::spawn(move || {
+        let mut last = None;
+        for line in BufReader::new(stderr?).lines().map_while(Result::ok) {
+            if !line.trim().is_empty() {
+                last = Some(line.trim().chars().take(200).collect());
+            }
+        }
+        last
+    })
 }
 
 fn read_until_done(
@@ -58,6 +86,7 @@ fn read_until_done(
     case: &str,
     started: Instant,
     limit: Duration,
+    at_done: &mut dyn FnMut(u32),
 ) -> Result<RunSample, CompareError> {
     let stdout = child.stdout.take().ok_or(CompareError::NoConsole)?;
     let (tx, lines) = channel();
@@ -86,7 +115,9 @@ fn read_until_done(
             Ok(GuestLine::Skip { reason, .. }) => return Err(CompareError::Guest(reason)),
             Ok(GuestLine::Done) => {
                 let result = result.ok_or(CompareError::NoResult)?;
-                return Ok(sample(child.id(), started, first_line, at, result));
+                let sample = sample(child.id(), started, first_line, at, result);
+                at_done(child.id());
+                return Ok(sample);
             }
             _ => {}
         }
@@ -197,7 +228,12 @@ mod tests {
             echo 'EXITLESS RESULT case=pio_out cpl=3 iters=10 cycles=1000 empty=10 ipis=0 uds=0'; \
             echo 'EXITLESS DONE'; sleep 30";
         let started = Instant::now();
-        let s = run(sh(script), "pio_out", Duration::from_secs(10)).unwrap();
+        let mut pid = None;
+        let s = run(sh(script), "pio_out", Duration::from_secs(10), &mut |p| {
+            pid = Some(p)
+        })
+        .unwrap();
+        assert!(pid.is_some(), "told the pid at DONE");
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "killed, not waited for"
@@ -213,24 +249,28 @@ mod tests {
             sh("echo 'EXITLESS START'; sleep 30"),
             "pio_out",
             Duration::from_millis(300),
+            &mut |_| {},
         );
         assert!(matches!(e, Err(CompareError::Timeout(_))), "{e:?}");
         let e = run(
             sh("echo 'EXITLESS START'; exit 3"),
             "pio_out",
             Duration::from_secs(10),
+            &mut |_| {},
         );
         assert!(e.unwrap_err().to_string().contains("exit status: 3"));
         let e = run(
             sh("echo 'EXITLESS ERROR exception vector=8'; sleep 30"),
             "pio_out",
             Duration::from_secs(10),
+            &mut |_| {},
         );
         assert!(e.unwrap_err().to_string().contains("vector=8"));
         let e = run(
             sh("echo 'EXITLESS DONE'"),
             "pio_out",
             Duration::from_secs(10),
+            &mut |_| {},
         );
         assert!(matches!(e, Err(CompareError::NoResult)), "{e:?}");
     }
