@@ -17,6 +17,10 @@ if ! command -v qemu-system-x86_64 >/dev/null && [ "$(id -u)" -eq 0 ] && command
         || echo "test.sh: could not install qemu-system-x86; its test will be skipped" >&2
 fi
 
+# `exitless compare --chart` labels its chart with DejaVu Sans (its test skips the chart without it).
+if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -qq fonts-dejavu-core >/dev/null 2>&1 || echo "test.sh: could not install fonts-dejavu-core" >&2
+fi
 bash scripts/fetch-guest.sh guest
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings

@@ -1,7 +1,7 @@
 //! `exitless compare`: the bench guest side by side under exitless and the peer VMMs found on
 //! this host (QEMU, Firecracker, Cloud Hypervisor).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -66,6 +66,9 @@ pub struct CompareArgs {
     /// Also write the figures as JSON to FILE
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Also draw them as an SVG chart in FILE (wall time per iteration, start-up, memory)
+    #[arg(long, value_name = "FILE.svg")]
+    chart: Option<PathBuf>,
 }
 
 pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
@@ -73,6 +76,13 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
     if let Some(path) = &args.json {
         ensure_writable("--json", path)?;
     }
+    let chart = match &args.chart {
+        Some(path) => {
+            ensure_writable("--chart", path)?;
+            Some((chart_program()?, path))
+        }
+        None => None,
+    };
     let mut vmms = vec![Vmm::named(
         VmmKind::Exitless,
         &std::env::current_exe().context("Cannot find the exitless binary")?,
@@ -104,7 +114,41 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
     if let Some(path) = &args.json {
         write_json(path, &report)?;
     }
+    if let Some((program, path)) = chart {
+        draw_chart(&program, path, &report)?;
+    }
     Ok(0)
+}
+
+/// `exitless-chart` next to this binary, checked able to draw (a font is there).
+fn chart_program() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("Cannot find the exitless binary")?;
+    let program = exe.with_file_name("exitless-chart");
+    let check = std::process::Command::new(&program).arg("--check").output();
+    match check {
+        Ok(o) if o.status.success() => Ok(program),
+        Ok(o) => bail!("--chart: {}", String::from_utf8_lossy(&o.stderr).trim()),
+        Err(e) => bail!(
+            "--chart needs {} (cargo build --release builds it next to exitless): {e}",
+            program.display()
+        ),
+    }
+}
+
+/// Draws `report` into `path` with `exitless-chart` (the plotting stays out of this binary).
+fn draw_chart(program: &Path, path: &Path, report: &CompareReport) -> anyhow::Result<()> {
+    let json = path.with_extension("json.tmp");
+    write_json(&json, report)?;
+    let drawn = std::process::Command::new(program)
+        .arg(&json)
+        .arg(path)
+        .output();
+    let _ = std::fs::remove_file(&json);
+    let o = drawn.with_context(|| format!("Cannot run {}", program.display()))?;
+    if !o.status.success() {
+        bail!("{}", String::from_utf8_lossy(&o.stderr).trim());
+    }
+    Ok(())
 }
 
 fn check(args: &CompareArgs) -> anyhow::Result<()> {

@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::path::Path;
+
 use common::{exitless, qemu};
 
 fn compare(args: &[&str]) -> std::process::Output {
@@ -56,9 +58,12 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
         return;
     };
     let json = std::env::temp_dir().join(format!("exitless-compare-{}.json", std::process::id()));
-    let o = compare(&[
+    let svg = json.with_extension("svg");
+    let font = Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists();
+    let qemu_path = which(qemu);
+    let mut args = vec![
         "--qemu",
-        &which(qemu),
+        &qemu_path,
         "--firecracker",
         "/bin/false",
         "--cases",
@@ -69,7 +74,16 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
         "1",
         "--json",
         json.to_str().unwrap(),
-    ]);
+    ];
+    if font {
+        args.extend(["--chart", svg.to_str().unwrap()]);
+    } else {
+        vmm::test_skip::skip(
+            "compare_chart",
+            "no DejaVu font (apt-get install fonts-dejavu-core)",
+        );
+    }
+    let o = compare(&args);
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr),
@@ -133,6 +147,17 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
         vmm::test_skip::skip("compare_turnaround", why);
     }
     assert!(out.contains("pio_out") && out.contains("qemu"), "{out}");
+    if font {
+        let drawn = std::fs::read_to_string(&svg).expect("the chart is written");
+        std::fs::remove_file(&svg).ok();
+        assert!(
+            drawn.starts_with("<svg") || drawn.contains("<svg"),
+            "not an SVG"
+        );
+        for label in ["exitless", "qemu", "pio_out", "wall µs per iteration"] {
+            assert!(drawn.contains(label), "the chart lacks {label:?}");
+        }
+    }
     assert!(
         err.contains("[compare] round 1/1"),
         "progress on stderr: {err}"
