@@ -261,6 +261,12 @@ fn print_table(report: &CompareReport) {
     if let Some(note) = noise_note(report) {
         println!("{note}");
     }
+    if std::path::Path::new("/sys/module/kvm_pvm").exists() {
+        println!(
+            "note: this host's KVM is PVM: the kernel counts guest CPL3 time partly as the VMM's \
+             user time, so cpu us/iter does not isolate a VMM's own work (guest time is in --json)"
+        );
+    }
 }
 
 /// Said under the table when start-up noise exceeded a loop's own time.

@@ -99,6 +99,8 @@ pub struct CaseFigures {
     pub wall_per_iter_us: Spread,
     /// Process CPU (user + system) per iteration, from the two counts; coarse (clock ticks).
     pub cpu_per_iter_us: Spread,
+    /// Of the process's CPU, what the kernel counted as guest time, per iteration.
+    pub guest_cpu_per_iter_us: Spread,
     pub peak_rss_kib: Spread,
     pub rss_beyond_guest_kib: Spread,
     /// This VMM's median wall time per iteration over exitless's, same sitting.
@@ -296,6 +298,7 @@ fn figures(case: &str, pairs: &[Pair], extra: f64) -> CaseFigures {
         }),
         wall_per_iter_us: over(&|(a, b, _)| (b.done_ms - a.done_ms) * 1e3 / extra),
         cpu_per_iter_us: over(&|(a, b, _)| (cpu(b) - cpu(a)) * 1e3 / extra),
+        guest_cpu_per_iter_us: over(&|(a, b, _)| (b.cpu.guest_ms - a.cpu.guest_ms) * 1e3 / extra),
         peak_rss_kib: over(&|(_, b, _)| b.peak_rss_kib as f64),
         rss_beyond_guest_kib: over(&|(_, b, _)| b.rss_beyond_guest_kib as f64),
         wall_ratio_to_exitless: None,
