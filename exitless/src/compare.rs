@@ -22,6 +22,7 @@ const SHARED_CASES: &[&str] = &[
     "cpuid",
     "msr_read",
     "msr_write",
+    "virtio_blk",
 ];
 
 #[derive(Args)]
@@ -44,7 +45,8 @@ pub struct CompareArgs {
     #[arg(long, value_name = "PATH")]
     cloud_hypervisor: Option<PathBuf>,
     /// Comma-separated guest cases (pio_out, pio_in, mmio_write, mmio_read, pio_out_cpl0,
-    /// cpuid, msr_read, msr_write)
+    /// cpuid, msr_read, msr_write; virtio_blk: 4 KiB random requests at queue depth 32 to
+    /// each VMM's virtio-blk-pci, a 16 MiB raw image)
     #[arg(
         long,
         value_delimiter = ',',
@@ -211,6 +213,11 @@ fn print_table(report: &CompareReport) {
     }
     for v in report.vmms.iter().filter(|v| v.failed.is_some()) {
         println!("{}: left out: {}", v.vmm, v.failed.as_deref().unwrap_or(""));
+    }
+    for v in &report.vmms {
+        for why in &v.not_run {
+            println!("{}: not run: {why}", v.vmm);
+        }
     }
     println!(
         "{:<13} {:<17} {:>18} {:>18} {:>12} {:>20} {:>12} {:>10} {:>10} {:>7} {:>24}",

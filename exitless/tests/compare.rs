@@ -36,7 +36,7 @@ fn bad_input_is_one_clear_line() {
         &format!("qemu: {plain_arg} is not an executable file"),
     );
     std::fs::remove_file(&plain).ok();
-    refused(&["--cases", "virtio_blk"], "unknown case \"virtio_blk\"");
+    refused(&["--cases", "virtio_check"], "unknown case \"virtio_check\"");
     refused(&["--iterations", "5"], "--iterations must be 10 to 1000000");
     let o = compare(&["--no-such-peer", "x"]);
     assert_eq!(o.status.code(), Some(2));
@@ -67,7 +67,7 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
         "--firecracker",
         "/bin/false",
         "--cases",
-        "pio_out,cpuid",
+        "pio_out,cpuid,virtio_blk",
         "--iterations",
         "200",
         "--rounds",
@@ -118,7 +118,7 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
             .iter()
             .filter_map(|c| c["case"].as_str())
             .collect();
-        assert_eq!(cases, ["pio_out", "cpuid"], "{vmm}");
+        assert_eq!(cases, ["pio_out", "cpuid", "virtio_blk"], "{vmm}");
         for c in vmm["cases"].as_array().unwrap() {
             for key in [
                 "first_line_ms",

@@ -126,6 +126,8 @@ pub struct VmmReport {
     pub vmm: &'static str,
     pub path: PathBuf,
     pub failed: Option<String>,
+    /// Cases this VMM cannot run, each with why.
+    pub not_run: Vec<String>,
     pub cases: Vec<CaseFigures>,
 }
 
@@ -157,7 +159,7 @@ pub fn run(plan: &Plan, mut progress: impl FnMut(&str)) -> Result<CompareReport,
     for round in 1..=plan.rounds {
         for (c, case) in plan.cases.iter().enumerate() {
             for (v, vmm) in plan.vmms.iter().enumerate() {
-                if failed[v].is_some() {
+                if failed[v].is_some() || vmm.cannot_run(case).is_some() {
                     continue;
                 }
                 progress(&format!(
@@ -196,12 +198,20 @@ fn run_pair(
     let one = |iters: u64, at_done: &mut dyn FnMut(u32)| {
         // `hold`: the guest halts after its last line instead of ending the VM, so that
         // every VMM is still there to be measured (QEMU would exit at once).
-        let cmdline = format!("case={case} iters={iters} hold");
+        let disk_case = peer::DISK_CASES.contains(&case);
+        let queue = if disk_case { " qd=32" } else { "" };
+        let cmdline = format!("case={case} iters={iters}{queue} hold");
+        let disk = plan.workdir.join("disk.img");
+        if disk_case {
+            let image = std::fs::File::create(&disk).map_err(CompareError::Workdir)?;
+            image.set_len(16 << 20).map_err(CompareError::Workdir)?;
+        }
         let launch = Launch {
             guest: &plan.guest,
             cmdline: &cmdline,
             memory_mib: plan.memory_mib,
             workdir: &plan.workdir,
+            disk: disk_case.then_some(disk.as_path()),
         };
         process::run(vmm.command(&launch)?, case, plan.limit, at_done)
     };
@@ -234,6 +244,11 @@ fn report(
             vmm: vmm.kind.name(),
             path: vmm.path.clone(),
             failed,
+            not_run: plan
+                .cases
+                .iter()
+                .filter_map(|c| vmm.cannot_run(c).map(|why| format!("{c}: {why}")))
+                .collect(),
             cases: plan
                 .cases
                 .iter()
