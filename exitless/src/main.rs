@@ -36,8 +36,33 @@ enum Command {
     Compare(compare::CompareArgs),
 }
 
+/// The command line; a usage error is one line (clap's first) with where to look, exit code 2.
+fn parse_args() -> Cli {
+    use clap::error::ErrorKind;
+    match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("bad arguments");
+            let first = first.trim_start_matches("error: ");
+            eprintln!("exitless: {first} (--help lists the options)");
+            std::process::exit(2);
+        }
+    }
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = parse_args();
     if cli.seccomp == Seccomp::Off {
         vmm::seccomp::disable();
     }

@@ -36,16 +36,19 @@ fn bad_input_is_one_clear_line() {
         &format!("qemu: {plain_arg} is not an executable file"),
     );
     std::fs::remove_file(&plain).ok();
-    refused(&["--cases", "virtio_check"], "unknown case \"virtio_check\"");
+    refused(
+        &["--cases", "virtio_check"],
+        "unknown case \"virtio_check\"",
+    );
     refused(&["--iterations", "5"], "--iterations must be 10 to 1000000");
     let o = compare(&["--no-such-peer", "x"]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err
-        .lines()
-        .next()
-        .unwrap_or("")
-        .contains("unexpected argument '--no-such-peer'"));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("unexpected argument '--no-such-peer'"),
+        "{err}"
+    );
 }
 
 #[test]
