@@ -109,7 +109,12 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
         guest,
         workdir: workdir.clone(),
     };
-    let report = compare::run(&plan, |step| eprintln!("[compare] {step}"));
+    vmm::launch::install_signal_handlers()?;
+    let report = compare::run(
+        &plan,
+        |step| eprintln!("[compare] {step}"),
+        || vmm::launch::stop_signal().is_some(),
+    );
     let _ = std::fs::remove_dir_all(&workdir);
     let report = report?;
     print_table(&report);

@@ -34,6 +34,8 @@ pub enum CompareError {
     NoResult,
     #[error("Cannot prepare the run's folder: {0}")]
     Workdir(std::io::Error),
+    #[error("Stopped before the comparison ended")]
+    Stopped,
     #[error("exitless itself failed on case {case}: {source}")]
     Exitless {
         case: String,
@@ -146,9 +148,14 @@ pub struct CompareReport {
 /// A (small, large) pair of runs, with the larger run's turnarounds (µs) or why none.
 type Pair = (RunSample, RunSample, Result<Vec<f64>, String>);
 
-/// Runs the plan; `progress` hears each step. A peer that fails is reported and left out of
-/// later rounds; exitless failing ends the comparison.
-pub fn run(plan: &Plan, mut progress: impl FnMut(&str)) -> Result<CompareReport, CompareError> {
+/// Runs the plan; `progress` hears each step, and `stop` is asked before each run (a signal:
+/// the comparison ends there, tracing settings restored). A peer that fails is reported and
+/// left out of later rounds; exitless failing ends the comparison.
+pub fn run(
+    plan: &Plan,
+    mut progress: impl FnMut(&str),
+    stop: impl Fn() -> bool,
+) -> Result<CompareReport, CompareError> {
     let counts = [(plan.iterations / 5).max(1), plan.iterations];
     let mut pairs: Vec<Vec<Vec<Pair>>> = vec![vec![Vec::new(); plan.cases.len()]; plan.vmms.len()];
     let mut failed: Vec<Option<String>> = vec![None; plan.vmms.len()];
@@ -161,6 +168,9 @@ pub fn run(plan: &Plan, mut progress: impl FnMut(&str)) -> Result<CompareReport,
             for (v, vmm) in plan.vmms.iter().enumerate() {
                 if failed[v].is_some() || vmm.cannot_run(case).is_some() {
                     continue;
+                }
+                if stop() {
+                    return Err(CompareError::Stopped);
                 }
                 progress(&format!(
                     "round {round}/{}: {} {case}",
