@@ -6,6 +6,7 @@ mod common;
 use std::path::Path;
 
 use common::{exitless, qemu};
+use vmm::compare::peer::{Vmm, VmmKind};
 
 fn compare(args: &[&str]) -> std::process::Output {
     exitless()
@@ -63,7 +64,9 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
     let json = std::env::temp_dir().join(format!("exitless-compare-{}.json", std::process::id()));
     let svg = json.with_extension("svg");
     let font = Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists();
-    let qemu_path = which(qemu);
+    let qemu_path = Vmm::on_path(VmmKind::Qemu)
+        .map(|v| v.path.display().to_string())
+        .unwrap_or_else(|| qemu.to_string());
     let mut args = vec![
         "--qemu",
         &qemu_path,
@@ -165,12 +168,4 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
         err.contains("[compare] round 1/1"),
         "progress on stderr: {err}"
     );
-}
-
-fn which(program: &str) -> String {
-    let o = std::process::Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout).trim().to_string()
 }

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::Stream;
+use common::{Image, Stream};
 
 const MIB: u64 = 1 << 20;
 
@@ -441,35 +441,17 @@ fn two_vcpus_are_listed_by_the_acpi_madt() {
     }
 }
 
-/// A zero-filled disk image, removed when dropped.
-struct ScratchImage(PathBuf);
-
-impl ScratchImage {
-    fn new(test: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("exitless-{test}-{}.img", std::process::id()));
-        let file = std::fs::File::create(&path).expect("image created");
-        file.set_len(16 * MIB).expect("image sized");
-        ScratchImage(path)
-    }
-
-    fn disk_arg(&self) -> String {
-        format!("path={}", self.0.display())
-    }
-}
-
-impl Drop for ScratchImage {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// With a disk and an rng attached, the kernel finds the PCI platform exitless describes: the
 /// DSDT with the host bridge, the MCFG table, and the ECAM window reserved in its memory map.
 /// (Early boot gets this far on a PVM host too.)
 #[test]
 fn with_devices_the_kernel_finds_the_dsdt_mcfg_and_the_reserved_ecam() {
-    let image = ScratchImage::new("acpi-pci");
-    let args = ["--disk".to_string(), image.disk_arg(), "--rng".to_string()];
+    let image = Image::new("acpi-pci", 16);
+    let args = [
+        "--disk".to_string(),
+        image.disk_arg(false),
+        "--rng".to_string(),
+    ];
     boot_with(
         "acpi_pci",
         "1",
@@ -505,14 +487,20 @@ fn linux_sees_the_virtio_disk_and_the_hwrng() {
         );
         return;
     }
-    let image = ScratchImage::new(test);
+    let image = Image::new(test, 16);
     let mut child = exitless()
         .arg("--kernel")
         .arg(vmlinux())
         .arg("--initrd")
         .arg(&initrd)
         .args(["--memory", "512M", "--cmdline", "console=ttyS0 panic=-1"])
-        .args(["--disk", &image.disk_arg(), "--rng", "--timeout", "300"])
+        .args([
+            "--disk",
+            &image.disk_arg(false),
+            "--rng",
+            "--timeout",
+            "300",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

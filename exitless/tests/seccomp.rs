@@ -8,7 +8,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{exitless, export_guest, Stream};
+use common::{exitless, export_guest, Image, Stream};
 
 /// Each thread's name and its `Seccomp:` mode (0 none, 2 filter) from /proc, without the
 /// kernel's own workers in the process (io_uring's `iou-*`, KVM's `kvm-*`).
@@ -37,19 +37,14 @@ fn thread_modes(pid: u32) -> Vec<(String, String)> {
 /// stopping the VM with SIGTERM (exit code 130 expected).
 fn modes_while_running(tag: &str, extra: &[&str]) -> Vec<(String, String)> {
     let guest = export_guest(tag);
-    let image = std::env::temp_dir().join(format!("exitless-{tag}-{}.img", std::process::id()));
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
+    let image = Image::new(tag, 1);
     let mut child = exitless()
         .arg("run")
         .args(extra)
         .arg("--kernel")
         .arg(&guest)
         .args(["--memory", "64M", "--timeout", "60", "--cpus", "2"])
-        .arg("--disk")
-        .arg(format!("path={}", image.display()))
+        .args(["--disk", &image.disk_arg(false)])
         .args(["--cmdline", "case=virtio_check iters=4 hold"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -66,7 +61,6 @@ fn modes_while_running(tag: &str, extra: &[&str]) -> Vec<(String, String)> {
     let status = child.wait().unwrap();
     errs.read_to_end(Duration::from_secs(10));
     std::fs::remove_file(&guest).ok();
-    std::fs::remove_file(&image).ok();
     assert!(held, "the guest did not reach its flush: {}", console.text);
     assert_eq!(status.code(), Some(130), "{}", errs.text);
     assert!(!errs.text.contains("seccomp"), "{}", errs.text);

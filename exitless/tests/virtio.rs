@@ -4,11 +4,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{exitless, export_guest, qemu, Stream};
+use common::{exitless, export_guest, qemu, Image, Stream};
 
 const BLOCKS: usize = 16;
 const SEED: u64 = 7;
@@ -26,35 +26,12 @@ fn pattern(seed: u64, block: u64, i: u64) -> u8 {
     ((seed * 131 + block * 31 + i * 7 + (i >> 9)) & 0xff) as u8
 }
 
-/// A zero-filled image of `mib` MiB, removed when dropped.
-struct Image(PathBuf);
-
-impl Image {
-    fn new(tag: &str, mib: u64) -> Self {
-        let path = std::env::temp_dir().join(format!("exitless-{tag}-{}.img", std::process::id()));
-        let f = std::fs::File::create(&path).unwrap();
-        f.set_len(mib << 20).unwrap();
-        Image(path)
-    }
-
-    fn disk_arg(&self, readonly: bool) -> String {
-        let ro = if readonly { ",readonly=on" } else { "" };
-        format!("path={}{ro}", self.0.display())
-    }
-
-    /// Bytes that differ from the guest's pattern in the first BLOCKS blocks.
-    fn pattern_mismatches(&self) -> usize {
-        let data = std::fs::read(&self.0).unwrap();
-        (0..BLOCKS * 4096)
-            .filter(|&n| data[n] != pattern(SEED, (n / 4096) as u64, (n % 4096) as u64))
-            .count()
-    }
-}
-
-impl Drop for Image {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+/// Bytes of `image` that differ from the guest's pattern in the first BLOCKS blocks.
+fn pattern_mismatches(image: &Image) -> usize {
+    let data = std::fs::read(&image.0).unwrap();
+    (0..BLOCKS * 4096)
+        .filter(|&n| data[n] != pattern(SEED, (n / 4096) as u64, (n % 4096) as u64))
+        .count()
 }
 
 fn check_cmdline(extra: &str) -> String {
@@ -122,7 +99,7 @@ fn the_guest_writes_flushes_and_reads_back_its_disk_and_gets_random_bytes() {
     assert!(out.contains("EXITLESS VIRTIO rng bytes=64 "), "{out}");
     assert!(!out.contains("EXITLESS ERROR"), "{out}");
     assert_eq!(
-        image.pattern_mismatches(),
+        pattern_mismatches(&image),
         0,
         "the image holds what the guest wrote"
     );
@@ -181,7 +158,7 @@ fn a_vmm_killed_right_after_the_guest_flushed_loses_nothing() {
     std::fs::remove_file(&guest).ok();
     assert!(flushed, "{}", out.text);
     assert_eq!(
-        image.pattern_mismatches(),
+        pattern_mismatches(&image),
         0,
         "data the guest flushed was lost"
     );
@@ -244,7 +221,7 @@ fn qemu_devices_pass_the_guest_driver_check() {
     );
     assert!(out.contains("EXITLESS VIRTIO rng bytes=64 "), "{out}");
     assert_eq!(
-        image.pattern_mismatches(),
+        pattern_mismatches(&image),
         0,
         "QEMU's image holds what the guest wrote"
     );

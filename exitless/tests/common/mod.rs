@@ -83,3 +83,28 @@ pub fn qemu(test: &str) -> Option<&'static str> {
     }
     found.then_some("qemu-system-x86_64")
 }
+
+/// A zero-filled raw disk image in the temp folder (`tag` keeps tests apart), removed when
+/// dropped.
+pub struct Image(pub std::path::PathBuf);
+
+impl Image {
+    pub fn new(tag: &str, mib: u64) -> Self {
+        let path = std::env::temp_dir().join(format!("exitless-{tag}-{}.img", std::process::id()));
+        let file = std::fs::File::create(&path).expect("image created");
+        file.set_len(mib << 20).expect("image sized");
+        Image(path)
+    }
+
+    /// The value of `exitless run --disk` for this image.
+    pub fn disk_arg(&self, readonly: bool) -> String {
+        let ro = if readonly { ",readonly=on" } else { "" };
+        format!("path={}{ro}", self.0.display())
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
