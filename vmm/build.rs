@@ -11,6 +11,7 @@ const SOURCES: &[&str] = &[
     "guest/pci.c",
     "guest/virtio.c",
     "guest/virtio_cases.c",
+    "guest/virtio_net.c",
 ];
 const HEADERS: &[&str] = &[
     "guest/layout.h",

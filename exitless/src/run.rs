@@ -99,6 +99,17 @@ pub struct RunOptions {
     /// A virtio-rng device fed from the host's getrandom(2) [default: off]
     #[arg(long)]
     rng: bool,
+    /// A virtio-net card on host tap NAME (repeatable). The tap is opened if it exists, else
+    /// created, which needs CAP_NET_ADMIN; the host side (address, bridge, up) is yours to
+    /// set. mac= defaults to 52:54:00 and three bytes from the tap's name [default: none]
+    #[arg(long, value_name = "tap=NAME[,mac=MAC]")]
+    net: Vec<String>,
+    /// A virtio-vsock device with guest context id N (3 or more), joined to Unix sockets: a
+    /// host program connects to PATH and sends "CONNECT <port>\n" to reach guest port
+    /// <port> (answered "OK <hostport>\n"); a guest connection to host port P goes to PATH_P
+    /// [default: none]
+    #[arg(long, value_name = "cid=N,socket=PATH")]
+    vsock: Option<String>,
     /// Stop the VM after SECS seconds and exit with code 124 [default: no timeout]
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
@@ -151,6 +162,12 @@ fn vm_config(args: &RunOptions) -> anyhow::Result<VmConfig> {
             .map(|d| d.parse())
             .collect::<Result<_, ConfigError>>()?,
         rng: args.rng,
+        nets: args
+            .net
+            .iter()
+            .map(|n| n.parse())
+            .collect::<Result<_, ConfigError>>()?,
+        vsock: parse(args.vsock.as_deref())?,
     };
     Ok(VmConfig::merge_cli(file, cli)?)
 }

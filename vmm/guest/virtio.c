@@ -34,8 +34,8 @@
 #define S_DRIVER_OK 4
 #define S_FEATURES_OK 8
 
-/* Ring memory for up to four queues (the guest drives at most one blk and one rng queue). */
-#define MAX_QUEUES 4
+/* Ring memory for up to six queues (blk and rng, or net's two, or vsock's three). */
+#define MAX_QUEUES 6
 static struct vring_desc desc_mem[MAX_QUEUES][VQ_MAX] __attribute__((aligned(4096)));
 static u16 avail_mem[MAX_QUEUES][VQ_MAX + 3] __attribute__((aligned(4096)));
 static u32 used_mem[MAX_QUEUES][2 * VQ_MAX + 2] __attribute__((aligned(4096)));
@@ -219,4 +219,29 @@ int vring_arm(struct vring *vq)
         USED_EVENT(vq) = vq->last_used;
     full_barrier();
     return USED_IDX(vq) != vq->last_used;
+}
+
+void virtio_fail(const char *what)
+{
+    puts_("EXITLESS ERROR ");
+    puts_(what);
+    puts_("\n");
+    guest_exit(3);
+}
+
+void vring_wait(struct vring *vq, int use_irq, struct vring_used_elem *e, const char *what)
+{
+    u64 start = rdtsc();
+    while (!vring_take(vq, e)) {
+        if (use_irq) {
+            u64 seen = ipi_count;
+            if (!vring_arm(vq))
+                while (*(volatile u64 *)&ipi_count == seen && rdtsc() - start < VIRTIO_WAIT_CYCLES)
+                    __asm__ volatile("pause");
+        } else {
+            __asm__ volatile("pause");
+        }
+        if (rdtsc() - start > VIRTIO_WAIT_CYCLES)
+            virtio_fail(what);
+    }
 }

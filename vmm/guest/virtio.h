@@ -9,6 +9,10 @@
 #define PCI_VENDOR_VIRTIO   0x1af4
 #define PCI_DEVICE_VIRTIO_BLK 0x1042  /* 0x1040 + device id 2 */
 #define PCI_DEVICE_VIRTIO_RNG 0x1044  /* 0x1040 + device id 4 */
+#define PCI_DEVICE_VIRTIO_NET 0x1041  /* 0x1040 + device id 1 */
+#define PCI_DEVICE_VIRTIO_VSOCK 0x1053 /* 0x1040 + device id 19 */
+/* Several seconds at any TSC rate: how long the drivers wait for a device. */
+#define VIRTIO_WAIT_CYCLES 20000000000UL
 
 /* ---- PCI bus 0 through 0xcf8/0xcfc ---- */
 u32 pci_read32(u8 slot, u8 reg);
@@ -83,6 +87,11 @@ void vring_kick(struct vring *vq);
 int vring_take(struct vring *vq, struct vring_used_elem *e);
 /* Asks for an interrupt at the next completion; returns 1 if one is already there. */
 int vring_arm(struct vring *vq);
+/* Waits for the next used element (by interrupt or polling); fails with `what` after
+ * VIRTIO_WAIT_CYCLES. */
+void vring_wait(struct vring *vq, int use_irq, struct vring_used_elem *e, const char *what);
+/* Prints "EXITLESS ERROR <what>" and ends the guest with status 3. */
+void virtio_fail(const char *what);
 
 /* ---- the cases (virtio_cases.c) ---- */
 /* Finds and sets up the virtio-blk device as the command line says (qd=, irq=poll,
@@ -92,5 +101,12 @@ u64 loop_virtio_blk(u64 n);
 u64 loop_virtio_check(u64 blocks);
 /* The virtio_blk result line's own fields. */
 void report_virtio_blk(void);
+
+/* virtio-net (virtio_net.c): setup as the command line says (frame=, qd=, irq=poll,
+ * evidx=off); net_check sends a frame and echoes `n` frames of the host's. */
+const char *virtio_net_setup(const char *cmdline);
+u64 loop_virtio_net(u64 n);
+u64 loop_net_check(u64 n);
+void report_virtio_net(void);
 
 #endif

@@ -22,7 +22,9 @@ use thiserror::Error;
 use crate::memory::MIN_MEMORY;
 
 pub mod disk;
+pub mod net;
 pub use disk::DiskConfig;
+pub use net::{MacAddr, NetConfig, VsockConfig};
 
 /// Default kernel command line.
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1";
@@ -77,6 +79,10 @@ pub enum ConfigError {
     CmdlineNul,
     #[error("Invalid --disk '{input}': {reason}")]
     Disk { input: String, reason: String },
+    #[error("Invalid --net '{input}': {reason}")]
+    Net { input: String, reason: String },
+    #[error("Invalid --vsock '{input}': {reason}")]
+    Vsock { input: String, reason: String },
 }
 
 /// A guest memory size in bytes, always a non-zero multiple of 4 KiB.
@@ -351,6 +357,12 @@ pub struct VmConfig {
     /// A virtio-rng device fed from the host's random source.
     #[serde(default)]
     pub rng: bool,
+    /// Network cards, each a virtio-net device on a tap.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nets: Vec<NetConfig>,
+    /// A virtio-vsock device joined to Unix sockets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock: Option<VsockConfig>,
 }
 
 impl Default for VmConfig {
@@ -366,6 +378,8 @@ impl Default for VmConfig {
             cpu_affinity: None,
             disks: Vec::new(),
             rng: false,
+            nets: Vec::new(),
+            vsock: None,
         }
     }
 }
@@ -385,6 +399,9 @@ pub struct VmConfigOverrides {
     pub disks: Vec<DiskConfig>,
     /// `--rng` turns the device on (it cannot turn the file's off).
     pub rng: bool,
+    /// Network cards given on the command line replace the file's list.
+    pub nets: Vec<NetConfig>,
+    pub vsock: Option<VsockConfig>,
 }
 
 impl VmConfig {
@@ -441,6 +458,10 @@ impl VmConfig {
             c.disks = o.disks;
         }
         c.rng |= o.rng;
+        if !o.nets.is_empty() {
+            c.nets = o.nets;
+        }
+        c.vsock = o.vsock.or(c.vsock);
         if c.kernel.as_os_str().is_empty() {
             return Err(ConfigError::NoKernel);
         }
@@ -484,6 +505,25 @@ impl VmConfig {
         }
         if self.cmdline.contains('\0') {
             return Err(ConfigError::CmdlineNul);
+        }
+        self.validate_network()
+    }
+
+    /// The checks the command line's parsers make, for what came from a config file.
+    fn validate_network(&self) -> Result<(), ConfigError> {
+        for n in &self.nets {
+            if !crate::devices::virtio::net::tap::valid_name(&n.tap) {
+                return Err(ConfigError::Net {
+                    input: format!("tap={}", n.tap),
+                    reason: "1 to 15 characters, no '/' or whitespace".into(),
+                });
+            }
+        }
+        if let Some(v) = &self.vsock {
+            v.check().map_err(|reason| ConfigError::Vsock {
+                input: format!("cid={},socket={}", v.cid, v.socket.display()),
+                reason,
+            })?;
         }
         Ok(())
     }
@@ -593,6 +633,8 @@ mod tests {
             cpu_affinity: Some("2,3".parse().unwrap()),
             disks: vec!["path=a.img,readonly=on".parse().unwrap()],
             rng: true,
+            nets: vec!["tap=tap0,mac=52:54:00:00:00:07".parse().unwrap()],
+            vsock: Some("cid=3,socket=/run/v.sock".parse().unwrap()),
         }
     }
 

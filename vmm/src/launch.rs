@@ -20,6 +20,7 @@ use crate::device_manager::Notify;
 use crate::devices::console_input::ConsoleInput;
 use crate::devices::serial::{FlushPolicy, SerialDevice, SerialError, SerialOutput};
 use crate::devices::virtio::blk::Block;
+use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::event_loop::EventLoop;
@@ -55,6 +56,8 @@ pub enum LaunchError {
     NotRunning,
     #[error("{0}")]
     Disk(String),
+    #[error(transparent)]
+    Tap(#[from] crate::devices::virtio::net::tap::TapError),
 }
 
 /// Launch choices that are not part of the VM configuration.
@@ -154,7 +157,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     Ok(launched)
 }
 
-/// The disks and the entropy source the config asks for, on PCI.
+/// The disks, the entropy source and the network cards the config asks for, on PCI.
 fn add_virtio_devices(builder: &mut VmBuilder, config: &VmConfig) -> Result<(), LaunchError> {
     for (i, disk) in config.disks.iter().enumerate() {
         let blk = Block::open(disk).map_err(|e| LaunchError::Disk(e.to_string()))?;
@@ -162,6 +165,10 @@ fn add_virtio_devices(builder: &mut VmBuilder, config: &VmConfig) -> Result<(), 
     }
     if config.rng {
         builder.add_virtio("virtio-rng", Box::new(Rng::new()), Notify::Ioeventfd)?;
+    }
+    for (i, net) in config.nets.iter().enumerate() {
+        let dev = Net::open(net)?;
+        builder.add_virtio(&format!("virtio-net{i}"), Box::new(dev), Notify::Ioeventfd)?;
     }
     Ok(())
 }
@@ -339,7 +346,7 @@ impl LaunchedVm {
         let virtio = self
             .virtio
             .iter()
-            .map(|d| VirtioStats::read(d.name(), &d.counters()))
+            .map(|d| VirtioStats::read(d.name(), &d.counters(), d.device_counters()))
             .collect();
         self.build_report(self.snapshots(), deltas, self.elapsed())
             .with_virtio(virtio)

@@ -18,16 +18,30 @@ pub struct QueueStats {
     pub malformed: u64,
 }
 
+/// One of a device's own counters (frames, drops, connections).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceCount {
+    pub name: &'static str,
+    pub value: u64,
+}
+
 /// One virtio device's queues.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct VirtioStats {
     pub device: String,
     pub queues: Vec<QueueStats>,
+    /// What the device counts beyond its queues (empty for most).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub counters: Vec<DeviceCount>,
 }
 
 impl VirtioStats {
-    /// Reads a device's counters now.
-    pub fn read(device: &str, counters: &[QueueCounters]) -> Self {
+    /// Reads a device's counters now: per queue, and its own (`device_counters`).
+    pub fn read(
+        device: &str,
+        counters: &[QueueCounters],
+        device_counters: Vec<(&'static str, u64)>,
+    ) -> Self {
         let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         VirtioStats {
             device: device.to_string(),
@@ -41,6 +55,10 @@ impl VirtioStats {
                     completed: load(&c.completed),
                     malformed: load(&c.malformed),
                 })
+                .collect(),
+            counters: device_counters
+                .into_iter()
+                .map(|(name, value)| DeviceCount { name, value })
                 .collect(),
         }
     }
@@ -59,9 +77,21 @@ impl VirtioStats {
                 malformed: n.malformed.saturating_sub(e.malformed),
             })
             .collect();
+        let counters = self
+            .counters
+            .iter()
+            .map(|c| {
+                let before = earlier.counters.iter().find(|e| e.name == c.name);
+                DeviceCount {
+                    name: c.name,
+                    value: c.value.saturating_sub(before.map_or(0, |e| e.value)),
+                }
+            })
+            .collect();
         VirtioStats {
             device: self.device.clone(),
             queues,
+            counters,
         }
     }
 }
@@ -86,6 +116,14 @@ pub fn write_table(out: &mut String, devices: &[VirtioStats]) {
             );
         }
     }
+    for d in devices.iter().filter(|d| !d.counters.is_empty()) {
+        let list: Vec<String> = d
+            .counters
+            .iter()
+            .map(|c| format!("{}={}", c.name, c.value))
+            .collect();
+        let _ = writeln!(out, "{:<20} {}", d.device, list.join(" "));
+    }
 }
 
 #[cfg(test)]
@@ -97,12 +135,19 @@ mod tests {
         let counters: Vec<QueueCounters> = (0..2).map(|_| QueueCounters::default()).collect();
         QueueCounters::add(&counters[1].completed, 32);
         QueueCounters::add(&counters[1].interrupts, 3);
-        let before = VirtioStats::read("virtio-blk0", &counters);
+        let before = VirtioStats::read("virtio-blk0", &counters, vec![("rx_frames", 5)]);
         QueueCounters::add(&counters[1].completed, 8);
-        let now = VirtioStats::read("virtio-blk0", &counters);
+        let now = VirtioStats::read("virtio-blk0", &counters, vec![("rx_frames", 7)]);
         assert_eq!(now.queues[1].completed, 40);
         let d = now.delta(&before);
         assert_eq!((d.queues[1].completed, d.queues[1].interrupts), (8, 0));
+        assert_eq!(
+            d.counters,
+            [DeviceCount {
+                name: "rx_frames",
+                value: 2
+            }]
+        );
         let mut out = String::new();
         write_table(&mut out, &[now]);
         assert!(out.contains("virtio-blk0"), "{out}");
@@ -111,6 +156,7 @@ mod tests {
                 .any(|l| l.contains("virtio-blk0") && l.contains(" 40 ")),
             "{out}"
         );
+        assert!(out.contains("virtio-blk0          rx_frames=7"), "{out}");
         let mut empty = String::new();
         write_table(&mut empty, &[]);
         assert!(empty.is_empty());

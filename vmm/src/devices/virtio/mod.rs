@@ -8,6 +8,7 @@
 //! vector, and the device event loop, where all queue work runs (never on a vCPU thread).
 
 pub mod blk;
+pub mod net;
 pub mod rng;
 pub mod transport;
 
@@ -31,10 +32,14 @@ pub const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << virtio_bindings::virtio_ring::VIRT
 pub const VIRTIO_RING_F_INDIRECT_DESC: u64 =
     1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 
+/// virtio device type of a network card.
+pub const TYPE_NET: u32 = 1;
 /// virtio device type of a block device.
 pub const TYPE_BLOCK: u32 = 2;
 /// virtio device type of an entropy source.
 pub const TYPE_RNG: u32 = 4;
+/// virtio device type of a socket device (vsock).
+pub const TYPE_VSOCK: u32 = 19;
 
 /// Errors activating a device.
 #[derive(Debug, Error)]
@@ -184,4 +189,8 @@ pub trait VirtioDevice: Send {
     fn reset(&mut self);
     /// Per-queue counters, by queue index.
     fn counters(&self) -> Arc<[QueueCounters]>;
+    /// What the device counts beyond its queues (frames, drops, connections), by name.
+    fn device_counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }

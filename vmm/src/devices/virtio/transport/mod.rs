@@ -187,6 +187,11 @@ impl VirtioPciDevice {
         lock(&self.transport).device.counters()
     }
 
+    /// What the device counts beyond its queues.
+    pub fn device_counters(&self) -> Vec<(&'static str, u64)> {
+        lock(&self.transport).device.device_counters()
+    }
+
     fn fault(&self) {
         let n = self.faults.fetch_add(1, Ordering::Relaxed);
         if n == 0 {

@@ -1,0 +1,204 @@
+//! A Linux tap device opened through `/dev/net/tun` with the virtio-net header on every frame
+//! (`IFF_VNET_HDR`, 12 bytes: `virtio_net_hdr_v1`), non-blocking. No crate of the field does
+//! this for a VMM, so the three ioctls are here.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+
+use thiserror::Error;
+
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
+const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+const IFF_TAP: libc::c_short = 0x0002;
+const IFF_NO_PI: libc::c_short = 0x1000;
+const IFF_VNET_HDR: libc::c_short = 0x4000;
+
+/// Offloads the reader of the tap (the guest) accepts: `TUNSETOFFLOAD` flags.
+pub const TUN_F_CSUM: u32 = 0x01;
+pub const TUN_F_TSO4: u32 = 0x02;
+pub const TUN_F_TSO6: u32 = 0x04;
+pub const TUN_F_TSO_ECN: u32 = 0x08;
+
+/// Bytes of the virtio-net header on each frame (`virtio_net_hdr_v1`, with `num_buffers`).
+pub const VNET_HDR_LEN: usize = 12;
+/// Longest interface name, without its NUL.
+pub const MAX_NAME_LEN: usize = 15;
+
+/// Errors opening a tap.
+#[derive(Debug, Error)]
+pub enum TapError {
+    #[error("Cannot open /dev/net/tun: {0}")]
+    OpenTun(io::Error),
+    #[error("Cannot open tap '{0}': needs CAP_NET_ADMIN or an existing tap this user may use")]
+    Permission(String),
+    #[error("Cannot open tap '{name}': {error}")]
+    SetIff { name: String, error: io::Error },
+    #[error("Tap '{0}' does not take the 12-byte virtio-net header: {1}")]
+    VnetHeader(String, io::Error),
+    #[error("Invalid tap name '{0}': 1 to 15 characters, no '/', whitespace or NUL")]
+    Name(String),
+}
+
+/// `struct ifreq` as far as the tun ioctls look: the name and the flags.
+#[repr(C)]
+struct IfReq {
+    name: [u8; 16],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// An open tap.
+#[derive(Debug)]
+pub struct Tap {
+    file: File,
+    name: String,
+    /// Whether the kernel took every offload flag when probed at open.
+    offloads: bool,
+}
+
+/// Whether `name` can name a network interface.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && !name
+            .bytes()
+            .any(|b| b == b'/' || b == 0 || b.is_ascii_whitespace())
+}
+
+fn ioctl_int(fd: RawFd, request: libc::c_ulong, value: libc::c_ulong) -> io::Result<()> {
+    // SAFETY: these tun ioctls take an integer argument by value and touch no memory of ours.
+    let r = unsafe { libc::ioctl(fd, request, value) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl Tap {
+    /// Opens tap `name` (creating it when this process may), non-blocking, with the virtio-net
+    /// header on every frame.
+    pub fn open(name: &str) -> Result<Tap, TapError> {
+        if !valid_name(name) {
+            return Err(TapError::Name(name.to_string()));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open("/dev/net/tun")
+            .map_err(TapError::OpenTun)?;
+        let mut req = IfReq {
+            name: [0; 16],
+            flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
+            _pad: [0; 22],
+        };
+        req.name[..name.len()].copy_from_slice(name.as_bytes());
+        // SAFETY: TUNSETIFF reads and writes one `struct ifreq`; `req` is one, laid out as the
+        // kernel's (16-byte name, then the union whose first member is the flags; 40 bytes).
+        let r = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReq) };
+        if r < 0 {
+            let error = io::Error::last_os_error();
+            return Err(match error.raw_os_error() {
+                Some(libc::EPERM) | Some(libc::EACCES) => TapError::Permission(name.into()),
+                _ => TapError::SetIff {
+                    name: name.into(),
+                    error,
+                },
+            });
+        }
+        let hdr_len = VNET_HDR_LEN as libc::c_int;
+        // SAFETY: TUNSETVNETHDRSZ reads one int from the pointer, which points at `hdr_len`.
+        let r = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETVNETHDRSZ, &hdr_len) };
+        if r < 0 {
+            return Err(TapError::VnetHeader(
+                name.into(),
+                io::Error::last_os_error(),
+            ));
+        }
+        let all = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN;
+        let offloads = ioctl_int(file.as_raw_fd(), TUNSETOFFLOAD, all.into()).is_ok()
+            && ioctl_int(file.as_raw_fd(), TUNSETOFFLOAD, 0).is_ok();
+        Ok(Tap {
+            file,
+            name: name.to_string(),
+            offloads,
+        })
+    }
+
+    /// The interface's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the tap can hand the guest checksum-less and segmentation-offloaded frames.
+    pub fn supports_offloads(&self) -> bool {
+        self.offloads
+    }
+
+    /// Tells the kernel which offloads the reader accepts (`TUN_F_*`); nothing to say when
+    /// the tap takes none and none are asked.
+    pub fn set_offloads(&self, flags: u32) -> io::Result<()> {
+        if !self.offloads && flags == 0 {
+            return Ok(());
+        }
+        ioctl_int(self.file.as_raw_fd(), TUNSETOFFLOAD, flags.into())
+    }
+
+    /// A stand-in for a tap in tests: one end of a datagram socket pair (one frame per
+    /// datagram, as a tap reads and writes), non-blocking, without offloads.
+    #[cfg(test)]
+    pub fn from_socket(socket: std::os::unix::net::UnixDatagram) -> Tap {
+        socket.set_nonblocking(true).unwrap();
+        Tap {
+            file: File::from(std::os::fd::OwnedFd::from(socket)),
+            name: "test".into(),
+            offloads: false,
+        }
+    }
+
+    /// Keeps the interface after the last fd closes (`persist`), or not. Tests and the bench
+    /// make one in a network namespace of their own, which removes it when the namespace goes.
+    pub fn set_persistent(&self, persist: bool) -> io::Result<()> {
+        ioctl_int(self.file.as_raw_fd(), TUNSETPERSIST, persist.into())
+    }
+
+    /// Reads one frame (header first); `WouldBlock` when none is waiting.
+    pub fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
+        (&self.file).read(buf)
+    }
+
+    /// Writes one frame (header first).
+    pub fn write_frame(&self, frame: &[u8]) -> io::Result<usize> {
+        (&self.file).write(frame)
+    }
+}
+
+impl AsRawFd for Tap {
+    fn as_raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked_before_any_ioctl() {
+        for bad in ["", "sixteen-chars-xx", "a/b", "a b", "a\0"] {
+            assert!(!valid_name(bad), "{bad:?}");
+            let e = Tap::open(bad).unwrap_err().to_string();
+            assert!(e.starts_with("Invalid tap name"), "{e}");
+        }
+        assert!(valid_name("tap0") && valid_name("fifteen-chars-x"));
+    }
+
+    #[test]
+    fn the_ifreq_is_the_kernels_size() {
+        assert_eq!(std::mem::size_of::<IfReq>(), 40);
+    }
+}

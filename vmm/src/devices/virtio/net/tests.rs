@@ -1,0 +1,244 @@
+//! virtio-net driven through mock queues, with a datagram socket pair standing in for the tap.
+
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::*;
+use crate::devices::virtio::{ActiveQueue, VirtioInterrupt};
+use crate::event_loop::EventLoop;
+
+const NEXT: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
+const WRITE: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_WRITE as u16;
+const RX_BASE: u64 = 0;
+const TX_BASE: u64 = 0x1_0000;
+/// Used rings of our own (the mock's overlaps its avail ring's `used_event`).
+const RX_USED: u64 = 0x8000;
+const TX_USED: u64 = 0x1_8000;
+
+#[derive(Default)]
+struct Irq(AtomicU64);
+
+impl VirtioInterrupt for Irq {
+    fn signal_queue(&self, _: u16) -> std::io::Result<bool> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
+    }
+    fn signal_config(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn d(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
+    RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
+}
+
+struct Rig {
+    mem: &'static GuestMemoryMmap,
+    dev: Net,
+    host: UnixDatagram,
+    _el: EventLoop,
+}
+
+/// A device whose receive ring holds `rx` and transmit ring `tx`, `features` negotiated; the
+/// host end of the stand-in tap is returned to send and receive frames.
+fn rig(rx: &[RawDescriptor], tx: &[RawDescriptor], features: u64, pending: &[&[u8]]) -> Rig {
+    let mem: &'static GuestMemoryMmap = Box::leak(Box::new(
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 8 << 20)]).unwrap(),
+    ));
+    // What the guest's transmit buffers hold.
+    mem.write_slice(&[0x5a; 4096], GuestAddress(0x10_0000))
+        .unwrap();
+    let (host, device_end) = UnixDatagram::pair().unwrap();
+    for f in pending {
+        host.send(f).unwrap();
+    }
+    let mut queues = Vec::new();
+    for (index, base, used, descs) in [(RX, RX_BASE, RX_USED, rx), (TX, TX_BASE, TX_USED, tx)] {
+        let vq = MockSplitQueue::create(mem, GuestAddress(base), 16);
+        if !descs.is_empty() {
+            vq.add_desc_chains(descs, 0).unwrap();
+        }
+        let mut queue: Queue = vq.create_queue().unwrap();
+        queue.set_used_ring_address(Some(used as u32), Some(0));
+        let notify = EventFd::new(EFD_NONBLOCK).unwrap();
+        queues.push(ActiveQueue {
+            index,
+            queue,
+            notify,
+        });
+    }
+    let el = EventLoop::start().unwrap();
+    let mut dev = Net::with_tap(Tap::from_socket(device_end), [0x52, 0x54, 0, 1, 2, 3]);
+    dev.activate(Activation {
+        mem: mem.clone(),
+        features,
+        queues,
+        interrupt: Arc::new(Irq::default()),
+        event_loop: el.handle(),
+    })
+    .unwrap();
+    Rig {
+        mem,
+        dev,
+        host,
+        _el: el,
+    }
+}
+
+impl Rig {
+    fn count(&self, name: &str) -> u64 {
+        let c = self.dev.device_counters();
+        c.iter().find(|(n, _)| *n == name).unwrap().1
+    }
+    fn wait(&self, what: &str, done: impl Fn(&Rig) -> bool) {
+        let start = Instant::now();
+        while !done(self) {
+            assert!(start.elapsed() < Duration::from_secs(5), "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    /// Used element `i` of a used ring: (id, len).
+    fn used(&self, ring: u64, i: u64) -> (u32, u32) {
+        let at = GuestAddress(ring + 4 + 8 * i);
+        let id: u32 = self.mem.read_obj(at).unwrap();
+        let len: u32 = self.mem.read_obj(at.unchecked_add(4)).unwrap();
+        (id, len)
+    }
+    fn used_idx(&self, ring: u64) -> u16 {
+        self.mem.read_obj(GuestAddress(ring + 2)).unwrap()
+    }
+}
+
+fn frame(payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![0u8; tap::VNET_HDR_LEN];
+    f.extend_from_slice(payload);
+    f
+}
+
+#[test]
+fn guest_frames_reach_the_tap_and_bad_chains_are_counted() {
+    let mem_frame = 0x10_0000;
+    let tx = [
+        // A 12-byte header and a 60-byte frame in two buffers.
+        d(mem_frame, 12, NEXT, 1),
+        d(mem_frame + 12, 60, 0, 0),
+        // Shorter than the header.
+        d(mem_frame, 4, 0, 0),
+        // A writable buffer in a transmit chain.
+        d(mem_frame, 72, WRITE, 0),
+        // Outside guest memory.
+        d(0x4000_0000, 72, 0, 0),
+    ];
+    let r = rig(&[], &tx, VIRTIO_F_VERSION_1, &[]);
+    r.wait("transmit chains completed", |r| {
+        r.dev.counters()[1].completed.load(Ordering::Relaxed) == 4
+    });
+    let mut got = [0u8; 2048];
+    let n = r.host.recv(&mut got).unwrap();
+    assert_eq!(n, 72, "one frame with its header");
+    assert_eq!(&got[12..72], &[0x5a; 60][..], "the guest's bytes");
+    r.host.set_nonblocking(true).unwrap();
+    assert!(
+        r.host.recv(&mut got).is_err(),
+        "only the good chain was sent"
+    );
+    assert_eq!(r.dev.counters()[1].malformed.load(Ordering::Relaxed), 3);
+    assert_eq!((r.count("tx_frames"), r.count("tx_bytes")), (1, 60));
+    assert_eq!(r.used_idx(TX_USED), 4, "every chain is given back");
+}
+
+#[test]
+fn a_tap_frame_fills_one_chain_or_merges_across_several() {
+    let payload: Vec<u8> = (0..1500u32).map(|i| i as u8).collect();
+    let f = frame(&payload);
+    // Without merged buffers: one 2 KiB chain takes the whole frame.
+    let rx = [d(0x10_0000, 2048, WRITE, 0)];
+    let r = rig(&rx, &[], VIRTIO_F_VERSION_1, &[&f]);
+    r.wait("frame delivered", |r| r.count("rx_frames") == 1);
+    assert_eq!(r.used(RX_USED, 0), (0, f.len() as u32));
+    let mut got = vec![0u8; f.len()];
+    r.mem.read_slice(&mut got, GuestAddress(0x10_0000)).unwrap();
+    assert_eq!(&got[12..], &payload[..]);
+    assert_eq!(r.used_idx(RX_USED), 1);
+    assert_eq!(u16::from_le_bytes([got[10], got[11]]), 1, "num_buffers");
+
+    // With merged buffers: three 600-byte chains, the frame takes all three.
+    let rx = [
+        d(0x10_0000, 600, WRITE, 0),
+        d(0x20_0000, 600, WRITE, 0),
+        d(0x30_0000, 600, WRITE, 0),
+    ];
+    let r = rig(&rx, &[], VIRTIO_F_VERSION_1 | F_MRG_RXBUF, &[&f]);
+    r.wait("frame delivered", |r| r.count("rx_frames") == 1);
+    let used: Vec<_> = (0..3).map(|i| r.used(RX_USED, i)).collect();
+    assert_eq!(used, [(0, 600), (1, 600), (2, 312)]);
+    let mut head = [0u8; 12];
+    r.mem
+        .read_slice(&mut head, GuestAddress(0x10_0000))
+        .unwrap();
+    assert_eq!(u16::from_le_bytes([head[10], head[11]]), 3, "num_buffers");
+    let mut tail = [0u8; 312];
+    r.mem
+        .read_slice(&mut tail, GuestAddress(0x30_0000))
+        .unwrap();
+    assert_eq!(&tail[..], &payload[1500 - 312..]);
+}
+
+#[test]
+fn frames_without_room_are_dropped_and_counted_never_blocking() {
+    let f = frame(&[0xab; 100]);
+    // No receive buffers at all: every frame is read, dropped and counted.
+    let r = rig(&[], &[], VIRTIO_F_VERSION_1, &[&f, &f, &f]);
+    r.wait("frames dropped", |r| r.count("rx_dropped") == 3);
+    for _ in 0..200 {
+        r.host.send(&f).unwrap();
+    }
+    r.wait("a flood dropped", |r| r.count("rx_dropped") == 203);
+    assert_eq!(r.count("rx_frames"), 0);
+
+    // A chain too small for the frame (no merging) and a read-only one: the frame is dropped,
+    // the small chain kept for a smaller frame, the read-only chain given back as malformed.
+    let rx = [d(0x10_0000, 64, 0, 0), d(0x20_0000, 50, WRITE, 0)];
+    let r = rig(&rx, &[], VIRTIO_F_VERSION_1, &[&f, &frame(&[1; 20])]);
+    r.wait("small frame delivered", |r| r.count("rx_frames") == 1);
+    assert_eq!(r.count("rx_dropped"), 1);
+    assert_eq!(r.dev.counters()[0].malformed.load(Ordering::Relaxed), 1);
+    assert_eq!(r.used(RX_USED, 0), (0, 0), "the read-only chain, empty");
+    assert_eq!(
+        r.used(RX_USED, 1),
+        (1, 32),
+        "the small frame in the small chain"
+    );
+}
+
+#[test]
+fn config_space_holds_the_mac_and_link_up() {
+    let (_, end) = UnixDatagram::pair().unwrap();
+    let dev = Net::with_tap(Tap::from_socket(end), [0x52, 0x54, 0, 9, 8, 7]);
+    let mut cfg = [0xffu8; 10];
+    dev.read_config(0, &mut cfg);
+    assert_eq!(cfg, [0x52, 0x54, 0, 9, 8, 7, 1, 0, 0, 0]);
+    let mut status = [0u8; 2];
+    dev.read_config(6, &mut status);
+    assert_eq!(status, [1, 0]);
+    assert_eq!(
+        dev.features() & OFFLOADS,
+        0,
+        "no offloads without a tap that takes them"
+    );
+    assert_ne!(dev.features() & F_MRG_RXBUF, 0);
+    assert_eq!(default_mac("tap0"), default_mac("tap0"));
+    assert_ne!(default_mac("tap0"), default_mac("tap1"));
+    assert_eq!(
+        default_mac("tap0")[0] & 3,
+        2,
+        "locally administered unicast"
+    );
+}
