@@ -21,6 +21,7 @@ use crate::devices::console_input::ConsoleInput;
 use crate::devices::serial::{FlushPolicy, SerialDevice, SerialError, SerialOutput};
 use crate::devices::virtio::blk::Block;
 use crate::devices::virtio::net::Net;
+use crate::devices::virtio::vsock::Vsock;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::event_loop::EventLoop;
@@ -58,6 +59,8 @@ pub enum LaunchError {
     Disk(String),
     #[error(transparent)]
     Tap(#[from] crate::devices::virtio::net::tap::TapError),
+    #[error(transparent)]
+    Vsock(#[from] crate::devices::virtio::vsock::VsockError),
 }
 
 /// Launch choices that are not part of the VM configuration.
@@ -157,7 +160,8 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     Ok(launched)
 }
 
-/// The disks, the entropy source and the network cards the config asks for, on PCI.
+/// The disks, the entropy source, the network cards and the socket device the config asks
+/// for, on PCI.
 fn add_virtio_devices(builder: &mut VmBuilder, config: &VmConfig) -> Result<(), LaunchError> {
     for (i, disk) in config.disks.iter().enumerate() {
         let blk = Block::open(disk).map_err(|e| LaunchError::Disk(e.to_string()))?;
@@ -169,6 +173,10 @@ fn add_virtio_devices(builder: &mut VmBuilder, config: &VmConfig) -> Result<(), 
     for (i, net) in config.nets.iter().enumerate() {
         let dev = Net::open(net)?;
         builder.add_virtio(&format!("virtio-net{i}"), Box::new(dev), Notify::Ioeventfd)?;
+    }
+    if let Some(vsock) = &config.vsock {
+        let dev = Vsock::new(vsock)?;
+        builder.add_virtio("virtio-vsock", Box::new(dev), Notify::Ioeventfd)?;
     }
     Ok(())
 }

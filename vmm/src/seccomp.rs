@@ -3,14 +3,18 @@
 //! call raises SIGSYS, whose handler says which thread made which call and ends the process
 //! with [`EXIT_SECCOMP`]. The lists and why each call is there: docs/seccomp.md.
 //!
-//! Filters are on unless [`disable`] was called (`--seccomp off`). Only the system call number
-//! is filtered, not its arguments.
+//! Filters are on unless [`disable`] was called (`--seccomp off`). The system call number is
+//! filtered, not its arguments, except `socket` on the devices thread: AF_UNIX only (the vsock
+//! device connects guest streams to the host's Unix sockets).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
 use thiserror::Error;
 
 /// Exit code of a process that a seccomp filter stopped (128 + SIGSYS, as a shell reports a
@@ -134,6 +138,11 @@ const VCPU: &[libc::c_long] = &[
 ];
 
 const DEVICES: &[libc::c_long] = &[
+    // vsock: host programs connecting to the device's Unix socket, and streams ending.
+    libc::SYS_accept4,
+    // vsock: joining a guest connection to the host's Unix socket PATH_P (the socket itself
+    // is allowed for AF_UNIX only, see `DEVICES_AF_UNIX_SOCKET`).
+    libc::SYS_connect,
     libc::SYS_epoll_ctl,
     libc::SYS_epoll_pwait,
     libc::SYS_epoll_wait,
@@ -142,6 +151,10 @@ const DEVICES: &[libc::c_long] = &[
     libc::SYS_io_uring_enter,
     libc::SYS_ioctl,
     libc::SYS_read,
+    // vsock: std's Unix stream reads and writes are recv and send.
+    libc::SYS_recvfrom,
+    libc::SYS_sendto,
+    libc::SYS_shutdown,
     libc::SYS_timerfd_settime,
 ];
 
@@ -169,13 +182,34 @@ pub fn enabled() -> bool {
     !DISABLED.load(Ordering::SeqCst)
 }
 
+/// Calls allowed only with certain arguments, per thread kind: `socket(AF_UNIX, ...)` on the
+/// devices thread.
+fn conditional(kind: ThreadKind) -> Result<Vec<(libc::c_long, SeccompRule)>, SeccompError> {
+    if kind != ThreadKind::Devices {
+        return Ok(Vec::new());
+    }
+    let rule_err = |e| SeccompError::Build(kind.name(), e);
+    let unix = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::AF_UNIX as u64,
+    )
+    .map_err(rule_err)?;
+    let rule = SeccompRule::new(vec![unix]).map_err(rule_err)?;
+    Ok(vec![(libc::SYS_socket, rule)])
+}
+
 /// The BPF program for `kind`: allowed calls pass, anything else raises SIGSYS.
 pub fn program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
-    let rules = kind
+    let mut rules = kind
         .allowed()
         .into_iter()
         .map(|n| (n, vec![]))
         .collect::<BTreeMap<_, _>>();
+    for (call, rule) in conditional(kind)? {
+        rules.entry(call).or_default().push(rule);
+    }
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Trap,
@@ -315,13 +349,54 @@ mod tests {
                 libc::SYS_openat,
                 libc::SYS_open,
                 libc::SYS_socket,
-                libc::SYS_connect,
                 libc::SYS_execve,
                 libc::SYS_ptrace,
             ] {
                 assert!(!calls.contains(&forbidden), "{kind:?} allows {forbidden}");
             }
+            // Only the devices thread connects (vsock), and it can make Unix sockets only.
+            let connects = calls.contains(&libc::SYS_connect);
+            assert_eq!(connects, kind == ThreadKind::Devices, "{kind:?}");
         }
+        let socket_rules = conditional(ThreadKind::Devices).unwrap();
+        assert_eq!(socket_rules.len(), 1);
+        assert_eq!(socket_rules[0].0, libc::SYS_socket);
+        assert!(conditional(ThreadKind::Vcpu).unwrap().is_empty());
+    }
+
+    /// Forks a child that installs `kind`'s filter and makes a socket of `domain`; its exit
+    /// status (0: the call was allowed).
+    fn child_making_a_socket(kind: ThreadKind, domain: libc::c_int) -> i32 {
+        let program = program(kind).unwrap();
+        install_sigsys_handler().unwrap();
+        // SAFETY: the child only makes system calls (no allocation) before it ends.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            if seccompiler::apply_filter(&program).is_err() {
+                // SAFETY: ends the child at once.
+                unsafe { libc::_exit(2) };
+            }
+            // SAFETY: a plain system call, then the child ends.
+            unsafe {
+                libc::socket(domain, libc::SOCK_STREAM, 0);
+                libc::_exit(0);
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        libc::WEXITSTATUS(status)
+    }
+
+    #[test]
+    fn the_devices_thread_may_make_unix_sockets_and_no_other() {
+        assert_eq!(child_making_a_socket(ThreadKind::Devices, libc::AF_UNIX), 0);
+        assert_eq!(
+            child_making_a_socket(ThreadKind::Devices, libc::AF_INET),
+            EXIT_SECCOMP
+        );
     }
 
     #[test]
@@ -337,26 +412,9 @@ mod tests {
     /// its exit code and its line (the parent only waits).
     #[test]
     fn a_call_outside_the_list_stops_the_process_with_its_code() {
-        let program = program(ThreadKind::Vcpu).unwrap();
-        install_sigsys_handler().unwrap();
-        // SAFETY: the child only makes system calls (no allocation) before it ends.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            if seccompiler::apply_filter(&program).is_err() {
-                // SAFETY: ends the child at once.
-                unsafe { libc::_exit(2) };
-            }
-            // SAFETY: a plain system call; the filter stops it.
-            unsafe {
-                libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
-                libc::_exit(0);
-            }
-        }
-        let mut status = 0;
-        // SAFETY: waits for the child forked above.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        assert!(libc::WIFEXITED(status), "status {status:#x}");
-        assert_eq!(libc::WEXITSTATUS(status), EXIT_SECCOMP);
+        assert_eq!(
+            child_making_a_socket(ThreadKind::Vcpu, libc::AF_UNIX),
+            EXIT_SECCOMP
+        );
     }
 }

@@ -11,6 +11,7 @@ pub mod blk;
 pub mod net;
 pub mod rng;
 pub mod transport;
+pub mod vsock;
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};

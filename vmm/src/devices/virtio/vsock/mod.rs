@@ -1,0 +1,213 @@
+//! virtio-vsock without a host kernel module: the guest's stream sockets are joined to Unix
+//! sockets on the host ([`muxer`], Firecracker's "hybrid vsock", which Kata Containers also
+//! speaks). The receive, transmit and event queues are served on the device event loop; with
+//! ioeventfd notifies and MSI-X no packet costs an exit to userspace.
+
+pub mod connection;
+pub mod muxer;
+pub mod packet;
+#[cfg(test)]
+mod tests;
+mod worker;
+
+use std::io;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use thiserror::Error;
+
+use super::{
+    Activation, QueueCounters, QueueWorker, VirtioDevice, VirtioError, TYPE_VSOCK,
+    VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+};
+use crate::config::VsockConfig;
+use muxer::Muxer;
+use worker::VsockWorker;
+
+const QUEUE_SIZE: u16 = 256;
+pub const RX: u16 = 0;
+pub const TX: u16 = 1;
+pub const EVENT: u16 = 2;
+
+/// Errors setting up the host socket.
+#[derive(Debug, Error)]
+pub enum VsockError {
+    #[error("Cannot listen on vsock socket {path}: {error}")]
+    Listen { path: String, error: io::Error },
+    #[error("Vsock socket {0} is in use by a running program")]
+    InUse(String),
+    #[error("Vsock socket {0} exists and is not a socket; not removing it")]
+    NotSocket(String),
+}
+
+/// What the device counted beyond its queues, written on the event loop only.
+#[derive(Debug, Default)]
+pub struct VsockCounters {
+    pub opened: AtomicU64,
+    pub closed: AtomicU64,
+    /// Connections refused: no listener at `PATH_P`, a bad CONNECT line, the limit reached.
+    pub refused: AtomicU64,
+    /// RST packets sent to the guest.
+    pub resets: AtomicU64,
+    /// Packets with a wrong address, type, length or operation.
+    pub bad_packets: AtomicU64,
+    /// Connections reset because the guest sent more than its credit.
+    pub credit_overruns: AtomicU64,
+    /// Control packets dropped because the guest gave no receive buffers for them.
+    pub control_dropped: AtomicU64,
+    pub rx_bytes: AtomicU64,
+    pub tx_bytes: AtomicU64,
+}
+
+impl VsockCounters {
+    fn list(&self) -> Vec<(&'static str, u64)> {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            ("connections", l(&self.opened)),
+            ("open", l(&self.opened).saturating_sub(l(&self.closed))),
+            ("refused", l(&self.refused)),
+            ("resets", l(&self.resets)),
+            ("bad_packets", l(&self.bad_packets)),
+            ("credit_overruns", l(&self.credit_overruns)),
+            ("control_dropped", l(&self.control_dropped)),
+            ("rx_bytes", l(&self.rx_bytes)),
+            ("tx_bytes", l(&self.tx_bytes)),
+        ]
+    }
+}
+
+/// The virtio-vsock device model.
+pub struct Vsock {
+    cid: u64,
+    path: PathBuf,
+    muxer: Arc<Mutex<Muxer>>,
+    counters: Arc<[QueueCounters]>,
+    vsock: Arc<VsockCounters>,
+    worker: QueueWorker,
+}
+
+/// Binds `path`, replacing a socket file no program listens on any more.
+fn listen(path: &Path) -> Result<UnixListener, VsockError> {
+    let shown = path.display().to_string();
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(VsockError::NotSocket(shown));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(VsockError::InUse(shown));
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    let listener = UnixListener::bind(path).map_err(|error| VsockError::Listen {
+        path: shown.clone(),
+        error,
+    })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|error| VsockError::Listen { path: shown, error })?;
+    Ok(listener)
+}
+
+impl Vsock {
+    /// Listens on the config's socket.
+    pub fn new(config: &VsockConfig) -> Result<Self, VsockError> {
+        let listener = listen(&config.socket)?;
+        let vsock = Arc::new(VsockCounters::default());
+        let cid = u64::from(config.cid);
+        let muxer = Muxer::new(cid, config.socket.clone(), listener, vsock.clone());
+        Ok(Vsock {
+            cid,
+            path: config.socket.clone(),
+            muxer: Arc::new(Mutex::new(muxer)),
+            counters: Arc::from(
+                (0..3)
+                    .map(|_| QueueCounters::default())
+                    .collect::<Vec<_>>(),
+            ),
+            vsock,
+            worker: QueueWorker::default(),
+        })
+    }
+
+}
+
+impl Drop for Vsock {
+    fn drop(&mut self) {
+        self.worker.stop();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl VirtioDevice for Vsock {
+    fn device_type(&self) -> u32 {
+        TYPE_VSOCK
+    }
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE, QUEUE_SIZE, QUEUE_SIZE]
+    }
+    fn features(&self) -> u64 {
+        VIRTIO_F_VERSION_1 | VIRTIO_RING_F_EVENT_IDX | VIRTIO_RING_F_INDIRECT_DESC
+    }
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // guest_cid (le64).
+        let config = self.cid.to_le_bytes();
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = usize::try_from(offset)
+                .ok()
+                .and_then(|o| config.get(o.checked_add(i)?))
+                .copied()
+                .unwrap_or(0);
+        }
+    }
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+
+    fn activate(&mut self, a: Activation) -> Result<(), VirtioError> {
+        let mut queues = a.queues;
+        queues.sort_by_key(|q| q.index);
+        let indexes: Vec<u16> = queues.iter().map(|q| q.index).collect();
+        // The event queue is only for transport resets (live migration): not used here.
+        if indexes.len() < 2 || indexes[..2] != [RX, TX] {
+            return Err(VirtioError::QueueCount {
+                device: "virtio-vsock".into(),
+                want: 3,
+                got: indexes.len(),
+            });
+        }
+        queues.truncate(2);
+        self.muxer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drop_all();
+        let tx = queues.pop().expect("two queues");
+        let rx = queues.pop().expect("two queues");
+        let worker = VsockWorker::new(
+            rx,
+            tx,
+            self.muxer.clone(),
+            a.mem,
+            a.interrupt,
+            self.counters.clone(),
+        );
+        self.worker
+            .start("virtio-vsock", a.event_loop, Arc::new(Mutex::new(worker)))
+    }
+
+    fn reset(&mut self) {
+        self.worker.stop();
+        self.muxer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drop_all();
+    }
+
+    fn counters(&self) -> Arc<[QueueCounters]> {
+        self.counters.clone()
+    }
+
+    fn device_counters(&self) -> Vec<(&'static str, u64)> {
+        self.vsock.list()
+    }
+}

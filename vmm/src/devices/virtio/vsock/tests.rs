@@ -1,0 +1,275 @@
+//! virtio-vsock driven through mock queues against real Unix sockets: both directions of
+//! connection, data and credit, and a hostile guest.
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::packet::*;
+use super::*;
+use crate::devices::virtio::{ActiveQueue, VirtioInterrupt};
+use crate::event_loop::EventLoop;
+
+const WRITE: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_WRITE as u16;
+const RX_BASE: u64 = 0;
+const TX_BASE: u64 = 0x1_0000;
+const RX_USED: u64 = 0xc000;
+const TX_USED: u64 = 0x1_c000;
+const RX_BUFS: u64 = 0x10_0000;
+const TX_BUFS: u64 = 0x40_0000;
+const CID: u64 = 3;
+
+#[derive(Default)]
+struct Irq(AtomicU64);
+
+impl VirtioInterrupt for Irq {
+    fn signal_queue(&self, _: u16) -> std::io::Result<bool> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
+    }
+    fn signal_config(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn d(addr: u64, len: u32, flags: u16) -> RawDescriptor {
+    RawDescriptor::from(SplitDescriptor::new(addr, len, flags, 0))
+}
+
+struct Rig {
+    mem: &'static GuestMemoryMmap,
+    rx: MockSplitQueue<'static, GuestMemoryMmap>,
+    tx: MockSplitQueue<'static, GuestMemoryMmap>,
+    tx_notify: EventFd,
+    dev: Vsock,
+    path: PathBuf,
+    sent: u16,
+    taken: u16,
+    _el: EventLoop,
+}
+
+fn socket_path(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("exitless-vsock-{tag}-{}.sock", std::process::id()))
+}
+
+/// A device with 32 receive buffers of 4 KiB posted.
+fn rig(tag: &str) -> Rig {
+    let mem: &'static GuestMemoryMmap = Box::leak(Box::new(
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap(),
+    ));
+    let path = socket_path(tag);
+    let dev = Vsock::new(&VsockConfig {
+        cid: CID as u32,
+        socket: path.clone(),
+    })
+    .unwrap();
+    let rx = MockSplitQueue::create(mem, GuestAddress(RX_BASE), 256);
+    let bufs: Vec<_> = (0..32).map(|i| d(RX_BUFS + i * 4096, 4096, WRITE)).collect();
+    rx.add_desc_chains(&bufs, 0).unwrap();
+    let tx = MockSplitQueue::create(mem, GuestAddress(TX_BASE), 256);
+    let mut queues = Vec::new();
+    let mut tx_notify = None;
+    for (index, vq, used) in [(RX, &rx, RX_USED), (TX, &tx, TX_USED), (EVENT, &tx, TX_USED)] {
+        let mut queue: Queue = vq.create_queue().unwrap();
+        queue.set_used_ring_address(Some(used as u32), Some(0));
+        let notify = EventFd::new(EFD_NONBLOCK).unwrap();
+        if index == TX {
+            tx_notify = Some(notify.try_clone().unwrap());
+        }
+        queues.push(ActiveQueue { index, queue, notify });
+    }
+    let el = EventLoop::start().unwrap();
+    let mut dev = dev;
+    dev.activate(Activation {
+        mem: mem.clone(),
+        features: dev.features(),
+        queues,
+        interrupt: Arc::new(Irq::default()),
+        event_loop: el.handle(),
+    })
+    .unwrap();
+    Rig {
+        mem,
+        rx,
+        tx,
+        tx_notify: tx_notify.unwrap(),
+        dev,
+        path,
+        sent: 0,
+        taken: 0,
+        _el: el,
+    }
+}
+
+fn guest_header(op: u16, src_port: u32, dst_port: u32, len: u32) -> Header {
+    Header {
+        src_cid: CID,
+        dst_cid: HOST_CID,
+        src_port,
+        dst_port,
+        len,
+        kind: TYPE_STREAM,
+        op,
+        flags: 0,
+        buf_alloc: 64 * 1024,
+        fwd_cnt: 0,
+    }
+}
+
+impl Rig {
+    /// The guest sends `h` with `payload` (which may disagree with `h.len`).
+    fn send(&mut self, h: Header, payload: &[u8]) {
+        let at = TX_BUFS + u64::from(self.sent) * 0x1_0000;
+        self.mem.write_slice(&h.bytes(), GuestAddress(at)).unwrap();
+        self.mem
+            .write_slice(payload, GuestAddress(at + HDR_LEN as u64))
+            .unwrap();
+        let len = (HDR_LEN + payload.len()) as u32;
+        self.tx.add_desc_chains(&[d(at, len, 0)], self.sent).unwrap();
+        self.sent += 1;
+        self.tx_notify.write(1).unwrap();
+    }
+
+    /// The next packet the device put in a receive buffer.
+    fn recv(&mut self) -> (Header, Vec<u8>) {
+        let start = Instant::now();
+        loop {
+            let idx: u16 = self.mem.read_obj(GuestAddress(RX_USED + 2)).unwrap();
+            if idx != self.taken {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(5), "no packet for the guest");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let at = GuestAddress(RX_USED + 4 + 8 * u64::from(self.taken));
+        let id: u32 = self.mem.read_obj(at).unwrap();
+        let len: u32 = self.mem.read_obj(GuestAddress(at.0 + 4)).unwrap();
+        self.taken += 1;
+        let mut b = vec![0u8; len as usize];
+        self.mem
+            .read_slice(&mut b, GuestAddress(RX_BUFS + u64::from(id) * 4096))
+            .unwrap();
+        let h = Header::parse(b[..HDR_LEN].try_into().unwrap());
+        (h, b[HDR_LEN..].to_vec())
+    }
+
+    fn count(&self, name: &str) -> u64 {
+        let c = self.dev.device_counters();
+        c.iter().find(|(n, _)| *n == name).unwrap().1
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(format!("{}_1234", self.path.display()));
+    }
+}
+
+#[test]
+fn a_guest_connection_reaches_the_hosts_port_socket_and_data_flows_both_ways() {
+    let mut r = rig("guest-connects");
+    let port_path = format!("{}_1234", r.path.display());
+    let listener = UnixListener::bind(&port_path).unwrap();
+    r.send(guest_header(OP_REQUEST, 5000, 1234, 0), &[]);
+    let (h, _) = r.recv();
+    assert_eq!((h.op, h.src_port, h.dst_port, h.dst_cid), (OP_RESPONSE, 1234, 5000, CID));
+    assert_eq!(h.buf_alloc, connection::BUF_ALLOC);
+    let (mut host, _) = listener.accept().unwrap();
+    r.send(guest_header(OP_RW, 5000, 1234, 5), b"hello");
+    let mut got = [0u8; 5];
+    host.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"hello");
+    host.write_all(b"world!").unwrap();
+    let (h, data) = r.recv();
+    assert_eq!((h.op, h.len, data.as_slice()), (OP_RW, 6, &b"world!"[..]));
+    assert_eq!(h.fwd_cnt, 5, "what the host took of the guest's bytes");
+    // The host closes: the guest hears SHUTDOWN, answers RST, the connection is gone.
+    drop(host);
+    let (h, _) = r.recv();
+    assert_eq!((h.op, h.flags), (OP_SHUTDOWN, SHUTDOWN_RCV | SHUTDOWN_SEND));
+    r.send(guest_header(OP_RST, 5000, 1234, 0), &[]);
+    let start = Instant::now();
+    while r.count("open") != 0 {
+        assert!(start.elapsed() < Duration::from_secs(5), "connection not closed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!((r.count("connections"), r.count("tx_bytes"), r.count("rx_bytes")), (1, 5, 6));
+}
+
+#[test]
+fn a_host_program_connects_with_a_connect_line_and_gets_ok_and_the_host_port() {
+    let mut r = rig("host-connects");
+    let mut host = UnixStream::connect(&r.path).unwrap();
+    host.write_all(b"CONNECT 52\n").unwrap();
+    let (h, _) = r.recv();
+    assert_eq!((h.op, h.dst_port, h.src_cid), (OP_REQUEST, 52, HOST_CID));
+    let host_port = h.src_port;
+    r.send(guest_header(OP_RESPONSE, 52, host_port, 0), &[]);
+    let mut line = [0u8; 64];
+    let n = host.read(&mut line).unwrap();
+    assert_eq!(std::str::from_utf8(&line[..n]).unwrap(), format!("OK {host_port}\n"));
+    host.write_all(b"ping").unwrap();
+    let (h, data) = r.recv();
+    assert_eq!((h.op, h.dst_port, data.as_slice()), (OP_RW, 52, &b"ping"[..]));
+    // A bad line is refused: the program sees EOF.
+    let mut bad = UnixStream::connect(&r.path).unwrap();
+    bad.write_all(b"HELLO 52\n").unwrap();
+    bad.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(bad.read(&mut line).unwrap(), 0);
+    assert_eq!(r.count("refused"), 1);
+}
+
+#[test]
+fn a_hostile_guest_gets_resets_and_counts_never_a_panic_or_unbounded_state() {
+    let mut r = rig("hostile");
+    // A REQUEST to a port nobody listens on.
+    r.send(guest_header(OP_REQUEST, 7, 999, 0), &[]);
+    assert_eq!(r.recv().0.op, OP_RST);
+    // A length the chain does not hold.
+    r.send(guest_header(OP_RW, 7, 999, 100), b"short");
+    assert_eq!(r.recv().0.op, OP_RST);
+    // An unknown operation on an open connection.
+    let port_path = format!("{}_1234", r.path.display());
+    let listener = UnixListener::bind(&port_path).unwrap();
+    r.send(guest_header(OP_REQUEST, 8, 1234, 0), &[]);
+    assert_eq!(r.recv().0.op, OP_RESPONSE);
+    r.send(guest_header(99, 8, 1234, 0), &[]);
+    assert_eq!(r.recv().0.op, OP_RST);
+    // More data than the credit given: reset, counted. The host reads nothing meanwhile.
+    r.send(guest_header(OP_REQUEST, 9, 1234, 0), &[]);
+    assert_eq!(r.recv().0.op, OP_RESPONSE);
+    let (_host, _) = listener.accept().unwrap();
+    let chunk = vec![0x42u8; MAX_PAYLOAD as usize];
+    let mut op = OP_RESPONSE;
+    for _ in 0..16 {
+        r.send(guest_header(OP_RW, 9, 1234, MAX_PAYLOAD), &chunk);
+        let start = Instant::now();
+        while r.count("credit_overruns") == 0 && start.elapsed() < Duration::from_millis(200) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if r.count("credit_overruns") > 0 {
+            // Credit updates for what the host socket took may come first.
+            while op != OP_RST {
+                op = r.recv().0.op;
+                assert!(op == OP_RST || op == OP_CREDIT_UPDATE, "op {op}");
+            }
+            break;
+        }
+    }
+    assert_eq!(op, OP_RST, "the overrun is answered with RST");
+    // Packets from another cid are not answered at all.
+    let mut h = guest_header(OP_REQUEST, 10, 1234, 0);
+    h.src_cid = 77;
+    r.send(h, &[]);
+    assert!(r.count("bad_packets") >= 2);
+    assert_eq!(r.count("open"), 0, "every misbehaving connection was reset");
+    assert_eq!(r.count("connections"), 2);
+}
