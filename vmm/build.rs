@@ -12,6 +12,7 @@ const SOURCES: &[&str] = &[
     "guest/virtio.c",
     "guest/virtio_cases.c",
     "guest/virtio_net.c",
+    "guest/virtio_vsock.c",
 ];
 const HEADERS: &[&str] = &[
     "guest/layout.h",

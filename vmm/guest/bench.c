@@ -306,6 +306,8 @@ static const struct bench_case cases[] = {
     {"virtio_check", 3, NAMED, loop_virtio_check, loop_empty_c, virtio_blk_setup, 0},
     {"virtio_net", 3, NAMED, loop_virtio_net, loop_empty_c, virtio_net_setup, report_virtio_net},
     {"net_check", 3, NAMED, loop_net_check, loop_empty_c, virtio_net_setup, 0},
+    {"virtio_vsock", 3, NAMED, loop_virtio_vsock, loop_empty_c, virtio_vsock_setup, report_virtio_vsock},
+    {"vsock_check", 3, NAMED, loop_vsock_check, loop_empty_c, virtio_vsock_setup, 0},
 };
 #define NR_CASES (sizeof(cases) / sizeof(cases[0]))
 

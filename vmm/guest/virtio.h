@@ -109,4 +109,11 @@ u64 loop_virtio_net(u64 n);
 u64 loop_net_check(u64 n);
 void report_virtio_net(void);
 
+/* virtio-vsock (virtio_vsock.c): setup as the command line says (port=, listen=, mode=rr or
+ * stream, irq=poll, evidx=off); vsock_check connects out and accepts one connection. */
+const char *virtio_vsock_setup(const char *cmdline);
+u64 loop_virtio_vsock(u64 n);
+u64 loop_vsock_check(u64 n);
+void report_virtio_vsock(void);
+
 #endif

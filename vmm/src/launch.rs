@@ -21,9 +21,9 @@ use crate::devices::console_input::ConsoleInput;
 use crate::devices::serial::{FlushPolicy, SerialDevice, SerialError, SerialOutput};
 use crate::devices::virtio::blk::Block;
 use crate::devices::virtio::net::Net;
-use crate::devices::virtio::vsock::Vsock;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::transport::VirtioPciDevice;
+use crate::devices::virtio::vsock::{SocketFile, Vsock};
 use crate::event_loop::EventLoop;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
 use crate::profile::virtio::VirtioStats;
@@ -106,6 +106,8 @@ pub struct LaunchedVm {
     io_names: Vec<String>,
     serial: Arc<Mutex<SerialDevice>>,
     virtio: Vec<Arc<VirtioPciDevice>>,
+    /// Socket files the devices listen on, removed when the VM is dropped.
+    _socket_files: Vec<SocketFile>,
     tsc_khz: u64,
     started: Instant,
 }
@@ -131,7 +133,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     let mut builder = VmBuilder::new(kvm, spec)?;
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
-    add_virtio_devices(&mut builder, config)?;
+    let socket_files = add_virtio_devices(&mut builder, config)?;
     let vcpu_opts = VcpuOptions {
         affinity: config.cpu_affinity.clone(),
         ..VcpuOptions::default()
@@ -148,6 +150,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         io_names: built.io_names,
         serial,
         virtio: built.virtio,
+        _socket_files: socket_files,
         tsc_khz: built.tsc_khz,
         started: Instant::now(),
     };
@@ -161,8 +164,11 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
 }
 
 /// The disks, the entropy source, the network cards and the socket device the config asks
-/// for, on PCI.
-fn add_virtio_devices(builder: &mut VmBuilder, config: &VmConfig) -> Result<(), LaunchError> {
+/// for, on PCI; returns the socket files to remove at the end.
+fn add_virtio_devices(
+    builder: &mut VmBuilder,
+    config: &VmConfig,
+) -> Result<Vec<SocketFile>, LaunchError> {
     for (i, disk) in config.disks.iter().enumerate() {
         let blk = Block::open(disk).map_err(|e| LaunchError::Disk(e.to_string()))?;
         builder.add_virtio(&format!("virtio-blk{i}"), Box::new(blk), Notify::Ioeventfd)?;
@@ -174,11 +180,13 @@ fn add_virtio_devices(builder: &mut VmBuilder, config: &VmConfig) -> Result<(), 
         let dev = Net::open(net)?;
         builder.add_virtio(&format!("virtio-net{i}"), Box::new(dev), Notify::Ioeventfd)?;
     }
+    let mut files = Vec::new();
     if let Some(vsock) = &config.vsock {
-        let dev = Vsock::new(vsock)?;
+        let (dev, file) = Vsock::new(vsock)?;
+        files.push(file);
         builder.add_virtio("virtio-vsock", Box::new(dev), Notify::Ioeventfd)?;
     }
-    Ok(())
+    Ok(files)
 }
 
 /// An image that does not fit in guest memory is said in the user's terms.

@@ -121,6 +121,9 @@ const MAIN: &[libc::c_long] = &[
     libc::SYS_read,
     libc::SYS_rt_sigaction,
     libc::SYS_statx,
+    // Removing the vsock device's socket file at the end.
+    libc::SYS_unlink,
+    libc::SYS_unlinkat,
 ];
 
 const VCPU: &[libc::c_long] = &[

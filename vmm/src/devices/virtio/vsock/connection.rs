@@ -136,7 +136,11 @@ mod tests {
     fn credit_is_what_the_guest_has_room_for_and_never_wraps_into_plenty() {
         let (a, _b) = UnixStream::pair().unwrap();
         let mut c = Connection::new(a, State::Established);
-        assert_eq!(c.peer_credit(), 0, "nothing before the guest says its buffer");
+        assert_eq!(
+            c.peer_credit(),
+            0,
+            "nothing before the guest says its buffer"
+        );
         c.update_peer_credit(&Header {
             buf_alloc: 1000,
             fwd_cnt: 0,

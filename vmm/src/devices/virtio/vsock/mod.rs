@@ -82,7 +82,6 @@ impl VsockCounters {
 /// The virtio-vsock device model.
 pub struct Vsock {
     cid: u64,
-    path: PathBuf,
     muxer: Arc<Mutex<Muxer>>,
     counters: Arc<[QueueCounters]>,
     vsock: Arc<VsockCounters>,
@@ -111,33 +110,31 @@ fn listen(path: &Path) -> Result<UnixListener, VsockError> {
     Ok(listener)
 }
 
+/// The device's listening socket file, removed when this is dropped (the VMM ends).
+#[derive(Debug)]
+pub struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 impl Vsock {
-    /// Listens on the config's socket.
-    pub fn new(config: &VsockConfig) -> Result<Self, VsockError> {
+    /// Listens on the config's socket; the socket file goes when the [`SocketFile`] does.
+    pub fn new(config: &VsockConfig) -> Result<(Self, SocketFile), VsockError> {
         let listener = listen(&config.socket)?;
         let vsock = Arc::new(VsockCounters::default());
         let cid = u64::from(config.cid);
         let muxer = Muxer::new(cid, config.socket.clone(), listener, vsock.clone());
-        Ok(Vsock {
+        let device = Vsock {
             cid,
-            path: config.socket.clone(),
             muxer: Arc::new(Mutex::new(muxer)),
-            counters: Arc::from(
-                (0..3)
-                    .map(|_| QueueCounters::default())
-                    .collect::<Vec<_>>(),
-            ),
+            counters: Arc::from((0..3).map(|_| QueueCounters::default()).collect::<Vec<_>>()),
             vsock,
             worker: QueueWorker::default(),
-        })
-    }
-
-}
-
-impl Drop for Vsock {
-    fn drop(&mut self) {
-        self.worker.stop();
-        let _ = std::fs::remove_file(&self.path);
+        };
+        Ok((device, SocketFile(config.socket.clone())))
     }
 }
 

@@ -51,7 +51,10 @@ pub struct Muxer {
     control: VecDeque<Header>,
     next_host_port: u32,
     /// What the event loop must change in its watch list (taken by the worker).
-    pub fd_changes: Vec<FdChange>,
+    fd_changes: Vec<FdChange>,
+    /// Sockets whose fds must leave the watch list before they close (a closed fd cannot be
+    /// taken out of epoll, and its number comes back with the next socket).
+    closing: Vec<UnixStream>,
     counters: Arc<VsockCounters>,
 }
 
@@ -83,7 +86,13 @@ fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
     // SAFETY: `addr` is a sockaddr_un of `len` bytes.
-    let r = unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) };
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
     if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -107,6 +116,7 @@ impl Muxer {
             control: VecDeque::new(),
             next_host_port: FIRST_HOST_PORT,
             fd_changes: Vec::new(),
+            closing: Vec::new(),
             counters,
         }
     }
@@ -160,9 +170,23 @@ impl Muxer {
         if let Some(c) = self.conns.remove(&key) {
             let fd = c.stream.as_raw_fd();
             self.by_fd.remove(&fd);
-            self.fd_changes.push(FdChange::Forget(fd));
+            self.forget(c.stream);
             add(&self.counters.closed, 1);
         }
+    }
+
+    /// Takes `stream` off the watch list, then closes it.
+    fn forget(&mut self, stream: UnixStream) {
+        self.fd_changes.push(FdChange::Forget(stream.as_raw_fd()));
+        self.closing.push(stream);
+    }
+
+    /// The watch-list changes to make, and the sockets to close once they are made.
+    pub fn take_fd_changes(&mut self) -> (Vec<FdChange>, Vec<UnixStream>) {
+        (
+            std::mem::take(&mut self.fd_changes),
+            std::mem::take(&mut self.closing),
+        )
     }
 
     fn insert(&mut self, key: Key, conn: Connection) {
@@ -186,7 +210,13 @@ impl Muxer {
                 continue; // dropped: the host program sees EOF
             }
             let fd = stream.as_raw_fd();
-            self.accepted.insert(fd, Accepted { stream, line: Vec::new() });
+            self.accepted.insert(
+                fd,
+                Accepted {
+                    stream,
+                    line: Vec::new(),
+                },
+            );
             self.fd_changes.push(FdChange::Watch(fd));
             self.read_connect_line(fd);
         }
@@ -216,7 +246,7 @@ impl Muxer {
             .and_then(|l| l.strip_prefix("CONNECT "))
             .and_then(|p| p.trim().parse::<u32>().ok());
         let (Ok(()), Some(port)) = (done, port) else {
-            self.fd_changes.push(FdChange::Forget(fd));
+            self.forget(a.stream);
             add(&self.counters.refused, 1);
             return;
         };
@@ -360,9 +390,10 @@ impl Muxer {
     /// Whether there may be a packet for the guest (a receive buffer is worth taking).
     pub fn has_rx(&self) -> bool {
         !self.control.is_empty()
-            || self.conns.values().any(|c| {
-                c.state == State::Established && c.readable && c.peer_credit() > 0
-            })
+            || self
+                .conns
+                .values()
+                .any(|c| c.state == State::Established && c.readable && c.peer_credit() > 0)
     }
 
     /// The next packet for the guest, written into `buf` (header, then payload up to the
@@ -434,5 +465,6 @@ impl Muxer {
         self.accepted.clear();
         self.control.clear();
         self.fd_changes.clear();
+        self.closing.clear();
     }
 }

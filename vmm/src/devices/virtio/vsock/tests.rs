@@ -46,11 +46,12 @@ fn d(addr: u64, len: u32, flags: u16) -> RawDescriptor {
 
 struct Rig {
     mem: &'static GuestMemoryMmap,
-    rx: MockSplitQueue<'static, GuestMemoryMmap>,
+    _rx: MockSplitQueue<'static, GuestMemoryMmap>,
     tx: MockSplitQueue<'static, GuestMemoryMmap>,
     tx_notify: EventFd,
     dev: Vsock,
     path: PathBuf,
+    _socket_file: SocketFile,
     sent: u16,
     taken: u16,
     _el: EventLoop,
@@ -66,25 +67,35 @@ fn rig(tag: &str) -> Rig {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap(),
     ));
     let path = socket_path(tag);
-    let dev = Vsock::new(&VsockConfig {
+    let (dev, socket_file) = Vsock::new(&VsockConfig {
         cid: CID as u32,
         socket: path.clone(),
     })
     .unwrap();
     let rx = MockSplitQueue::create(mem, GuestAddress(RX_BASE), 256);
-    let bufs: Vec<_> = (0..32).map(|i| d(RX_BUFS + i * 4096, 4096, WRITE)).collect();
+    let bufs: Vec<_> = (0..32)
+        .map(|i| d(RX_BUFS + i * 4096, 4096, WRITE))
+        .collect();
     rx.add_desc_chains(&bufs, 0).unwrap();
     let tx = MockSplitQueue::create(mem, GuestAddress(TX_BASE), 256);
     let mut queues = Vec::new();
     let mut tx_notify = None;
-    for (index, vq, used) in [(RX, &rx, RX_USED), (TX, &tx, TX_USED), (EVENT, &tx, TX_USED)] {
+    for (index, vq, used) in [
+        (RX, &rx, RX_USED),
+        (TX, &tx, TX_USED),
+        (EVENT, &tx, TX_USED),
+    ] {
         let mut queue: Queue = vq.create_queue().unwrap();
         queue.set_used_ring_address(Some(used as u32), Some(0));
         let notify = EventFd::new(EFD_NONBLOCK).unwrap();
         if index == TX {
             tx_notify = Some(notify.try_clone().unwrap());
         }
-        queues.push(ActiveQueue { index, queue, notify });
+        queues.push(ActiveQueue {
+            index,
+            queue,
+            notify,
+        });
     }
     let el = EventLoop::start().unwrap();
     let mut dev = dev;
@@ -98,11 +109,12 @@ fn rig(tag: &str) -> Rig {
     .unwrap();
     Rig {
         mem,
-        rx,
+        _rx: rx,
         tx,
         tx_notify: tx_notify.unwrap(),
         dev,
         path,
+        _socket_file: socket_file,
         sent: 0,
         taken: 0,
         _el: el,
@@ -133,7 +145,9 @@ impl Rig {
             .write_slice(payload, GuestAddress(at + HDR_LEN as u64))
             .unwrap();
         let len = (HDR_LEN + payload.len()) as u32;
-        self.tx.add_desc_chains(&[d(at, len, 0)], self.sent).unwrap();
+        self.tx
+            .add_desc_chains(&[d(at, len, 0)], self.sent)
+            .unwrap();
         self.sent += 1;
         self.tx_notify.write(1).unwrap();
     }
@@ -146,7 +160,10 @@ impl Rig {
             if idx != self.taken {
                 break;
             }
-            assert!(start.elapsed() < Duration::from_secs(5), "no packet for the guest");
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "no packet for the guest"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
         let at = GuestAddress(RX_USED + 4 + 8 * u64::from(self.taken));
@@ -180,7 +197,10 @@ fn a_guest_connection_reaches_the_hosts_port_socket_and_data_flows_both_ways() {
     let listener = UnixListener::bind(&port_path).unwrap();
     r.send(guest_header(OP_REQUEST, 5000, 1234, 0), &[]);
     let (h, _) = r.recv();
-    assert_eq!((h.op, h.src_port, h.dst_port, h.dst_cid), (OP_RESPONSE, 1234, 5000, CID));
+    assert_eq!(
+        (h.op, h.src_port, h.dst_port, h.dst_cid),
+        (OP_RESPONSE, 1234, 5000, CID)
+    );
     assert_eq!(h.buf_alloc, connection::BUF_ALLOC);
     let (mut host, _) = listener.accept().unwrap();
     r.send(guest_header(OP_RW, 5000, 1234, 5), b"hello");
@@ -198,15 +218,33 @@ fn a_guest_connection_reaches_the_hosts_port_socket_and_data_flows_both_ways() {
     r.send(guest_header(OP_RST, 5000, 1234, 0), &[]);
     let start = Instant::now();
     while r.count("open") != 0 {
-        assert!(start.elapsed() < Duration::from_secs(5), "connection not closed");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "connection not closed"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert_eq!((r.count("connections"), r.count("tx_bytes"), r.count("rx_bytes")), (1, 5, 6));
+    assert_eq!(
+        (
+            r.count("connections"),
+            r.count("tx_bytes"),
+            r.count("rx_bytes")
+        ),
+        (1, 5, 6)
+    );
 }
 
 #[test]
 fn a_host_program_connects_with_a_connect_line_and_gets_ok_and_the_host_port() {
     let mut r = rig("host-connects");
+    // A guest connection that ends first: its socket's fd number comes back with the next
+    // socket, which must still be watched (a closed fd cannot leave epoll).
+    let port_path = format!("{}_1234", r.path.display());
+    let listener = UnixListener::bind(&port_path).unwrap();
+    r.send(guest_header(OP_REQUEST, 5000, 1234, 0), &[]);
+    assert_eq!(r.recv().0.op, OP_RESPONSE);
+    r.send(guest_header(OP_RST, 5000, 1234, 0), &[]);
+    drop(listener);
     let mut host = UnixStream::connect(&r.path).unwrap();
     host.write_all(b"CONNECT 52\n").unwrap();
     let (h, _) = r.recv();
@@ -215,10 +253,18 @@ fn a_host_program_connects_with_a_connect_line_and_gets_ok_and_the_host_port() {
     r.send(guest_header(OP_RESPONSE, 52, host_port, 0), &[]);
     let mut line = [0u8; 64];
     let n = host.read(&mut line).unwrap();
-    assert_eq!(std::str::from_utf8(&line[..n]).unwrap(), format!("OK {host_port}\n"));
-    host.write_all(b"ping").unwrap();
-    let (h, data) = r.recv();
-    assert_eq!((h.op, h.dst_port, data.as_slice()), (OP_RW, 52, &b"ping"[..]));
+    assert_eq!(
+        std::str::from_utf8(&line[..n]).unwrap(),
+        format!("OK {host_port}\n")
+    );
+    for _ in 0..3 {
+        host.write_all(b"ping").unwrap();
+        let (h, data) = r.recv();
+        assert_eq!(
+            (h.op, h.dst_port, data.as_slice()),
+            (OP_RW, 52, &b"ping"[..])
+        );
+    }
     // A bad line is refused: the program sees EOF.
     let mut bad = UnixStream::connect(&r.path).unwrap();
     bad.write_all(b"HELLO 52\n").unwrap();

@@ -77,7 +77,11 @@ fn rx_chain(chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemoryMmap) -> 
         capacity = capacity.saturating_add(desc.len() as usize);
         buffers.push((desc.addr(), desc.len()));
     }
-    (capacity >= HDR_LEN).then_some(RxChain { head, buffers, capacity })
+    (capacity >= HDR_LEN).then_some(RxChain {
+        head,
+        buffers,
+        capacity,
+    })
 }
 
 impl VsockWorker {
@@ -209,7 +213,7 @@ impl VsockWorker {
     }
 
     fn apply_fd_changes(&mut self, ops: &mut EventOps) {
-        let changes: Vec<FdChange> = std::mem::take(&mut lock(&self.muxer).fd_changes);
+        let (changes, closing) = lock(&self.muxer).take_fd_changes();
         let watched = EventSet::IN | EventSet::OUT | EventSet::EDGE_TRIGGERED;
         for change in changes {
             let _ = match change {
@@ -217,6 +221,7 @@ impl VsockWorker {
                 FdChange::Forget(fd) => ops.remove(Events::new_raw(fd, watched)),
             };
         }
+        drop(closing); // now that their fds are out of epoll
     }
 
     fn host_event(&mut self, fd: RawFd, set: EventSet) {
@@ -253,7 +258,11 @@ impl MutEventSubscriber for VsockWorker {
 
     fn init(&mut self, ops: &mut EventOps) {
         let listener = lock(&self.muxer).listener_fd();
-        for fd in [self.tx_notify.as_raw_fd(), self.rx_notify.as_raw_fd(), listener] {
+        for fd in [
+            self.tx_notify.as_raw_fd(),
+            self.rx_notify.as_raw_fd(),
+            listener,
+        ] {
             if let Err(e) = ops.add(Events::new_raw(fd, EventSet::IN)) {
                 eprintln!("exitless: virtio-vsock cannot watch its fds: {e}");
             }
