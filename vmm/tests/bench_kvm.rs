@@ -197,7 +197,7 @@ fn virtio_blk_requests_take_no_userspace_exit_with_ioeventfd_and_msix() {
     for cfg in ["qd1", "qd32", "qd32-polled"] {
         let r = run("virtio_blk", cfg);
         assert_eq!(r.user_exits, 0, "{cfg}");
-        let blk = r.blk.expect("virtio_blk figures");
+        let blk = r.virtio.expect("virtio_blk figures");
         assert_eq!(blk.completed, ITERS, "{cfg}");
         assert_eq!(blk.malformed, 0, "{cfg}");
         if cfg == "qd32-polled" {
@@ -214,9 +214,45 @@ fn virtio_blk_notifies_through_the_vcpu_thread_exit_once_each() {
         return;
     }
     let r = run("virtio_blk", "qd1-notify-exits");
-    let blk = r.blk.expect("virtio_blk figures");
+    let blk = r.virtio.expect("virtio_blk figures");
     // At queue depth 1 the guest notifies for every request, and each notify is an exit.
     assert_eq!(blk.guest_notifies, ITERS);
     assert_eq!(r.user_exits, ITERS);
     assert_eq!(blk.completed, ITERS);
+}
+
+#[test]
+fn virtio_net_frames_take_no_userspace_exit_with_ioeventfd_and_msix() {
+    if !kvm_available() {
+        return;
+    }
+    let (c, config) = config("virtio_net", "64B");
+    let r = match run_config(c, &config, ITERS, 2_000_000) {
+        Err(e @ vmm::bench::runner::RunError::Unavailable(_)) => {
+            return vmm::test_skip::skip("bench_virtio_net", &e.to_string());
+        }
+        r => r.expect("configuration runs"),
+    };
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    assert_eq!(r.user_exits, 0);
+    let net = r.virtio.expect("virtio_net figures");
+    assert_eq!(net.count("tx_frames"), ITERS);
+    assert_eq!(net.count("tx_bytes"), ITERS * 64);
+    // 32 frames queued per kick: far fewer notifies than frames.
+    assert!(net.guest_notifies * 4 < ITERS, "{net:?}");
+}
+
+#[test]
+fn virtio_vsock_round_trips_take_no_userspace_exit_and_lose_no_byte() {
+    if !kvm_available() {
+        return;
+    }
+    for cfg in ["rr-64B", "stream-4KiB"] {
+        let r = run("virtio_vsock", cfg);
+        assert_eq!(r.user_exits, 0, "{cfg}");
+        let v = r.virtio.expect("virtio_vsock figures");
+        let per = if cfg == "rr-64B" { 64 } else { 4096 };
+        assert_eq!(v.count("tx_bytes"), ITERS * per, "{cfg}");
+        assert_eq!((v.count("connections"), v.count("resets")), (1, 0), "{cfg}");
+    }
 }

@@ -1,15 +1,13 @@
 //! The virtio_blk case, VMM side: a scratch disk file in the page cache, the device attached
-//! as the configuration says, and the checks and figures of a run.
+//! as the configuration says, and the checks of a run.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use serde::Serialize;
-
 use super::cases::BlkSetup;
-use super::result::GuestResult;
 use super::runner::{ConfigRun, RunError};
+use super::virtio::VirtioFigures;
 use crate::builder::VmBuilder;
 use crate::config::DiskConfig;
 use crate::device_manager::Notify;
@@ -43,29 +41,11 @@ impl Drop for ScratchDisk {
     }
 }
 
-/// The disk a configuration runs against.
-pub struct AttachedBlk {
-    _disk: ScratchDisk,
-    device: Arc<VirtioPciDevice>,
-    setup: BlkSetup,
-}
-
-/// What the device and the guest's driver counted over a run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct BlkFigures {
-    pub requests_per_second: f64,
-    /// Queue notifications the guest sent (event idx lets it skip some).
-    pub guest_notifies: u64,
-    /// Notifications the device took (eventfd reads: several notifies can be read at once).
-    pub device_notifies: u64,
-    /// Interrupts the device raised (MSI-X through irqfd).
-    pub interrupts: u64,
-    pub completed: u64,
-    pub malformed: u64,
-}
-
 /// Creates the scratch disk and puts a virtio-blk device for it on the VM's PCI bus.
-pub fn attach(builder: &mut VmBuilder, setup: BlkSetup) -> Result<AttachedBlk, RunError> {
+pub fn attach(
+    builder: &mut VmBuilder,
+    setup: &BlkSetup,
+) -> Result<(Arc<VirtioPciDevice>, ScratchDisk), RunError> {
     let disk = ScratchDisk::create()
         .map_err(|e| RunError::Disk(format!("Cannot create the scratch disk: {e}")))?;
     let config = DiskConfig {
@@ -74,51 +54,23 @@ pub fn attach(builder: &mut VmBuilder, setup: BlkSetup) -> Result<AttachedBlk, R
     };
     let block = Block::open(&config).map_err(|e| RunError::Disk(e.to_string()))?;
     let device = builder.add_virtio("virtio-blk", Box::new(block), setup.notify)?;
-    Ok(AttachedBlk {
-        _disk: disk,
-        device,
-        setup,
-    })
+    Ok((device, disk))
 }
 
-/// The guest command line's part for `setup` (see guest/virtio_cases.c).
+/// The guest command line's part for `setup` but event idx (see guest/virtio_cases.c).
 pub fn guest_args(setup: &BlkSetup) -> String {
     let mut args = format!(" qd={}", setup.queue_depth);
     if !setup.msix {
         args.push_str(" irq=poll");
     }
-    if !setup.event_idx {
-        args.push_str(" evidx=off");
-    }
     args
 }
 
-/// Records the run's figures and checks them against the design: every request completed
-/// without error, and at a queue depth above one with ioeventfd notifies, fewer in-kernel
-/// exits than requests (event idx and batched completions).
-pub fn finish(run: &mut ConfigRun, blk: &AttachedBlk, result: &GuestResult) {
-    let counters = blk.device.counters();
-    let sum = |f: fn(&crate::devices::virtio::QueueCounters) -> u64| -> u64 {
-        counters.iter().map(f).sum()
-    };
-    let figures = BlkFigures {
-        requests_per_second: if run.ns_per_iter > 0.0 {
-            1e9 / run.ns_per_iter
-        } else {
-            0.0
-        },
-        guest_notifies: result.notifies.unwrap_or(0),
-        device_notifies: sum(|c| c.notifies.load(Ordering::Relaxed)),
-        interrupts: sum(|c| c.interrupts.load(Ordering::Relaxed)),
-        completed: sum(|c| c.completed.load(Ordering::Relaxed)),
-        malformed: sum(|c| c.malformed.load(Ordering::Relaxed)),
-    };
-    run.blk = Some(figures);
-    check(run, &blk.setup, result.io_errors);
-}
-
-fn check(run: &mut ConfigRun, setup: &BlkSetup, io_errors: Option<u64>) {
-    let (n, f) = (run.iterations, run.blk.unwrap_or_default());
+/// Checks a run against the design: every request completed without error, and at a queue
+/// depth above one with ioeventfd notifies, fewer in-kernel exits than requests (event idx
+/// and batched completions).
+pub fn check(run: &mut ConfigRun, setup: &BlkSetup, f: &VirtioFigures, io_errors: Option<u64>) {
+    let n = run.iterations;
     if f.completed != n {
         run.problems.push(format!(
             "the device completed {} requests, the guest made {n}",
@@ -134,12 +86,6 @@ fn check(run: &mut ConfigRun, setup: &BlkSetup, io_errors: Option<u64>) {
             .problems
             .push(format!("{e} of {n} requests failed in the guest")),
     }
-    if f.malformed > 0 {
-        run.problems.push(format!(
-            "the device found {} malformed requests",
-            f.malformed
-        ));
-    }
     let batched = setup.queue_depth > 1 && setup.notify == Notify::Ioeventfd;
     if let (true, Some(k)) = (batched, run.kernel_exits) {
         if k >= n {
@@ -154,10 +100,14 @@ fn check(run: &mut ConfigRun, setup: &BlkSetup, io_errors: Option<u64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::cases::CASES;
+    use crate::bench::cases::{VirtioSetup, CASES};
     use crate::bench::report::tests::run;
 
-    fn blk_run(config: &str, completed: u64, kernel_exits: u64) -> (ConfigRun, BlkSetup) {
+    fn blk_run(
+        config: &str,
+        completed: u64,
+        kernel_exits: u64,
+    ) -> (ConfigRun, BlkSetup, VirtioFigures) {
         let case = CASES.iter().position(|c| c.name == "virtio_blk").unwrap();
         let cfg = CASES[case]
             .configs
@@ -166,37 +116,41 @@ mod tests {
             .unwrap();
         let mut r = run(case, cfg, 50_000.0, 0);
         r.kernel_exits = Some(kernel_exits);
-        r.blk = Some(BlkFigures {
+        let f = VirtioFigures {
             completed,
-            ..BlkFigures::default()
-        });
-        (r, CASES[case].configs[cfg].blk.unwrap())
+            ..VirtioFigures::default()
+        };
+        let Some(VirtioSetup::Blk(setup)) = CASES[case].configs[cfg].virtio else {
+            panic!("{config} has a disk");
+        };
+        (r, setup, f)
     }
 
     #[test]
     fn guest_arguments_say_what_differs_from_the_driver_defaults() {
-        let (_, qd32) = blk_run("qd32", 0, 0);
-        assert_eq!(guest_args(&qd32), " qd=32");
-        let (_, polled) = blk_run("qd32-polled", 0, 0);
-        assert_eq!(guest_args(&polled), " qd=32 irq=poll");
-        let (_, no_idx) = blk_run("qd32-no-event-idx", 0, 0);
-        assert_eq!(guest_args(&no_idx), " qd=32 evidx=off");
+        use crate::bench::virtio::guest_args;
+        let (_, qd32, _) = blk_run("qd32", 0, 0);
+        assert_eq!(guest_args(&VirtioSetup::Blk(qd32)), " qd=32");
+        let (_, polled, _) = blk_run("qd32-polled", 0, 0);
+        assert_eq!(guest_args(&VirtioSetup::Blk(polled)), " qd=32 irq=poll");
+        let (_, no_idx, _) = blk_run("qd32-no-event-idx", 0, 0);
+        assert_eq!(guest_args(&VirtioSetup::Blk(no_idx)), " qd=32 evidx=off");
     }
 
     #[test]
     fn lost_requests_errors_and_unbatched_exits_are_problems() {
-        let (mut r, s) = blk_run("qd32", 100, 40);
-        check(&mut r, &s, Some(0));
+        let (mut r, s, f) = blk_run("qd32", 100, 40);
+        check(&mut r, &s, &f, Some(0));
         assert!(r.problems.is_empty(), "{:?}", r.problems);
-        let (mut r, s) = blk_run("qd32", 99, 100);
-        check(&mut r, &s, Some(2));
+        let (mut r, s, f) = blk_run("qd32", 99, 100);
+        check(&mut r, &s, &f, Some(2));
         assert_eq!(r.problems.len(), 3, "{:?}", r.problems);
         assert!(r.problems[0].contains("completed 99 requests"));
         assert!(r.problems[1].contains("2 of 100 requests failed"));
         assert!(r.problems[2].contains("fewer in-kernel exits"));
         // Notifies through the vCPU thread are not held to the batching target.
-        let (mut r, s) = blk_run("qd32-notify-exits", 100, 300);
-        check(&mut r, &s, Some(0));
+        let (mut r, s, f) = blk_run("qd32-notify-exits", 100, 300);
+        check(&mut r, &s, &f, Some(0));
         assert!(r.problems.is_empty(), "{:?}", r.problems);
     }
 }

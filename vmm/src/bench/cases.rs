@@ -45,6 +45,34 @@ pub struct BlkSetup {
     pub event_idx: bool,
 }
 
+/// How a virtio_net configuration drives its card: frames to a tap in a private network
+/// namespace, `queue_depth` queued at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct NetSetup {
+    /// Bytes of each Ethernet frame (without the virtio-net header).
+    pub frame: u16,
+    pub queue_depth: u16,
+    pub notify: Notify,
+    pub event_idx: bool,
+}
+
+/// How a virtio_vsock configuration uses its one stream: 64-byte round trips with a host echo
+/// program, or 4 KiB packets streamed to a host program that reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct VsockSetup {
+    pub stream: bool,
+    pub notify: Notify,
+    pub event_idx: bool,
+}
+
+/// The virtio device a configuration's guest drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum VirtioSetup {
+    Blk(BlkSetup),
+    Net(NetSetup),
+    Vsock(VsockSetup),
+}
+
 /// One way of running a case.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct CaseConfig {
@@ -61,8 +89,8 @@ pub struct CaseConfig {
     pub textbook: Option<&'static str>,
     /// Whether the exit profiler records every exit (off only to measure its own cost).
     pub profiling: bool,
-    /// A virtio-blk disk for the guest's driver (virtio_blk case).
-    pub blk: Option<BlkSetup>,
+    /// A virtio device for the guest's driver (the virtio cases).
+    pub virtio: Option<VirtioSetup>,
 }
 
 /// A case: an exit kind and its configurations; the first configuration is the baseline.
@@ -92,7 +120,7 @@ const fn cfg(
         expect_ipis: false,
         textbook: None,
         profiling: true,
-        blk: None,
+        virtio: None,
     }
 }
 
@@ -105,12 +133,46 @@ const fn blk(
     expect: Expect,
 ) -> CaseConfig {
     let mut c = cfg(name, "virtio_blk", Target::Unclaimed, expect);
-    c.blk = Some(BlkSetup {
+    c.virtio = Some(VirtioSetup::Blk(BlkSetup {
         queue_depth,
         notify,
         msix,
         event_idx,
-    });
+    }));
+    c
+}
+
+const fn net(
+    name: &'static str,
+    frame: u16,
+    queue_depth: u16,
+    notify: Notify,
+    event_idx: bool,
+    expect: Expect,
+) -> CaseConfig {
+    let mut c = cfg(name, "virtio_net", Target::Unclaimed, expect);
+    c.virtio = Some(VirtioSetup::Net(NetSetup {
+        frame,
+        queue_depth,
+        notify,
+        event_idx,
+    }));
+    c
+}
+
+const fn vsock(
+    name: &'static str,
+    stream: bool,
+    notify: Notify,
+    event_idx: bool,
+    expect: Expect,
+) -> CaseConfig {
+    let mut c = cfg(name, "virtio_vsock", Target::Unclaimed, expect);
+    c.virtio = Some(VirtioSetup::Vsock(VsockSetup {
+        stream,
+        notify,
+        event_idx,
+    }));
     c
 }
 
@@ -243,6 +305,29 @@ pub const CASES: &[BenchCase] = &[
             blk("qd32-polled", 32, Notify::Ioeventfd, false, true, NoExit),
             blk("qd1-notify-exits", 1, Notify::VcpuThread, true, true, One),
             blk("qd32-notify-exits", 32, Notify::VcpuThread, true, true, AtMost(1.0)),
+        ],
+    },
+    BenchCase {
+        name: "virtio_net",
+        what: "Ethernet frames sent by the guest's own virtio-pci driver at CPL3 to a tap in a private network namespace (the host kernel takes and drops them), 32 queued at once unless said",
+        rounds: 3,
+        configs: &[
+            net("64B", 64, 32, Notify::Ioeventfd, true, NoExit),
+            net("1500B", 1500, 32, Notify::Ioeventfd, true, NoExit),
+            net("64B-qd1", 64, 1, Notify::Ioeventfd, true, NoExit),
+            net("64B-no-event-idx", 64, 32, Notify::Ioeventfd, false, NoExit),
+            net("64B-notify-exits", 64, 32, Notify::VcpuThread, true, AtMost(1.0)),
+        ],
+    },
+    BenchCase {
+        name: "virtio_vsock",
+        what: "One vsock stream from the guest's own driver at CPL3 to a host program on a Unix socket (hybrid vsock): 64-byte round trips with an echo, or 4 KiB packets streamed to a reader",
+        rounds: 3,
+        configs: &[
+            vsock("rr-64B", false, Notify::Ioeventfd, true, NoExit),
+            vsock("stream-4KiB", true, Notify::Ioeventfd, true, NoExit),
+            vsock("rr-64B-no-event-idx", false, Notify::Ioeventfd, false, NoExit),
+            vsock("rr-64B-notify-exits", false, Notify::VcpuThread, true, AtMost(2.0)),
         ],
     },
     BenchCase {

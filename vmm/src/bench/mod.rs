@@ -5,10 +5,13 @@ pub mod blk;
 pub mod cases;
 pub mod guest;
 pub mod host;
+pub mod net;
 pub mod report;
 pub mod result;
 pub mod runner;
 pub mod scaling;
+pub mod virtio;
+pub mod vsock;
 
 #[cfg(test)]
 mod coalesced_smp_tests;
@@ -77,13 +80,17 @@ pub fn run(
     let host = host::probe()?;
     let start = Instant::now();
     let total: usize = cases.iter().map(|c| c.configs.len() * c.rounds).sum();
-    let (mut rows, mut failures) = (Vec::new(), Vec::new());
+    let (mut rows, mut failures, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
     let mut done = 0;
     for case in cases {
         let mut runs: Vec<Vec<ConfigRun>> = vec![Vec::new(); case.configs.len()];
         let mut failed: Vec<Option<String>> = vec![None; case.configs.len()];
+        let mut unavailable = vec![false; case.configs.len()];
         for _ in 0..case.rounds {
             for (i, config) in case.configs.iter().enumerate() {
+                if unavailable[i] {
+                    continue;
+                }
                 done += 1;
                 let label = format!("[{done}/{total}] {}/{}", case.name, config.name);
                 progress(&format!("{label} ..."));
@@ -93,6 +100,11 @@ pub fn run(
                         runs[i].push(run);
                     }
                     Ok(run) => failed[i] = Some(run.problems.join("; ")),
+                    Err(e @ runner::RunError::Unavailable(_)) => {
+                        progress(&format!("{label}: skipped: {e}"));
+                        unavailable[i] = true;
+                        skipped.push(failure(case, config.name, e.to_string()));
+                    }
                     Err(e) => failed[i] = Some(e.to_string()),
                 }
             }
@@ -107,6 +119,7 @@ pub fn run(
         wall_seconds: start.elapsed().as_secs_f64(),
         rows,
         failures,
+        skipped,
         derived,
     })
 }

@@ -57,6 +57,9 @@ pub struct BenchReport {
     pub wall_seconds: f64,
     pub rows: Vec<BenchRow>,
     pub failures: Vec<BenchFailure>,
+    /// Configurations this host or user cannot run (a tap needs root), with why: not errors.
+    #[serde(default)]
+    pub skipped: Vec<BenchFailure>,
     pub derived: Derived,
 }
 
@@ -157,15 +160,18 @@ pub fn render_table(report: &BenchReport) -> String {
 
 fn render_notes(report: &BenchReport, out: &mut String) {
     for row in &report.rows {
-        if let Some(b) = &row.run.blk {
+        if let Some(v) = &row.run.virtio {
             let n = row.run.iterations.max(1) as f64;
             let _ = writeln!(
                 out,
-                "virtio_blk/{}: {:.0} requests/s; per request {:.3} guest notifies, {:.3} interrupts",
+                "{}/{}: {:.0} {}/s; per {} {:.3} guest notifies, {:.3} interrupts",
+                row.run.case,
                 row.run.config.name,
-                b.requests_per_second,
-                b.guest_notifies as f64 / n,
-                b.interrupts as f64 / n
+                v.per_second,
+                v.unit,
+                v.unit.trim_end_matches('s'),
+                v.guest_notifies as f64 / n,
+                v.interrupts as f64 / n
             );
         }
     }
@@ -198,6 +204,9 @@ fn render_notes(report: &BenchReport, out: &mut String) {
             d.profiler_work_ns_per_exit
         );
     }
+    for f in &report.skipped {
+        let _ = writeln!(out, "skipped: {}/{}: {}", f.case, f.config, f.error);
+    }
     for f in &report.failures {
         let _ = writeln!(out, "ERROR: {}/{}: {}", f.case, f.config, f.error);
     }
@@ -229,7 +238,7 @@ pub(crate) mod tests {
             io_devices: vec!["com1".into()],
             profile: crate::profile::VcpuProfile::new(0, 1, 0).snapshot(),
             guest_output: String::new(),
-            blk: None,
+            virtio: None,
             problems: vec![],
             observations: vec![],
         }
@@ -276,6 +285,7 @@ pub(crate) mod tests {
                 config: "in-kernel",
                 error: "boom".into(),
             }],
+            skipped: vec![],
         };
         let t = render_table(&report);
         let lines: Vec<&str> = t.lines().collect();

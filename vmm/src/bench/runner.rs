@@ -9,10 +9,10 @@ use serde::Serialize;
 use thiserror::Error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::blk::{self, AttachedBlk};
 use super::cases::{BenchCase, CaseConfig, Expect, Target};
 use super::guest;
 use super::result::{parse_line, GuestLine, GuestResult, ParseError};
+use super::virtio::{self, AttachedVirtio};
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use crate::device_manager::{BusKind, DeviceManager, DeviceManagerError};
 use crate::devices::bench_ports::{ExitPort, MarkerPort};
@@ -43,6 +43,9 @@ pub enum RunError {
     EventFd(std::io::Error),
     #[error("Not run: {0}")]
     Unsupported(&'static str),
+    /// This host or user cannot give the configuration what it needs (reported as skipped).
+    #[error("Not run: {0}")]
+    Unavailable(String),
     #[error("The guest reported: {0}")]
     GuestError(String),
     #[error("The guest skipped the case: {0}")]
@@ -87,8 +90,8 @@ pub struct ConfigRun {
     /// Everything the guest printed.
     #[serde(skip)]
     pub guest_output: String,
-    /// The virtio_blk case's request figures.
-    pub blk: Option<super::blk::BlkFigures>,
+    /// The virtio cases' figures (requests, frames or round trips).
+    pub virtio: Option<virtio::VirtioFigures>,
     /// Where the run broke the configuration's design; non-empty means an error.
     pub problems: Vec<String>,
     /// What this host did that a VT-x/SVM host would not.
@@ -101,7 +104,7 @@ struct Prepared {
     vcpu: Vcpu,
     serial: LineCapture,
     ioeventfd: Option<EventFd>,
-    blk: Option<AttachedBlk>,
+    virtio: Option<AttachedVirtio>,
     /// Serves the virtio queues while the VM runs.
     _event_loop: crate::event_loop::EventLoop,
 }
@@ -138,7 +141,11 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
         cmdline: format!(
             "case={} iters={iterations}{}",
             config.guest_case,
-            config.blk.as_ref().map(blk::guest_args).unwrap_or_default()
+            config
+                .virtio
+                .as_ref()
+                .map(virtio::guest_args)
+                .unwrap_or_default()
         ),
         memory: GUEST_MEMORY,
         cpus: 1,
@@ -153,8 +160,8 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
     let serial = LineCapture::default();
     add_bench_ports(&mut builder, &serial)?;
     let ioeventfd = setup_target(builder.devices(), config.target)?;
-    let blk = match config.blk {
-        Some(setup) => Some(blk::attach(&mut builder, setup)?),
+    let virtio = match config.virtio {
+        Some(setup) => Some(virtio::attach(&mut builder, setup)?),
         None => None,
     };
     let opts = VcpuOptions {
@@ -171,7 +178,7 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
         vcpu,
         serial,
         ioeventfd,
-        blk,
+        virtio,
         _event_loop: built.event_loop,
     })
 }
@@ -280,8 +287,8 @@ pub fn run_config_placed(
         run.kvm_stats = deltas.into_iter().filter(|(_, v)| *v != 0).collect();
     }
     check(&mut run, config);
-    if let Some(b) = &p.blk {
-        blk::finish(&mut run, b, &result);
+    if let Some(v) = &p.virtio {
+        virtio::finish(&mut run, v, &result);
     }
     Ok(run)
 }
@@ -336,7 +343,7 @@ fn measure(
         profile,
         io_devices: Vec::new(),
         guest_output: String::new(),
-        blk: None,
+        virtio: None,
         problems: Vec::new(),
         observations: Vec::new(),
     }

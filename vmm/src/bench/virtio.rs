@@ -1,0 +1,137 @@
+//! The virtio cases, VMM side: the device a configuration attaches (a disk, a network card
+//! on a tap, a socket device with a host program), the guest's arguments, and the figures
+//! and checks of a run.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::cases::VirtioSetup;
+use super::result::GuestResult;
+use super::runner::{ConfigRun, RunError};
+use super::{blk, net, vsock};
+use crate::builder::VmBuilder;
+use crate::devices::virtio::transport::VirtioPciDevice;
+use crate::devices::virtio::QueueCounters;
+
+/// A device attached for one run, with what it needs on the host.
+pub enum Attached {
+    Blk(blk::ScratchDisk),
+    Net(net::PrivateTap),
+    Vsock(vsock::HostProgram),
+}
+
+/// A device on the VM and its host side.
+pub struct AttachedVirtio {
+    pub device: Arc<VirtioPciDevice>,
+    pub setup: VirtioSetup,
+    _host: Attached,
+}
+
+/// What the device and the guest's driver counted over a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct VirtioFigures {
+    /// Requests, frames or round trips per second, as `unit` says.
+    pub per_second: f64,
+    pub unit: &'static str,
+    /// Queue notifications the guest sent (event idx lets it skip some).
+    pub guest_notifies: u64,
+    /// Notifications the device took (eventfd reads: several notifies can be read at once).
+    pub device_notifies: u64,
+    /// Interrupts the device raised (MSI-X through irqfd).
+    pub interrupts: u64,
+    /// Chains completed, on every queue.
+    pub completed: u64,
+    pub malformed: u64,
+    /// The device's own counters (frames, bytes, connections).
+    pub device: Vec<(&'static str, u64)>,
+}
+
+impl VirtioFigures {
+    /// One of the device's own counters (0 when it has none of that name).
+    pub fn count(&self, name: &str) -> u64 {
+        self.device
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, v)| *v)
+    }
+}
+
+/// Puts the configuration's device on the VM's PCI bus, with its host side.
+pub fn attach(builder: &mut VmBuilder, setup: VirtioSetup) -> Result<AttachedVirtio, RunError> {
+    let (device, host) = match setup {
+        VirtioSetup::Blk(s) => {
+            let (d, disk) = blk::attach(builder, &s)?;
+            (d, Attached::Blk(disk))
+        }
+        VirtioSetup::Net(s) => {
+            let (d, tap) = net::attach(builder, &s)?;
+            (d, Attached::Net(tap))
+        }
+        VirtioSetup::Vsock(s) => {
+            let (d, program) = vsock::attach(builder, &s)?;
+            (d, Attached::Vsock(program))
+        }
+    };
+    Ok(AttachedVirtio {
+        device,
+        setup,
+        _host: host,
+    })
+}
+
+/// The guest command line's part for `setup` (see guest/virtio_*.c).
+pub fn guest_args(setup: &VirtioSetup) -> String {
+    let (notify_args, event_idx) = match setup {
+        VirtioSetup::Blk(s) => (blk::guest_args(s), s.event_idx),
+        VirtioSetup::Net(s) => (
+            format!(" frame={} qd={}", s.frame, s.queue_depth),
+            s.event_idx,
+        ),
+        VirtioSetup::Vsock(s) => (vsock::guest_args(s), s.event_idx),
+    };
+    if event_idx {
+        notify_args
+    } else {
+        notify_args + " evidx=off"
+    }
+}
+
+/// Records the run's figures and checks them against the device's design.
+pub fn finish(run: &mut ConfigRun, attached: &AttachedVirtio, result: &GuestResult) {
+    let counters = attached.device.counters();
+    let sum = |f: fn(&QueueCounters) -> u64| -> u64 { counters.iter().map(f).sum() };
+    let unit = match attached.setup {
+        VirtioSetup::Blk(_) => "requests",
+        VirtioSetup::Net(_) => "frames",
+        VirtioSetup::Vsock(s) if s.stream => "packets",
+        VirtioSetup::Vsock(_) => "round trips",
+    };
+    let figures = VirtioFigures {
+        per_second: if run.ns_per_iter > 0.0 {
+            1e9 / run.ns_per_iter
+        } else {
+            0.0
+        },
+        unit,
+        guest_notifies: result.notifies.unwrap_or(0),
+        device_notifies: sum(|c| c.notifies.load(Ordering::Relaxed)),
+        interrupts: sum(|c| c.interrupts.load(Ordering::Relaxed)),
+        completed: sum(|c| c.completed.load(Ordering::Relaxed)),
+        malformed: sum(|c| c.malformed.load(Ordering::Relaxed)),
+        device: attached.device.device_counters(),
+    };
+    match attached.setup {
+        VirtioSetup::Blk(s) => blk::check(run, &s, &figures, result.io_errors),
+        VirtioSetup::Net(_) => net::check(run, &figures),
+        VirtioSetup::Vsock(s) => vsock::check(run, &s, &figures),
+    }
+    if figures.malformed > 0 {
+        run.problems.push(format!(
+            "the device found {} malformed chains",
+            figures.malformed
+        ));
+    }
+    run.virtio = Some(figures);
+}
