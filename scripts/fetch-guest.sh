@@ -3,8 +3,8 @@
 #   <dir>/bzImage            Debian's cloud kernel, as shipped
 #   <dir>/vmlinux            the ELF kernel extracted from it (lz4 payload)
 #   <dir>/initramfs.cpio.gz  a busybox-static initramfs with the virtio-pci modules; its /init
-#                            reports each virtio disk (and mounts it if it holds a filesystem)
-#                            and the hwrng
+#                            reports each virtio disk (and mounts it if it holds a filesystem),
+#                            the hwrng, each network card and the vsock device
 # Usage: scripts/fetch-guest.sh [DIR]   (DIR defaults to guest/ at the repository root)
 # Downloads and unpacked packages are kept in DIR/.work, so a second run fetches nothing.
 set -euo pipefail
@@ -18,8 +18,9 @@ DEBS=$WORK/debs
 KROOT=$WORK/kernel
 BBROOT=$WORK/busybox
 META=linux-image-cloud-amd64
-# virtio over PCI (exitless's transport), its devices, and ext4 to mount a disk that holds one.
-MODULES=(virtio_pci virtio_blk virtio_rng virtio_net virtio_console ext4)
+# virtio over PCI (exitless's transport), its devices (vsock's transport brings the vsock
+# core), and ext4 to mount a disk that holds one.
+MODULES=(virtio_pci virtio_blk virtio_rng virtio_net vmw_vsock_virtio_transport virtio_console ext4)
 
 log() { printf '[fetch-guest] %s\n' "$*" >&2; }
 die() { printf '[fetch-guest] error: %s\n' "$*" >&2; exit 1; }
@@ -195,6 +196,15 @@ done
 if [ -e /sys/class/misc/hw_random/rng_current ]; then
     echo "exitless hwrng $(cat /sys/class/misc/hw_random/rng_current)"
 fi
+for n in /sys/class/net/eth*; do
+    [ -e "$n" ] || continue
+    ip link set "${n##*/}" up 2>/dev/null
+    echo "exitless net ${n##*/} mac=$(cat "$n/address")"
+done
+# /dev/vsock comes with the vsock core module; a bound device shows under its driver.
+for v in /sys/bus/virtio/drivers/vmw_vsock_virtio_transport/virtio*; do
+    [ -e "$v" ] && [ -e /dev/vsock ] && echo "exitless vsock ${v##*/} bound, /dev/vsock"
+done
 echo "exitless guest up"
 setsid cttyhack sh || sh
 echo "exitless guest shell exited: rebooting"

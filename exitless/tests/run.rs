@@ -12,6 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{Image, Stream};
+use vmm::devices::virtio::net::private_net::PrivateNet;
 
 const MIB: u64 = 1 << 20;
 
@@ -467,7 +468,7 @@ fn with_devices_the_kernel_finds_the_dsdt_mcfg_and_the_reserved_ecam() {
 /// Debian's kernel loads virtio-pci, virtio-blk and virtio-rng from the initramfs and its
 /// /init reports the disk and the hwrng it found. Needs a host whose KVM runs a full boot.
 #[test]
-fn linux_sees_the_virtio_disk_and_the_hwrng() {
+fn linux_sees_the_virtio_disk_hwrng_network_card_and_vsock() {
     let test = "linux_virtio_devices";
     if !have_kvm(test) || !have_vmlinux(test) {
         return;
@@ -488,32 +489,45 @@ fn linux_sees_the_virtio_disk_and_the_hwrng() {
         return;
     }
     let image = Image::new(test, 16);
-    let mut child = exitless()
-        .arg("--kernel")
+    let vsock = std::env::temp_dir().join(format!("{test}-{}.sock", std::process::id()));
+    let mut cmd = exitless();
+    cmd.arg("--kernel")
         .arg(vmlinux())
         .arg("--initrd")
         .arg(&initrd)
         .args(["--memory", "512M", "--cmdline", "console=ttyS0 panic=-1"])
-        .args([
-            "--disk",
-            &image.disk_arg(false),
-            "--rng",
-            "--timeout",
-            "300",
-        ])
+        .args(["--disk", &image.disk_arg(false), "--rng", "--timeout", "300"])
+        .arg("--vsock")
+        .arg(format!("cid=3,socket={}", vsock.display()))
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("exitless starts");
+        .stderr(Stdio::piped());
+    // The network card needs a tap: in a network namespace of the test's own, as root.
+    let net = PrivateNet::create().and_then(|n| n.add_tap("exl0").map(|_| n));
+    let mut child = match &net {
+        Ok(net) => {
+            cmd.args(["--net", "tap=exl0,mac=52:54:00:aa:bb:cc"]);
+            net.run(|| cmd.spawn()).unwrap()
+        }
+        Err(e) => {
+            eprintln!("{test}: no network card (cannot make a tap here: {e})");
+            cmd.spawn()
+        }
+    }
+    .expect("exitless starts");
     let mut errs = Stream::spawn(child.stderr.take().unwrap());
     let mut console = Stream::spawn(child.stdout.take().unwrap());
     let wanted = [
         format!("exitless disk /dev/vda {} sectors ro=0", 16 * MIB / 512),
         "exitless hwrng virtio_rng".to_string(),
+        "bound, /dev/vsock".to_string(),
         "exitless guest up".to_string(),
     ];
+    let mut wanted = wanted.to_vec();
+    if net.is_ok() {
+        wanted.push("exitless net eth0 mac=52:54:00:aa:bb:cc".into());
+    }
     let took = wait_for_lines(&mut console, &wanted, Duration::from_secs(300));
-    eprintln!("{test}: /dev/vda and the hwrng after {took:?}");
+    eprintln!("{test}: /dev/vda, the hwrng, eth0 and /dev/vsock after {took:?}");
     let code = stop(&mut child);
     errs.read_to_end(Duration::from_secs(30));
     assert_eq!(code, Some(130), "{}", errs.text);
