@@ -137,6 +137,42 @@ fn a_tap_that_cannot_be_opened_is_one_line() {
     assert!(err.contains("Invalid --net 'tap=a/b'"), "{err}");
 }
 
+/// In a user namespace of its own, root has no CAP_NET_ADMIN over the host's network: making
+/// a tap there fails, and says what would work.
+#[test]
+fn a_tap_this_process_may_not_create_is_one_line_that_says_what_is_needed() {
+    let test = "virtio_net_no_permission";
+    if !Path::new("/dev/kvm").exists() {
+        return vmm::test_skip::skip(test, "/dev/kvm is missing on this host");
+    }
+    let probe = Command::new("unshare")
+        .args(["--user", "--map-root-user", "true"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        return vmm::test_skip::skip(test, "cannot make a user namespace (unshare --user)");
+    }
+    let guest = export_guest("net-noperm");
+    let o = Command::new("unshare")
+        .args(["--user", "--map-root-user"])
+        .arg(env!("CARGO_BIN_EXE_exitless"))
+        .args(["run", "--kernel"])
+        .arg(&guest)
+        .args(["--net", "tap=exl-noperm", "--timeout", "10"])
+        .output()
+        .unwrap();
+    std::fs::remove_file(&guest).ok();
+    let err = String::from_utf8_lossy(&o.stderr);
+    if err.contains("/dev/kvm") {
+        return vmm::test_skip::skip(test, "/dev/kvm cannot be opened in a user namespace here");
+    }
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("Cannot open tap 'exl-noperm': needs CAP_NET_ADMIN or an existing tap"),
+        "{err}"
+    );
+}
+
 #[test]
 fn qemu_virtio_net_passes_the_guest_driver_check() {
     let Some(qemu) = qemu("qemu_virtio_net") else {

@@ -496,7 +496,13 @@ fn linux_sees_the_virtio_disk_hwrng_network_card_and_vsock() {
         .arg("--initrd")
         .arg(&initrd)
         .args(["--memory", "512M", "--cmdline", "console=ttyS0 panic=-1"])
-        .args(["--disk", &image.disk_arg(false), "--rng", "--timeout", "300"])
+        .args([
+            "--disk",
+            &image.disk_arg(false),
+            "--rng",
+            "--timeout",
+            "300",
+        ])
         .arg("--vsock")
         .arg(format!("cid=3,socket={}", vsock.display()))
         .stdout(Stdio::piped())

@@ -14,6 +14,8 @@ use crate::device_manager::Notify;
 use crate::devices::virtio::blk::Block;
 use crate::devices::virtio::transport::VirtioPciDevice;
 
+/// Data bytes of each request the guest makes.
+pub const BYTES_PER_REQUEST: u64 = 4096;
 /// Size of the scratch disk: 4096 blocks of 4 KiB for the guest's random offsets.
 const SCRATCH_BYTES: usize = 16 << 20;
 

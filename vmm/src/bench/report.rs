@@ -164,11 +164,12 @@ fn render_notes(report: &BenchReport, out: &mut String) {
             let n = row.run.iterations.max(1) as f64;
             let _ = writeln!(
                 out,
-                "{}/{}: {:.0} {}/s; per {} {:.3} guest notifies, {:.3} interrupts",
+                "{}/{}: {:.0} {}/s ({:.1} MB/s); per {} {:.3} guest notifies, {:.3} interrupts",
                 row.run.case,
                 row.run.config.name,
                 v.per_second,
                 v.unit,
+                v.mb_per_second,
                 v.unit.trim_end_matches('s'),
                 v.guest_notifies as f64 / n,
                 v.interrupts as f64 / n

@@ -35,6 +35,8 @@ pub struct VirtioFigures {
     /// Requests, frames or round trips per second, as `unit` says.
     pub per_second: f64,
     pub unit: &'static str,
+    /// Payload bytes per second the guest moved (frame, packet or request data).
+    pub mb_per_second: f64,
     /// Queue notifications the guest sent (event idx lets it skip some).
     pub guest_notifies: u64,
     /// Notifications the device took (eventfd reads: several notifies can be read at once).
@@ -102,19 +104,21 @@ pub fn guest_args(setup: &VirtioSetup) -> String {
 pub fn finish(run: &mut ConfigRun, attached: &AttachedVirtio, result: &GuestResult) {
     let counters = attached.device.counters();
     let sum = |f: fn(&QueueCounters) -> u64| -> u64 { counters.iter().map(f).sum() };
-    let unit = match attached.setup {
-        VirtioSetup::Blk(_) => "requests",
-        VirtioSetup::Net(_) => "frames",
-        VirtioSetup::Vsock(s) if s.stream => "packets",
-        VirtioSetup::Vsock(_) => "round trips",
+    let (unit, bytes) = match attached.setup {
+        VirtioSetup::Blk(_) => ("requests", blk::BYTES_PER_REQUEST),
+        VirtioSetup::Net(s) => ("frames", u64::from(s.frame)),
+        VirtioSetup::Vsock(s) if s.stream => ("packets", vsock::STREAM_BYTES),
+        VirtioSetup::Vsock(_) => ("round trips", 2 * vsock::RR_BYTES),
+    };
+    let per_second = if run.ns_per_iter > 0.0 {
+        1e9 / run.ns_per_iter
+    } else {
+        0.0
     };
     let figures = VirtioFigures {
-        per_second: if run.ns_per_iter > 0.0 {
-            1e9 / run.ns_per_iter
-        } else {
-            0.0
-        },
+        per_second,
         unit,
+        mb_per_second: per_second * bytes as f64 / 1e6,
         guest_notifies: result.notifies.unwrap_or(0),
         device_notifies: sum(|c| c.notifies.load(Ordering::Relaxed)),
         interrupts: sum(|c| c.interrupts.load(Ordering::Relaxed)),

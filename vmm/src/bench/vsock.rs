@@ -20,8 +20,8 @@ use crate::devices::virtio::vsock::{SocketFile, Vsock};
 /// The host port the guest connects to.
 const PORT: u32 = 1234;
 /// Bytes per iteration: a 64-byte round trip, or one 4 KiB packet of the stream.
-const RR_BYTES: u64 = 64;
-const STREAM_BYTES: u64 = 4096;
+pub const RR_BYTES: u64 = 64;
+pub const STREAM_BYTES: u64 = 4096;
 
 /// The host program behind port 1234, stopped and joined when the run ends.
 pub struct HostProgram {

@@ -468,3 +468,60 @@ impl Muxer {
         self.closing.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn muxer(tag: &str) -> (Muxer, PathBuf) {
+        let path = std::env::temp_dir().join(format!("exitless-mux-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        let m = Muxer::new(3, path.clone(), listener, Arc::default());
+        (m, path)
+    }
+
+    fn request(src_port: u32, dst_port: u32) -> Header {
+        Header {
+            src_cid: 3,
+            dst_cid: HOST_CID,
+            src_port,
+            dst_port,
+            kind: TYPE_STREAM,
+            op: OP_REQUEST,
+            buf_alloc: 4096,
+            ..Header::default()
+        }
+    }
+
+    #[test]
+    fn a_flood_of_requests_holds_bounded_state_and_counts_what_it_drops() {
+        let (mut m, path) = muxer("flood");
+        // 5000 requests to a port nobody listens on, and no receive buffers taken: each
+        // earns an RST, held up to the bound; the rest are counted.
+        for p in 0..5000 {
+            m.guest_packet(&request(p, 77), &[]);
+        }
+        assert_eq!(m.control.len(), MAX_CONTROL);
+        let c = &m.counters;
+        assert_eq!(
+            c.control_dropped.load(std::sync::atomic::Ordering::Relaxed),
+            5000 - MAX_CONTROL as u64
+        );
+        assert_eq!(c.refused.load(std::sync::atomic::Ordering::Relaxed), 5000);
+        assert_eq!(m.connections(), 0);
+        let mut buf = [0u8; HDR_LEN];
+        assert_eq!(m.next_rx(&mut buf), Some(HDR_LEN));
+        assert_eq!(Header::parse(&buf).op, OP_RST);
+        // Connections themselves stop at the limit: a listener that accepts nothing keeps
+        // them pending in its backlog, or refuses them.
+        let port_path = format!("{}_80", path.display());
+        let _l = UnixListener::bind(&port_path).unwrap();
+        for p in 0..(MAX_CONNECTIONS as u32 + 50) {
+            m.guest_packet(&request(10_000 + p, 80), &[]);
+        }
+        assert!(m.connections() <= MAX_CONNECTIONS, "{}", m.connections());
+        let _ = std::fs::remove_file(&port_path);
+        let _ = std::fs::remove_file(&path);
+    }
+}
