@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{exitless, export_guest, qemu};
+use common::{device_count, exitless, export_guest, qemu};
 use vmm::devices::virtio::net::private_net::{PacketSocket, PrivateNet};
 
 const ETHERTYPE: u16 = 0x88b5;
@@ -113,13 +113,7 @@ fn frames_cross_the_tap_both_ways_and_the_profile_counts_them() {
     std::fs::remove_file(&json).ok();
     let dev = &profile["virtio"][0];
     assert_eq!(dev["device"], "virtio-net0", "{profile:#}");
-    let count = |name: &str| {
-        dev["counters"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["name"] == name))
-            .and_then(|c| c["value"].as_u64())
-            .unwrap_or_else(|| panic!("{name} in {dev:#}"))
-    };
+    let count = |name: &str| device_count(dev, name);
     assert_eq!(count("tx_frames"), 1 + ECHOES as u64, "{dev:#}");
     assert!(count("rx_frames") >= ECHOES as u64, "{dev:#}");
     assert_eq!((count("tx_errors"), count("rx_dropped")), (0, 0), "{dev:#}");

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{exitless, export_guest};
+use common::{device_count, exitless, export_guest};
 
 const MESSAGES: usize = 3;
 
@@ -117,13 +117,7 @@ fn the_guest_reaches_a_host_port_and_a_host_program_reaches_a_guest_port() {
     std::fs::remove_file(format!("{}_1234", path.display())).ok();
     let dev = &profile["virtio"][0];
     assert_eq!(dev["device"], "virtio-vsock", "{profile:#}");
-    let count = |name: &str| {
-        dev["counters"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["name"] == name))
-            .and_then(|c| c["value"].as_u64())
-            .unwrap_or_else(|| panic!("{name} in {dev:#}"))
-    };
+    let count = |name: &str| device_count(dev, name);
     assert_eq!((count("connections"), count("open")), (2, 0), "{dev:#}");
     assert_eq!((count("bad_packets"), count("refused")), (0, 0), "{dev:#}");
     assert_eq!(count("tx_bytes"), 20 + 27, "{dev:#}");

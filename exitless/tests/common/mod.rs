@@ -108,3 +108,12 @@ impl Drop for Image {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// One of a virtio device's own counters in a `--profile-json` report's device entry.
+pub fn device_count(device: &serde_json::Value, name: &str) -> u64 {
+    device["counters"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == name))
+        .and_then(|c| c["value"].as_u64())
+        .unwrap_or_else(|| panic!("{name} in {device:#}"))
+}

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use thiserror::Error;
-use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
+use virtio_queue::{DescriptorChain, Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::event_loop::{EventLoopError, EventLoopHandle, Subscriber};
@@ -171,6 +171,112 @@ impl StallGuard {
     }
 }
 
+/// Serves every chain the driver made available on `queue`: `serve` takes one and returns the
+/// length it wrote, or None for a malformed chain (completed empty and counted). Notifications
+/// are off while serving and the ring is checked again after turning them back on (event idx),
+/// under a [`StallGuard`]. Returns whether any chain was completed.
+pub fn serve_available(
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    counters: &QueueCounters,
+    mut serve: impl FnMut(DescriptorChain<&GuestMemoryMmap>) -> Option<u32>,
+) -> bool {
+    let mut stall = StallGuard::default();
+    let mut completed = false;
+    loop {
+        if queue.disable_notification(mem).is_err() {
+            break;
+        }
+        let mut popped = 0;
+        while let Some(chain) = queue.pop_descriptor_chain(mem) {
+            popped += 1;
+            let head = chain.head_index();
+            let len = serve(chain).unwrap_or_else(|| {
+                QueueCounters::add(&counters.malformed, 1);
+                0
+            });
+            if queue.add_used(mem, head, len).is_err() {
+                QueueCounters::add(&counters.malformed, 1);
+            }
+            QueueCounters::add(&counters.completed, 1);
+            completed = true;
+        }
+        if !queue.enable_notification(mem).unwrap_or(false) || !stall.go_on(popped, counters) {
+            break;
+        }
+    }
+    completed
+}
+
+/// Raises queue `q`'s interrupt if the driver asked for one (event idx may say no), and
+/// counts it.
+pub fn signal_used(
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    interrupt: &dyn VirtioInterrupt,
+    q: u16,
+    counters: &QueueCounters,
+) {
+    if queue.needs_notification(mem).unwrap_or(true)
+        && matches!(interrupt.signal_queue(q), Ok(true))
+    {
+        QueueCounters::add(&counters.interrupts, 1);
+    }
+}
+
+/// A chain of device-writable buffers taken off a ring (receive buffers), checked once: every
+/// buffer writable and inside guest memory.
+#[derive(Debug)]
+pub struct WritableChain {
+    pub head: u16,
+    buffers: Vec<(GuestAddress, u32)>,
+    /// Bytes the buffers hold in all.
+    pub capacity: usize,
+}
+
+impl WritableChain {
+    /// The chain's buffers, or None for a chain with a readable buffer, more than
+    /// `max_buffers` buffers, one outside guest memory, or fewer than `min` bytes in all.
+    pub fn take(
+        chain: DescriptorChain<&GuestMemoryMmap>,
+        mem: &GuestMemoryMmap,
+        max_buffers: usize,
+        min: usize,
+    ) -> Option<Self> {
+        let head = chain.head_index();
+        let mut buffers = Vec::new();
+        let mut capacity = 0usize;
+        for desc in chain {
+            if !desc.is_write_only() || buffers.len() >= max_buffers {
+                return None;
+            }
+            mem.get_slice(desc.addr(), desc.len() as usize).ok()?;
+            capacity = capacity.saturating_add(desc.len() as usize);
+            buffers.push((desc.addr(), desc.len()));
+        }
+        (capacity >= min).then_some(WritableChain {
+            head,
+            buffers,
+            capacity,
+        })
+    }
+
+    /// Copies as much of `data` as the buffers hold, in order; returns the bytes written.
+    pub fn fill(&self, mem: &GuestMemoryMmap, data: &[u8]) -> usize {
+        let mut done = 0;
+        for &(addr, len) in &self.buffers {
+            let take = (len as usize).min(data.len() - done);
+            if take == 0 {
+                break;
+            }
+            // The range was checked when the chain was taken.
+            let _ = mem.write_slice(&data[done..done + take], addr);
+            done += take;
+        }
+        done
+    }
+}
+
 /// A virtio device model behind the transport. Configuration calls come from vCPU threads and
 /// are short; queue work runs on the event loop once activated.
 pub trait VirtioDevice: Send {
@@ -193,5 +299,32 @@ pub trait VirtioDevice: Send {
     /// What the device counts beyond its queues (frames, drops, connections), by name.
     fn device_counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()
+    }
+}
+
+/// What the devices' tests share: an interrupt that counts, descriptors.
+#[cfg(test)]
+pub mod test_support {
+    use super::VirtioInterrupt;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+
+    /// Counts the interrupts raised.
+    #[derive(Default)]
+    pub struct CountingIrq(pub AtomicU64);
+
+    impl VirtioInterrupt for CountingIrq {
+        fn signal_queue(&self, _queue: u16) -> std::io::Result<bool> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(true)
+        }
+        fn signal_config(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A split-ring descriptor.
+    pub fn desc(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
+        RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
     }
 }

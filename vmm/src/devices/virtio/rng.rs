@@ -5,13 +5,14 @@
 use std::sync::{Arc, Mutex};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue};
 use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    Activation, QueueCounters, QueueWorker, StallGuard, VirtioDevice, VirtioError, VirtioInterrupt,
-    TYPE_RNG, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+    serve_available, signal_used, Activation, QueueCounters, QueueWorker, VirtioDevice,
+    VirtioError, VirtioInterrupt, TYPE_RNG, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
+    VIRTIO_RING_F_INDIRECT_DESC,
 };
 
 /// Most bytes served for one chain.
@@ -133,36 +134,12 @@ impl RngWorker {
     /// Serves every available chain, re-checking after re-enabling notifications (event
     /// idx), then raises the interrupt if the driver asked for one.
     fn serve(&mut self) {
-        let counters = &self.counters[0];
-        let mem = &self.mem;
-        let mut stall = StallGuard::default();
-        loop {
-            if self.queue.disable_notification(mem).is_err() {
-                break;
-            }
-            let mut popped = 0;
-            while let Some(chain) = self.queue.pop_descriptor_chain(mem) {
-                popped += 1;
-                let head = chain.head_index();
-                let len = fill_chain(chain, mem).unwrap_or_else(|| {
-                    QueueCounters::add(&counters.malformed, 1);
-                    0
-                });
-                if self.queue.add_used(mem, head, len).is_err() {
-                    QueueCounters::add(&counters.malformed, 1);
-                }
-                QueueCounters::add(&counters.completed, 1);
-            }
-            if !self.queue.enable_notification(mem).unwrap_or(false)
-                || !stall.go_on(popped, counters)
-            {
-                break;
-            }
-        }
-        if self.queue.needs_notification(mem).unwrap_or(true)
-            && matches!(self.interrupt.signal_queue(0), Ok(true))
-        {
-            QueueCounters::add(&counters.interrupts, 1);
+        let (mem, counters) = (&self.mem, &self.counters[0]);
+        let completed = serve_available(&mut self.queue, mem, counters, |chain| {
+            fill_chain(chain, mem)
+        });
+        if completed {
+            signal_used(&mut self.queue, mem, self.interrupt.as_ref(), 0, counters);
         }
     }
 }
@@ -187,32 +164,20 @@ impl MutEventSubscriber for RngWorker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::devices::virtio::test_support::{desc as test_desc, CountingIrq};
     use crate::devices::virtio::ActiveQueue;
     use crate::event_loop::EventLoop;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
-    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::desc::RawDescriptor;
     use virtio_queue::mock::MockSplitQueue;
     use vm_memory::GuestAddress;
     use vmm_sys_util::eventfd::EFD_NONBLOCK;
 
-    #[derive(Default)]
-    struct CountingIrq(AtomicU64);
-
-    impl VirtioInterrupt for CountingIrq {
-        fn signal_queue(&self, _queue: u16) -> std::io::Result<bool> {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            Ok(true)
-        }
-        fn signal_config(&self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     const WRITE: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_WRITE as u16;
 
     fn desc(addr: u64, len: u32, flags: u16) -> RawDescriptor {
-        RawDescriptor::from(SplitDescriptor::new(addr, len, flags, 0))
+        test_desc(addr, len, flags, 0)
     }
 
     fn used_len(vq: &MockSplitQueue<GuestMemoryMmap>, i: u16) -> u32 {

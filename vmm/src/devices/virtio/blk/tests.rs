@@ -1,15 +1,17 @@
 //! virtio-blk driven through mock queues: real files, both I/O backends, hostile chains.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
 
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use std::time::{Duration, Instant};
+use virtio_queue::desc::RawDescriptor;
+
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EFD_NONBLOCK;
 
 use super::request::*;
 use super::*;
+use crate::devices::virtio::test_support::{desc as d, CountingIrq as Irq};
 use crate::devices::virtio::ActiveQueue;
 use crate::event_loop::EventLoop;
 
@@ -22,19 +24,6 @@ const STATUS: u64 = 0x30_0000;
 /// avail ring (it counts the avail ring's length in elements, not bytes), so completions would
 /// overwrite `used_event`.
 const USED_RING: u64 = 0x8000;
-
-#[derive(Default)]
-struct Irq(AtomicU64);
-
-impl VirtioInterrupt for Irq {
-    fn signal_queue(&self, _: u16) -> std::io::Result<bool> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Ok(true)
-    }
-    fn signal_config(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 struct Disk {
     path: std::path::PathBuf,
@@ -58,10 +47,6 @@ impl Drop for Disk {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
     }
-}
-
-fn d(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
-    RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
 }
 
 fn header(mem: &GuestMemoryMmap, at: u64, kind: u32, sector: u64) {

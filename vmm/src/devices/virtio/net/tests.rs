@@ -1,17 +1,19 @@
 //! virtio-net driven through mock queues, with a datagram socket pair standing in for the tap.
 
 use std::os::unix::net::UnixDatagram;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
 
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use std::time::{Duration, Instant};
+use virtio_queue::desc::RawDescriptor;
+
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::*;
-use crate::devices::virtio::{ActiveQueue, VirtioInterrupt};
+use crate::devices::virtio::test_support::{desc as d, CountingIrq as Irq};
+use crate::devices::virtio::ActiveQueue;
 use crate::event_loop::EventLoop;
 
 const NEXT: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
@@ -21,23 +23,6 @@ const TX_BASE: u64 = 0x1_0000;
 /// Used rings of our own (the mock's overlaps its avail ring's `used_event`).
 const RX_USED: u64 = 0x8000;
 const TX_USED: u64 = 0x1_8000;
-
-#[derive(Default)]
-struct Irq(AtomicU64);
-
-impl VirtioInterrupt for Irq {
-    fn signal_queue(&self, _: u16) -> std::io::Result<bool> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Ok(true)
-    }
-    fn signal_config(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn d(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
-    RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
-}
 
 struct Rig {
     mem: &'static GuestMemoryMmap,

@@ -9,25 +9,19 @@ use std::sync::Arc;
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::tap::{Tap, VNET_HDR_LEN};
 use super::{NetCounters, RX, TX};
-use crate::devices::virtio::{ActiveQueue, QueueCounters, StallGuard, VirtioInterrupt};
+use crate::devices::virtio::{
+    serve_available, signal_used, ActiveQueue, QueueCounters, VirtioInterrupt, WritableChain,
+};
 
 /// The largest frame with its header: 64 KiB of segmentation-offloaded payload plus headers.
 pub const MAX_FRAME: usize = VNET_HDR_LEN + 65_550;
 /// Frames read from the tap per event before the loop serves anything else.
 const RX_BATCH: usize = 64;
-
-/// A receive chain taken off the ring and not yet filled.
-#[derive(Debug)]
-struct RxChain {
-    head: u16,
-    buffers: Vec<(GuestAddress, u32)>,
-    capacity: usize,
-}
 
 pub(super) struct NetWorker {
     rx: Queue,
@@ -41,7 +35,7 @@ pub(super) struct NetWorker {
     net: Arc<NetCounters>,
     mrg_rxbuf: bool,
     /// Receive chains held for the next frames (at most a queue's worth).
-    spare: VecDeque<RxChain>,
+    spare: VecDeque<WritableChain>,
     frame: Vec<u8>,
     warned: bool,
 }
@@ -92,57 +86,33 @@ impl NetWorker {
     /// Raises queue `q`'s interrupt if the driver asked for one.
     fn signal(&mut self, q: u16) {
         let queue = if q == RX { &mut self.rx } else { &mut self.tx };
-        if queue.needs_notification(&self.mem).unwrap_or(true)
-            && matches!(self.interrupt.signal_queue(q), Ok(true))
-        {
-            add(&self.counters[usize::from(q)].interrupts, 1);
-        }
+        let counters = &self.counters[usize::from(q)];
+        signal_used(queue, &self.mem, self.interrupt.as_ref(), q, counters);
     }
 
     /// Sends every frame the driver queued; each chain is completed whether the tap took its
     /// frame or not (a NIC transmits into the void when the link is down).
     fn serve_tx(&mut self) {
-        let mut stall = StallGuard::default();
-        let mut completed = false;
-        loop {
-            if self.tx.disable_notification(&self.mem).is_err() {
-                break;
-            }
-            let mut popped = 0;
-            while let Some(chain) = self.tx.pop_descriptor_chain(&self.mem) {
-                popped += 1;
-                let head = chain.head_index();
-                match gather(chain, &self.mem, &mut self.frame) {
-                    Some(len) => self.send(len),
-                    None => add(&self.counters[usize::from(TX)].malformed, 1),
+        let (mem, frame) = (&self.mem, &mut self.frame);
+        let (tap, net) = (&self.tap, &self.net);
+        let mut refused = None;
+        let completed = serve_available(
+            &mut self.tx,
+            mem,
+            &self.counters[usize::from(TX)],
+            |chain| {
+                let len = gather(chain, mem, frame)?;
+                if let Err(e) = send(tap, net, &frame[..len]) {
+                    refused = Some(e);
                 }
-                if self.tx.add_used(&self.mem, head, 0).is_err() {
-                    add(&self.counters[usize::from(TX)].malformed, 1);
-                }
-                add(&self.counters[usize::from(TX)].completed, 1);
-                completed = true;
-            }
-            if !self.tx.enable_notification(&self.mem).unwrap_or(false)
-                || !stall.go_on(popped, &self.counters[usize::from(TX)])
-            {
-                break;
-            }
+                Some(0)
+            },
+        );
+        if let Some(e) = refused {
+            self.warn_once(format_args!("the tap refused a frame: {e}"));
         }
         if completed {
             self.signal(TX);
-        }
-    }
-
-    fn send(&mut self, len: usize) {
-        match self.tap.write_frame(&self.frame[..len]) {
-            Ok(_) => {
-                add(&self.net.tx_frames, 1);
-                add(&self.net.tx_bytes, (len - VNET_HDR_LEN) as u64);
-            }
-            Err(e) => {
-                add(&self.net.tx_errors, 1);
-                self.warn_once(format_args!("the tap refused a frame: {e}"));
-            }
         }
     }
 
@@ -176,7 +146,7 @@ impl NetWorker {
     /// Takes receive chains off the ring until the spare ones hold `need` bytes (or the first
     /// one does, without merged buffers); false if the ring runs out first.
     fn gather_rx(&mut self, need: usize) -> bool {
-        let enough = |spare: &VecDeque<RxChain>, mrg: bool| {
+        let enough = |spare: &VecDeque<WritableChain>, mrg: bool| {
             if mrg {
                 spare.iter().map(|c| c.capacity).sum::<usize>() >= need
             } else {
@@ -191,7 +161,8 @@ impl NetWorker {
                 return false;
             };
             let head = chain.head_index();
-            match rx_chain(chain, &self.mem) {
+            let max = usize::from(super::QUEUE_SIZE);
+            match WritableChain::take(chain, &self.mem, max, VNET_HDR_LEN) {
                 Some(c) => self.spare.push_back(c),
                 None => {
                     add(&self.counters[usize::from(RX)].malformed, 1);
@@ -221,23 +192,29 @@ impl NetWorker {
         self.frame[VNET_HDR_LEN - 2..VNET_HDR_LEN].copy_from_slice(&count.to_le_bytes());
         let mut done = 0;
         for c in chains {
-            let start = done;
-            for (addr, len) in c.buffers {
-                let take = (len as usize).min(n - done);
-                if take == 0 {
-                    break;
-                }
-                // The range was checked when the chain was taken.
-                let _ = self.mem.write_slice(&self.frame[done..done + take], addr);
-                done += take;
-            }
-            let written = (done - start) as u32;
-            if self.rx.add_used(&self.mem, c.head, written).is_err() {
+            let written = c.fill(&self.mem, &self.frame[done..n]);
+            done += written;
+            if self.rx.add_used(&self.mem, c.head, written as u32).is_err() {
                 add(&self.counters[usize::from(RX)].malformed, 1);
             }
             add(&self.counters[usize::from(RX)].completed, 1);
         }
         true
+    }
+}
+
+/// Writes one frame (header first) to the tap, counting it or its failure.
+fn send(tap: &Tap, net: &NetCounters, frame: &[u8]) -> std::io::Result<()> {
+    match tap.write_frame(frame) {
+        Ok(_) => {
+            add(&net.tx_frames, 1);
+            add(&net.tx_bytes, (frame.len() - VNET_HDR_LEN) as u64);
+            Ok(())
+        }
+        Err(e) => {
+            add(&net.tx_errors, 1);
+            Err(e)
+        }
     }
 }
 
@@ -260,30 +237,6 @@ fn gather(
         len = end;
     }
     (len >= VNET_HDR_LEN).then_some(len)
-}
-
-/// A receive chain's buffers, checked: all writable and inside guest memory, at least a
-/// header's worth in all.
-fn rx_chain(
-    chain: virtio_queue::DescriptorChain<&GuestMemoryMmap>,
-    mem: &GuestMemoryMmap,
-) -> Option<RxChain> {
-    let head = chain.head_index();
-    let mut buffers = Vec::new();
-    let mut capacity = 0usize;
-    for desc in chain {
-        if !desc.is_write_only() || buffers.len() >= usize::from(super::QUEUE_SIZE) {
-            return None;
-        }
-        mem.get_slice(desc.addr(), desc.len() as usize).ok()?;
-        capacity = capacity.saturating_add(desc.len() as usize);
-        buffers.push((desc.addr(), desc.len()));
-    }
-    (capacity >= VNET_HDR_LEN).then_some(RxChain {
-        head,
-        buffers,
-        capacity,
-    })
 }
 
 impl MutEventSubscriber for NetWorker {

@@ -4,10 +4,9 @@
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -15,7 +14,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::packet::*;
 use super::*;
-use crate::devices::virtio::{ActiveQueue, VirtioInterrupt};
+use crate::devices::virtio::test_support::{desc, CountingIrq as Irq};
+use crate::devices::virtio::ActiveQueue;
 use crate::event_loop::EventLoop;
 
 const WRITE: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_WRITE as u16;
@@ -27,21 +27,8 @@ const RX_BUFS: u64 = 0x10_0000;
 const TX_BUFS: u64 = 0x40_0000;
 const CID: u64 = 3;
 
-#[derive(Default)]
-struct Irq(AtomicU64);
-
-impl VirtioInterrupt for Irq {
-    fn signal_queue(&self, _: u16) -> std::io::Result<bool> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Ok(true)
-    }
-    fn signal_config(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 fn d(addr: u64, len: u32, flags: u16) -> RawDescriptor {
-    RawDescriptor::from(SplitDescriptor::new(addr, len, flags, 0))
+    desc(addr, len, flags, 0)
 }
 
 struct Rig {

@@ -6,20 +6,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use virtio_queue::{DescriptorChain, Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::muxer::{FdChange, Muxer};
 use super::packet::{Header, HDR_LEN, MAX_PAYLOAD};
 use super::{RX, TX};
-use crate::devices::virtio::{ActiveQueue, QueueCounters, StallGuard, VirtioInterrupt};
-
-/// A receive chain taken off the ring and not yet filled.
-struct RxChain {
-    head: u16,
-    buffers: Vec<(GuestAddress, u32)>,
-    capacity: usize,
-}
+use crate::devices::virtio::{
+    serve_available, signal_used, ActiveQueue, QueueCounters, VirtioInterrupt, WritableChain,
+};
 
 pub(super) struct VsockWorker {
     rx: Queue,
@@ -30,7 +25,7 @@ pub(super) struct VsockWorker {
     mem: GuestMemoryMmap,
     interrupt: Arc<dyn VirtioInterrupt>,
     counters: Arc<[QueueCounters]>,
-    spare: Option<RxChain>,
+    spare: Option<WritableChain>,
     buf: Vec<u8>,
 }
 
@@ -65,25 +60,6 @@ fn read_packet(
     Some((h, payload))
 }
 
-fn rx_chain(chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemoryMmap) -> Option<RxChain> {
-    let head = chain.head_index();
-    let mut buffers = Vec::new();
-    let mut capacity = 0usize;
-    for desc in chain {
-        if !desc.is_write_only() || buffers.len() >= 64 {
-            return None;
-        }
-        mem.get_slice(desc.addr(), desc.len() as usize).ok()?;
-        capacity = capacity.saturating_add(desc.len() as usize);
-        buffers.push((desc.addr(), desc.len()));
-    }
-    (capacity >= HDR_LEN).then_some(RxChain {
-        head,
-        buffers,
-        capacity,
-    })
-}
-
 impl VsockWorker {
     pub(super) fn new(
         rx: ActiveQueue,
@@ -113,44 +89,19 @@ impl VsockWorker {
 
     fn signal(&mut self, q: u16) {
         let queue = if q == RX { &mut self.rx } else { &mut self.tx };
-        if queue.needs_notification(&self.mem).unwrap_or(true)
-            && matches!(self.interrupt.signal_queue(q), Ok(true))
-        {
-            QueueCounters::add(&self.counters[usize::from(q)].interrupts, 1);
-        }
+        let counters = &self.counters[usize::from(q)];
+        signal_used(queue, &self.mem, self.interrupt.as_ref(), q, counters);
     }
 
     /// Hands every packet the guest queued to the muxer.
     fn serve_tx(&mut self) {
-        let mut stall = StallGuard::default();
-        let mut completed = false;
-        loop {
-            if self.tx.disable_notification(&self.mem).is_err() {
-                break;
-            }
-            let mut popped = 0;
-            while let Some(chain) = self.tx.pop_descriptor_chain(&self.mem) {
-                popped += 1;
-                let head = chain.head_index();
-                match read_packet(chain, &self.mem, &mut self.buf) {
-                    Some((h, len)) => {
-                        let payload = &self.buf[HDR_LEN..HDR_LEN + len];
-                        lock(&self.muxer).guest_packet(&h, payload);
-                    }
-                    None => QueueCounters::add(&self.counter(TX).malformed, 1),
-                }
-                if self.tx.add_used(&self.mem, head, 0).is_err() {
-                    QueueCounters::add(&self.counter(TX).malformed, 1);
-                }
-                QueueCounters::add(&self.counter(TX).completed, 1);
-                completed = true;
-            }
-            if !self.tx.enable_notification(&self.mem).unwrap_or(false)
-                || !stall.go_on(popped, self.counter(TX))
-            {
-                break;
-            }
-        }
+        let (mem, buf, muxer) = (&self.mem, &mut self.buf, &self.muxer);
+        let counters = &self.counters[usize::from(TX)];
+        let completed = serve_available(&mut self.tx, mem, counters, |chain| {
+            let (h, len) = read_packet(chain, mem, buf)?;
+            lock(muxer).guest_packet(&h, &buf[HDR_LEN..HDR_LEN + len]);
+            Some(0)
+        });
         if completed {
             self.signal(TX);
         }
@@ -158,14 +109,14 @@ impl VsockWorker {
 
     /// A receive chain: the one held back, or the next on the ring. With none, the guest is
     /// asked to notify when it adds one (re-checked, as it may have just added one).
-    fn take_rx_chain(&mut self) -> Option<RxChain> {
+    fn take_rx_chain(&mut self) -> Option<WritableChain> {
         if let Some(c) = self.spare.take() {
             return Some(c);
         }
         loop {
             while let Some(chain) = self.rx.pop_descriptor_chain(&self.mem) {
                 let head = chain.head_index();
-                if let Some(c) = rx_chain(chain, &self.mem) {
+                if let Some(c) = WritableChain::take(chain, &self.mem, 64, HDR_LEN) {
                     let _ = self.rx.disable_notification(&self.mem);
                     return Some(c);
                 }
@@ -191,16 +142,7 @@ impl VsockWorker {
                 self.spare = Some(chain);
                 break;
             };
-            let mut done = 0;
-            for &(addr, len) in &chain.buffers {
-                let take = (len as usize).min(n - done);
-                // The range was checked when the chain was taken.
-                let _ = self.mem.write_slice(&self.buf[done..done + take], addr);
-                done += take;
-                if done == n {
-                    break;
-                }
-            }
+            chain.fill(&self.mem, &self.buf[..n]);
             if self.rx.add_used(&self.mem, chain.head, n as u32).is_err() {
                 QueueCounters::add(&self.counter(RX).malformed, 1);
             }
