@@ -70,19 +70,22 @@ def desc(addr, length, flags, nxt):
     return struct.pack("<QIHH", addr, length, flags, nxt)
 
 
+NEXT, WRITE, INDIRECT = 1, 2, 4
+
+
+def image(descs, heads, extra):
+    """Guest memory as vmm::fuzzing's queue targets read it: descriptors at 0, avail at 0x100."""
+    mem = bytearray(0x4000)
+    table = b"".join(descs)
+    mem[0:len(table)] = table
+    avail = struct.pack("<HH", 0, len(heads)) + b"".join(struct.pack("<H", h) for h in heads)
+    mem[0x100:0x100 + len(avail)] = avail
+    for addr, data in extra:
+        mem[addr:addr + len(data)] = data
+    return bytes(mem)
+
+
 def blk_request():
-    NEXT, WRITE, INDIRECT = 1, 2, 4
-
-    def image(descs, heads, extra):
-        mem = bytearray(0x4000)
-        table = b"".join(descs)
-        mem[0:len(table)] = table
-        avail = struct.pack("<HH", 0, len(heads)) + b"".join(struct.pack("<H", h) for h in heads)
-        mem[0x100:0x100 + len(avail)] = avail
-        for addr, data in extra:
-            mem[addr:addr + len(data)] = data
-        return bytes(mem)
-
     read = [desc(0x1000, 16, NEXT, 1), desc(0x2000, 512, WRITE | NEXT, 2), desc(0x3000, 1, WRITE, 0)]
     header_in = struct.pack("<IIQ", 0, 0, 2)
     save("blk_request", "seed-read", image(read, [0], [(0x1000, header_in)]))
@@ -93,6 +96,29 @@ def blk_request():
          image([desc(0x3800, len(table), INDIRECT, 0)], [0], [(0x1000, header_in), (0x3800, table)]))
     loop = [desc(0x1000, 16, NEXT, 1), desc(0x2000, 512, WRITE | NEXT, 0)]
     save("blk_request", "seed-loop", image(loop, [0, 1], [(0x1000, header_in)]))
+
+
+def net_chains():
+    # Even chains are transmitted, odd ones are receive buffers.
+    tx = [desc(0x1000, 12, NEXT, 1), desc(0x1010, 60, 0, 0)]
+    rx = [desc(0x2000, 600, WRITE | NEXT, 3), desc(0x2400, 600, WRITE, 0)]
+    bad = [desc(0x3000, 4, 0, 0), desc(0x3100, 100, 0, 0), desc(0x7fffffff, 70000, WRITE, 0)]
+    save("net_chains", "seed-frames", image(tx + rx + bad, [0, 2, 4, 5, 6, 0], []))
+
+
+def vsock_packets():
+    def pkt(flags, src_port, length, op, shut=0, dst_port=None, buf_alloc=0x1000, fwd=0):
+        b = struct.pack("<BH", flags, src_port)
+        if dst_port is not None:
+            b += struct.pack("<H", dst_port)
+        return b + struct.pack("<HBBHH", length, op, shut, buf_alloc, fwd)
+    to_port, drain = 0x20, 0x04
+    good = [pkt(to_port | drain, 5000, 0, 1), pkt(to_port, 5000, 5, 5), pkt(to_port | drain, 5000, 0, 7),
+            pkt(to_port, 5000, 0, 6), pkt(to_port | drain, 5000, 0, 4, 3), pkt(to_port, 5000, 0, 3)]
+    bad = [pkt(drain, 7, 0, 1, dst_port=999), pkt(to_port | 0x08, 6000, 100, 5),
+           pkt(to_port | 3, 6001, 0xffff, 5), pkt(to_port, 6002, 0, 9), pkt(0x10 | to_port, 1, 0, 1) + b"\x02\x00"]
+    save("vsock_packets", "seed-session", b"".join(good))
+    save("vsock_packets", "seed-hostile", b"".join(bad + good))
 
 
 def coalesced_ring():
@@ -110,5 +136,6 @@ def bench_line():
     save("bench_line", "seed-lines", "\n".join(lines).encode())
 
 
-for make in (serial, i8042, pci_config, virtio_transport, blk_request, coalesced_ring, bench_line):
+for make in (serial, i8042, pci_config, virtio_transport, blk_request, net_chains, vsock_packets,
+             coalesced_ring, bench_line):
     make()

@@ -33,6 +33,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("pci_config", pci_config),
     ("virtio_transport", virtio_transport),
     ("blk_request", blk_request),
+    ("net_chains", net_chains),
+    ("vsock_packets", vsock_packets),
     ("coalesced_ring", coalesced_ring),
     ("bench_line", bench_line),
 ];
@@ -176,18 +178,9 @@ impl BusDevice for BarAccess {
 /// parses must have its buffers in guest memory and its sectors inside the disk.
 pub fn blk_request(data: &[u8]) {
     const SIZE: u16 = 16;
-    let Some(mem) = small_memory() else {
+    let Some((mem, mut queue)) = queue_from(data) else {
         return;
     };
-    let _ = mem.write_slice(&data[..data.len().min(1 << 16)], GuestAddress(0));
-    let Ok(mut queue) = Queue::new(SIZE) else {
-        return;
-    };
-    queue.set_desc_table_address(Some(0), Some(0));
-    queue.set_avail_ring_address(Some(0x100), Some(0));
-    queue.set_used_ring_address(Some(0x200), Some(0));
-    queue.set_size(SIZE);
-    queue.set_ready(true);
     let disk = DiskShape {
         capacity_bytes: 64 * 512,
         readonly: data.first().is_some_and(|b| b & 1 == 1),
@@ -216,6 +209,108 @@ pub fn blk_request(data: &[u8]) {
             }
         }
     }
+}
+
+/// A split queue of 16 in small memory whose descriptor table and available ring are the
+/// first bytes of `data`.
+fn queue_from(data: &[u8]) -> Option<(GuestMemoryMmap, Queue)> {
+    const SIZE: u16 = 16;
+    let mem = small_memory()?;
+    let _ = mem.write_slice(&data[..data.len().min(1 << 16)], GuestAddress(0));
+    let mut queue = Queue::new(SIZE).ok()?;
+    queue.set_desc_table_address(Some(0), Some(0));
+    queue.set_avail_ring_address(Some(0x100), Some(0));
+    queue.set_used_ring_address(Some(0x200), Some(0));
+    queue.set_size(SIZE);
+    queue.set_ready(true);
+    Some((mem, queue))
+}
+
+/// virtio-net chains from arbitrary memory, taken as transmit frames (gathered: at most a
+/// frame's size) and as receive buffers (filled: never past their room, never outside memory).
+pub fn net_chains(data: &[u8]) {
+    use crate::devices::virtio::net::tap::VNET_HDR_LEN;
+    use crate::devices::virtio::net::worker::{gather, MAX_FRAME};
+    use crate::devices::virtio::WritableChain;
+    let Some((mem, mut queue)) = queue_from(data) else {
+        return;
+    };
+    let mut frame = vec![0u8; MAX_FRAME];
+    let payload = vec![0x5au8; 3000];
+    for i in 0..32 {
+        let Some(chain) = queue.pop_descriptor_chain(&mem) else {
+            break;
+        };
+        if i % 2 == 0 {
+            if let Some(len) = gather(chain, &mem, &mut frame) {
+                assert!(
+                    (VNET_HDR_LEN..=MAX_FRAME).contains(&len),
+                    "frame of {len} bytes"
+                );
+            }
+        } else if let Some(c) = WritableChain::take(chain, &mem, 256, VNET_HDR_LEN) {
+            let n = c.fill(&mem, &payload);
+            assert!(n <= c.capacity && n <= payload.len(), "filled {n}");
+        }
+    }
+}
+
+/// vsock packets from the guest (any header, any payload length) into a muxer with one host
+/// port listening, its answers taken or not as the input says: never a panic, and the state
+/// it holds stays within its bounds.
+pub fn vsock_packets(data: &[u8]) {
+    use crate::devices::virtio::vsock::muxer::{Muxer, MAX_CONNECTIONS, MAX_CONTROL};
+    use crate::devices::virtio::vsock::packet::{Header, HDR_LEN, HOST_CID};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let n = RUN.fetch_add(1, Ordering::Relaxed);
+    let base = std::env::temp_dir().join(format!("exitless-fuzz-vsock-{}-{n}", std::process::id()));
+    let port = std::path::PathBuf::from(format!("{}_1234", base.display()));
+    let (Ok(listener), Ok(_port_listener)) = (
+        std::os::unix::net::UnixListener::bind(&base),
+        std::os::unix::net::UnixListener::bind(&port),
+    ) else {
+        return;
+    };
+    let _ = listener.set_nonblocking(true);
+    let mut m = Muxer::new(3, base.clone(), listener, Arc::default());
+    let mut input = Input::new(data);
+    let mut buf = vec![0u8; HDR_LEN + 4096];
+    let payload = vec![0x42u8; 70 * 1024];
+    while input.more() {
+        let op = input.u8();
+        let h = Header {
+            src_cid: if op & 0x80 != 0 { input.u64() } else { 3 },
+            dst_cid: if op & 0x40 != 0 {
+                input.u64()
+            } else {
+                HOST_CID
+            },
+            src_port: u32::from(input.u16()),
+            dst_port: if op & 0x20 != 0 {
+                1234
+            } else {
+                u32::from(input.u16())
+            },
+            len: u32::from(input.u16()) << (op & 3),
+            kind: if op & 0x10 != 0 { input.u16() } else { 1 },
+            op: u16::from(input.u8() % 10),
+            flags: u32::from(input.u8()),
+            buf_alloc: u32::from(input.u16()) << 4,
+            fwd_cnt: u32::from(input.u16()),
+        };
+        let len = (h.len as usize).min(payload.len());
+        let short = if op & 0x08 != 0 { len / 2 } else { len };
+        m.guest_packet(&h, &payload[..short]);
+        if op & 0x04 != 0 {
+            while m.next_rx(&mut buf).is_some() {}
+        }
+        assert!(m.connections() <= MAX_CONNECTIONS);
+        assert!(m.pending_control() <= MAX_CONTROL);
+    }
+    drop(m);
+    let _ = std::fs::remove_file(&base);
+    let _ = std::fs::remove_file(&port);
 }
 
 /// Coalesced-ring entries (any length, flags, address) decoded and delivered to a bus.

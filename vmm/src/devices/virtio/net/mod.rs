@@ -12,7 +12,7 @@ pub mod private_net;
 pub mod tap;
 #[cfg(test)]
 mod tests;
-mod worker;
+pub mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

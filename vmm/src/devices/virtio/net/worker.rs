@@ -221,7 +221,7 @@ fn send(tap: &Tap, net: &NetCounters, frame: &[u8]) -> std::io::Result<()> {
 /// Copies a transmit chain's readable buffers into `frame`; its length, or None for a chain
 /// shorter than the header, longer than `MAX_FRAME`, with a writable buffer, or outside
 /// guest memory.
-fn gather(
+pub fn gather(
     chain: virtio_queue::DescriptorChain<&GuestMemoryMmap>,
     mem: &GuestMemoryMmap,
     frame: &mut [u8],

@@ -457,6 +457,11 @@ impl Muxer {
         self.conns.len()
     }
 
+    /// Packets without payload waiting for receive buffers.
+    pub fn pending_control(&self) -> usize {
+        self.control.len()
+    }
+
     /// The driver reset the device: every connection ends (the host programs see EOF).
     pub fn drop_all(&mut self) {
         add(&self.counters.closed, self.conns.len() as u64);

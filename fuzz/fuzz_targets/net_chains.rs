@@ -1,0 +1,4 @@
+#![no_main]
+//! `cargo +nightly fuzz run net_chains`: see docs/fuzzing.md.
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| vmm::fuzzing::net_chains(data));
