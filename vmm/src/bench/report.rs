@@ -133,7 +133,7 @@ pub fn render_table(report: &BenchReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<11} {:<20} {:>3} {:>12} {:>11} {:>10} {:>10} {:>8}",
+        "{:<12} {:<20} {:>3} {:>12} {:>11} {:>10} {:>10} {:>8}",
         "case", "config", "cpl", "cycles/iter", "ns/iter", "user/iter", "kern/iter", "ratio"
     );
     for row in &report.rows {
@@ -143,7 +143,7 @@ pub fn render_table(report: &BenchReport) -> String {
             .map_or("base".into(), |x| format!("{x:.2}x"));
         let _ = writeln!(
             out,
-            "{:<11} {:<20} {:>3} {:>12.0} {:>11.0} {:>10} {:>10} {:>8}",
+            "{:<12} {:<20} {:>3} {:>12.0} {:>11.0} {:>10} {:>10} {:>8}",
             r.case,
             r.config.name,
             r.cpl,
