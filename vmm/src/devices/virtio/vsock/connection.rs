@@ -18,7 +18,8 @@ pub enum State {
     /// A host program asked for this guest port; the guest has not answered the REQUEST.
     Connecting,
     Established,
-    /// The host side ended (EOF): SHUTDOWN sent, waiting for the guest's RST or SHUTDOWN.
+    /// The host program sends no more (EOF): the guest was told with SHUTDOWN(SEND); its data
+    /// still goes to the host until it shuts down or resets too.
     HostClosed,
 }
 

@@ -284,7 +284,7 @@ impl Muxer {
             self.reset(key);
             return;
         }
-        if c.credit_update_due() && c.state == State::Established {
+        if c.credit_update_due() && c.state != State::Connecting {
             let h = self.header(key, OP_CREDIT_UPDATE, 0);
             self.queue_control(h);
         }
@@ -321,7 +321,7 @@ impl Muxer {
                     self.reset(key);
                 }
             }
-            (OP_RW, State::Established) => self.guest_data(key, payload),
+            (OP_RW, State::Established | State::HostClosed) => self.guest_data(key, payload),
             (OP_CREDIT_UPDATE, _) => {}
             (OP_CREDIT_REQUEST, _) => {
                 let h = self.header(key, OP_CREDIT_UPDATE, 0);
@@ -425,11 +425,15 @@ impl Muxer {
     fn read_host(&mut self, key: Key, buf: &mut [u8], room: usize) -> Option<usize> {
         let c = self.conns.get_mut(&key)?;
         let want = room.min(c.peer_credit() as usize);
+        if want == 0 {
+            return None; // a receive buffer with room for the header only
+        }
         let (op, flags, n) = loop {
             match c.stream.read(&mut buf[HDR_LEN..HDR_LEN + want]) {
                 Ok(0) => {
+                    // The host sends no more; it may still read what the guest sends.
                     c.state = State::HostClosed;
-                    break (OP_SHUTDOWN, SHUTDOWN_RCV | SHUTDOWN_SEND, 0);
+                    break (OP_SHUTDOWN, SHUTDOWN_SEND, 0);
                 }
                 Ok(n) => break (OP_RW, 0, n),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}

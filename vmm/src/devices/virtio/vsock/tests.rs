@@ -198,11 +198,21 @@ fn a_guest_connection_reaches_the_hosts_port_socket_and_data_flows_both_ways() {
     let (h, data) = r.recv();
     assert_eq!((h.op, h.len, data.as_slice()), (OP_RW, 6, &b"world!"[..]));
     assert_eq!(h.fwd_cnt, 5, "what the host took of the guest's bytes");
-    // The host closes: the guest hears SHUTDOWN, answers RST, the connection is gone.
-    drop(host);
+    // The host is done sending but still reads: the guest hears SHUTDOWN(SEND), and what it
+    // sends after that still reaches the host.
+    host.shutdown(std::net::Shutdown::Write).unwrap();
     let (h, _) = r.recv();
-    assert_eq!((h.op, h.flags), (OP_SHUTDOWN, SHUTDOWN_RCV | SHUTDOWN_SEND));
-    r.send(guest_header(OP_RST, 5000, 1234, 0), &[]);
+    assert_eq!((h.op, h.flags), (OP_SHUTDOWN, SHUTDOWN_SEND));
+    r.send(guest_header(OP_RW, 5000, 1234, 3), b"bye");
+    let mut rest = Vec::new();
+    r.send(guest_header(OP_SHUTDOWN, 5000, 1234, 0), &[]);
+    host.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest, b"bye");
+    assert_eq!(
+        r.recv().0.op,
+        OP_RST,
+        "both sides done: the connection ends"
+    );
     let start = Instant::now();
     while r.count("open") != 0 {
         assert!(
@@ -217,7 +227,7 @@ fn a_guest_connection_reaches_the_hosts_port_socket_and_data_flows_both_ways() {
             r.count("tx_bytes"),
             r.count("rx_bytes")
         ),
-        (1, 5, 6)
+        (1, 8, 6)
     );
 }
 
