@@ -229,8 +229,20 @@ pub fn apply(kind: ThreadKind) -> Result<(), SeccompError> {
         return Ok(());
     }
     install_sigsys_handler()?;
+    keep_heaps_untrimmed();
     let program = program(kind)?;
     seccompiler::apply_filter(&program).map_err(|e| SeccompError::Install(kind.name(), e))
+}
+
+/// glibc opens /proc/sys/vm/overcommit_memory the first time it trims a thread's heap, and a
+/// filtered thread may not open files: heaps are not trimmed (freed memory stays with the
+/// heap for the next allocation; large buffers are still mapped and unmapped on their own).
+fn keep_heaps_untrimmed() {
+    static ONCE: Once = Once::new();
+    // SAFETY: mallopt only sets an allocator parameter.
+    ONCE.call_once(|| unsafe {
+        libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
+    });
 }
 
 fn install_sigsys_handler() -> Result<(), SeccompError> {
@@ -391,6 +403,39 @@ mod tests {
         unsafe { libc::waitpid(pid, &mut status, 0) };
         assert!(libc::WIFEXITED(status), "status {status:#x}");
         libc::WEXITSTATUS(status)
+    }
+
+    const HEAP_CHILD: &str = "EXITLESS_SECCOMP_HEAP_CHILD";
+
+    /// glibc opens /proc/sys/vm/overcommit_memory the first time it shrinks a thread's heap,
+    /// which a filtered thread must never do: a devices thread freeing its buffers was stopped
+    /// with code 159. Run in a fresh process (this test binary again), where a new thread gets
+    /// a heap of its own with glibc's default trimming.
+    #[test]
+    fn a_filtered_thread_that_frees_its_heap_is_not_stopped() {
+        if std::env::var_os(HEAP_CHILD).is_some() {
+            let t = std::thread::spawn(|| {
+                apply(ThreadKind::Devices).unwrap();
+                for round in 0..20u8 {
+                    let bufs: Vec<Vec<u8>> = (0..64).map(|i| vec![round; 64 * 1024 + i]).collect();
+                    drop(std::hint::black_box(bufs));
+                }
+            });
+            t.join().unwrap();
+            return;
+        }
+        let name = "seccomp::tests::a_filtered_thread_that_frees_its_heap_is_not_stopped";
+        let o = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads", "1"])
+            .env(HEAP_CHILD, "1")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{:?}: {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::*;
 use crate::devices::virtio::test_support::{desc as d, CountingIrq as Irq};
 use crate::devices::virtio::ActiveQueue;
 use crate::event_loop::EventLoop;
+use virtio_bindings::virtio_net as vn;
 
 const NEXT: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
 const WRITE: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_WRITE as u16;
@@ -226,4 +227,50 @@ fn config_space_holds_the_mac_and_link_up() {
         2,
         "locally administered unicast"
     );
+}
+
+#[test]
+fn the_tap_is_told_the_offloads_the_driver_accepted() {
+    let f = |bits: &[u32]| bits.iter().fold(0u64, |a, b| a | 1 << b);
+    let all = f(&[
+        vn::VIRTIO_NET_F_GUEST_CSUM,
+        vn::VIRTIO_NET_F_GUEST_TSO4,
+        vn::VIRTIO_NET_F_GUEST_TSO6,
+        vn::VIRTIO_NET_F_GUEST_ECN,
+    ]);
+    assert_eq!(
+        tap_offloads(all),
+        tap::TUN_F_CSUM | tap::TUN_F_TSO4 | tap::TUN_F_TSO6 | tap::TUN_F_TSO_ECN
+    );
+    assert_eq!(
+        tap_offloads(f(&[vn::VIRTIO_NET_F_GUEST_CSUM])),
+        tap::TUN_F_CSUM
+    );
+    // Segmentation without checksum offload means nothing to the kernel: none at all.
+    assert_eq!(tap_offloads(f(&[vn::VIRTIO_NET_F_GUEST_TSO4])), 0);
+    // Host-side offloads (what the guest may send) are not the tap's reader's business.
+    assert_eq!(
+        tap_offloads(f(&[vn::VIRTIO_NET_F_HOST_TSO4, vn::VIRTIO_NET_F_CSUM])),
+        0
+    );
+}
+
+/// A real tap (root, in a network namespace of the test's own) takes every offload, so the
+/// card offers them; activating with them set tells the tap.
+#[test]
+fn a_real_tap_takes_the_offloads_and_the_card_offers_them() {
+    let net = match private_net::PrivateNet::create()
+        .and_then(|n| n.add_tap("exl-off0").map(|t| (n, t)))
+    {
+        Ok(n) => n,
+        Err(e) => {
+            let why = format!("cannot make a tap in a private network namespace (needs root): {e}");
+            return crate::test_skip::skip("virtio_net_offloads", &why);
+        }
+    };
+    let (_ns, tap) = net;
+    assert!(tap.supports_offloads());
+    tap.set_offloads(tap_offloads(OFFLOADS)).unwrap();
+    let dev = Net::with_tap(tap, [0x52, 0x54, 0, 0, 0, 1]);
+    assert_eq!(dev.features() & OFFLOADS, OFFLOADS);
 }
