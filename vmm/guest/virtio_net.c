@@ -7,7 +7,7 @@
 #define NET_HDR 12
 #define ETH_HDR 14
 #define ETHERTYPE_EXITLESS 0x88b5
-#define RX_BUFS 16
+#define RX_BUFS 64
 #define BUF_LEN 2048
 #define MAX_TX_QD 32
 
@@ -19,6 +19,8 @@ static u8 mac[6];
 static int use_irq;
 static u32 tx_qd = 1, frame_len = 64;
 static u64 other_frames;
+static int rx_mode;
+static u64 rx_bytes;
 
 static void rx_post(u16 i)
 {
@@ -81,15 +83,36 @@ const char *virtio_net_setup(const char *cmdline)
         tx_qd = txq.size;
     v = parse_u64(find_arg(cmdline, "frame="));
     frame_len = v < 60 ? 60 : v > 1514 ? 1514 : (u32)v;
+    rx_mode = arg_is(cmdline, "dir=", "rx");
     user_rflags = use_irq ? 0x202 : 0x2;
     return 0;
 }
 
 static const u8 broadcast[6] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
 
-/* n frames of frame_len bytes, at most tx_qd queued at once. */
+/* n frames received (the host floods the tap); buffers go back a batch at a time. */
+static u64 loop_virtio_net_rx(u64 n)
+{
+    struct vring_used_elem e;
+    for (u64 got = 0; got < n;) {
+        vring_wait(&rxq, use_irq, &e, "virtio_net: no frame from the host within seconds");
+        do {
+            if (e.id >= RX_BUFS)
+                virtio_fail("virtio_net: the device returned a buffer the driver never posted");
+            rx_bytes += e.len - NET_HDR;
+            rx_post((u16)e.id);
+            got++;
+        } while (got < n && vring_take(&rxq, &e));
+        vring_kick(&rxq);
+    }
+    return 0;
+}
+
+/* n frames of frame_len bytes, at most tx_qd queued at once (or received, with dir=rx). */
 u64 loop_virtio_net(u64 n)
 {
+    if (rx_mode)
+        return loop_virtio_net_rx(n);
     static const u8 payload[] = "exitless bench frame";
     u32 free_slots[MAX_TX_QD], nfree = 0;
     for (u32 s = 0; s < tx_qd; s++) {
@@ -112,6 +135,10 @@ u64 loop_virtio_net(u64 n)
 
 void report_virtio_net(void)
 {
+    if (rx_mode) {
+        puts_(" dir=rx bytes=");
+        put_u64(rx_bytes);
+    }
     puts_(" qd=");
     put_u64(tx_qd);
     puts_(" frame=");

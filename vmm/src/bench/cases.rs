@@ -46,11 +46,13 @@ pub struct BlkSetup {
 }
 
 /// How a virtio_net configuration drives its card: frames to a tap in a private network
-/// namespace, `queue_depth` queued at once.
+/// namespace, `queue_depth` queued at once, or (`rx`) frames the host floods the tap with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct NetSetup {
     /// Bytes of each Ethernet frame (without the virtio-net header).
     pub frame: u16,
+    /// The guest receives (the host floods the tap) instead of sending.
+    pub rx: bool,
     pub queue_depth: u16,
     pub notify: Notify,
     pub event_idx: bool,
@@ -153,10 +155,19 @@ const fn net(
     let mut c = cfg(name, "virtio_net", Target::Unclaimed, expect);
     c.virtio = Some(VirtioSetup::Net(NetSetup {
         frame,
+        rx: false,
         queue_depth,
         notify,
         event_idx,
     }));
+    c
+}
+
+const fn net_rx(name: &'static str, frame: u16, event_idx: bool) -> CaseConfig {
+    let mut c = net(name, frame, 1, Notify::Ioeventfd, event_idx, Expect::None);
+    if let Some(VirtioSetup::Net(ref mut s)) = c.virtio {
+        s.rx = true;
+    }
     c
 }
 
@@ -309,7 +320,7 @@ pub const CASES: &[BenchCase] = &[
     },
     BenchCase {
         name: "virtio_net",
-        what: "Ethernet frames sent by the guest's own virtio-pci driver at CPL3 to a tap in a private network namespace (the host kernel takes and drops them), 32 queued at once unless said",
+        what: "Ethernet frames sent by the guest's own virtio-pci driver at CPL3 to a tap in a private network namespace (the host kernel takes and drops them), 32 queued at once unless said; -rx: frames a host thread floods the tap with, received by the guest into 64 buffers",
         rounds: 3,
         configs: &[
             net("64B", 64, 32, Notify::Ioeventfd, true, NoExit),
@@ -317,6 +328,9 @@ pub const CASES: &[BenchCase] = &[
             net("64B-qd1", 64, 1, Notify::Ioeventfd, true, NoExit),
             net("64B-no-event-idx", 64, 32, Notify::Ioeventfd, false, NoExit),
             net("64B-notify-exits", 64, 32, Notify::VcpuThread, true, AtMost(1.0)),
+            net_rx("64B-rx", 64, true),
+            net_rx("1500B-rx", 1500, true),
+            net_rx("64B-rx-no-event-idx", 64, false),
         ],
     },
     BenchCase {
@@ -366,6 +380,17 @@ mod tests {
         for (i, c) in CASES.iter().enumerate() {
             assert!(!c.configs.is_empty(), "{} has no configuration", c.name);
             assert!(CASES[i + 1..].iter().all(|d| d.name != c.name));
+        }
+    }
+
+    #[test]
+    fn receive_configurations_say_so() {
+        let net = find("virtio_net").unwrap();
+        for c in net.configs {
+            let Some(VirtioSetup::Net(s)) = c.virtio else {
+                panic!("{} has a card", c.name);
+            };
+            assert_eq!(s.rx, c.name.contains("-rx"), "{}", c.name);
         }
     }
 

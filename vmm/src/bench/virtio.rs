@@ -87,10 +87,7 @@ pub fn attach(builder: &mut VmBuilder, setup: VirtioSetup) -> Result<AttachedVir
 pub fn guest_args(setup: &VirtioSetup) -> String {
     let (notify_args, event_idx) = match setup {
         VirtioSetup::Blk(s) => (blk::guest_args(s), s.event_idx),
-        VirtioSetup::Net(s) => (
-            format!(" frame={} qd={}", s.frame, s.queue_depth),
-            s.event_idx,
-        ),
+        VirtioSetup::Net(s) => (net::guest_args(s), s.event_idx),
         VirtioSetup::Vsock(s) => (vsock::guest_args(s), s.event_idx),
     };
     if event_idx {
@@ -128,7 +125,7 @@ pub fn finish(run: &mut ConfigRun, attached: &AttachedVirtio, result: &GuestResu
     };
     match attached.setup {
         VirtioSetup::Blk(s) => blk::check(run, &s, &figures, result.io_errors),
-        VirtioSetup::Net(_) => net::check(run, &figures),
+        VirtioSetup::Net(s) => net::check(run, &s, &figures),
         VirtioSetup::Vsock(s) => vsock::check(run, &s, &figures),
     }
     if figures.malformed > 0 {
