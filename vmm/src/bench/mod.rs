@@ -83,32 +83,27 @@ pub fn run(
     let (mut rows, mut failures, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
     let mut done = 0;
     for case in cases {
-        let mut runs: Vec<Vec<ConfigRun>> = vec![Vec::new(); case.configs.len()];
-        let mut failed: Vec<Option<String>> = vec![None; case.configs.len()];
-        let mut unavailable = vec![false; case.configs.len()];
+        let mut results = CaseRuns::new(case.configs.len());
         for _ in 0..case.rounds {
             for (i, config) in case.configs.iter().enumerate() {
-                if unavailable[i] {
+                if results.unavailable[i].is_some() {
                     continue;
                 }
                 done += 1;
                 let label = format!("[{done}/{total}] {}/{}", case.name, config.name);
                 progress(&format!("{label} ..."));
-                match runner::run_config(case, config, iterations, host.tsc_khz) {
-                    Ok(run) if run.problems.is_empty() => {
-                        progress(&format!("{label}: {:.0} ns/iteration", run.ns_per_iter));
-                        runs[i].push(run);
-                    }
-                    Ok(run) => failed[i] = Some(run.problems.join("; ")),
-                    Err(e @ runner::RunError::Unavailable(_)) => {
-                        progress(&format!("{label}: skipped: {e}"));
-                        unavailable[i] = true;
-                        skipped.push(failure(case, config.name, e.to_string()));
-                    }
-                    Err(e) => failed[i] = Some(e.to_string()),
+                let result = runner::run_config(case, config, iterations, host.tsc_khz);
+                if let Some(line) = results.record(i, result) {
+                    progress(&format!("{label}: {line}"));
                 }
             }
         }
+        for (config, why) in case.configs.iter().zip(&results.unavailable) {
+            if let Some(why) = why {
+                skipped.push(failure(case, config.name, why.clone()));
+            }
+        }
+        let (runs, failed) = (results.runs, results.failed);
         collect_case(case, runs, failed, host.tsc_khz, &mut rows, &mut failures);
     }
     let derived: Derived = report::derive(&rows, host.tsc_khz);
@@ -122,6 +117,49 @@ pub fn run(
         skipped,
         derived,
     })
+}
+
+/// What a case's configurations gave over its rounds, by configuration.
+struct CaseRuns {
+    runs: Vec<Vec<ConfigRun>>,
+    failed: Vec<Option<String>>,
+    /// Why a configuration cannot run on this host or as this user (not tried again; reported
+    /// as skipped, not as an error).
+    unavailable: Vec<Option<String>>,
+}
+
+impl CaseRuns {
+    fn new(configs: usize) -> Self {
+        CaseRuns {
+            runs: vec![Vec::new(); configs],
+            failed: vec![None; configs],
+            unavailable: vec![None; configs],
+        }
+    }
+
+    /// Records configuration `i`'s result; returns what to say about it, if anything.
+    fn record(&mut self, i: usize, result: Result<ConfigRun, runner::RunError>) -> Option<String> {
+        match result {
+            Ok(run) if run.problems.is_empty() => {
+                let line = format!("{:.0} ns/iteration", run.ns_per_iter);
+                self.runs[i].push(run);
+                Some(line)
+            }
+            Ok(run) => {
+                self.failed[i] = Some(run.problems.join("; "));
+                None
+            }
+            Err(e @ runner::RunError::Unavailable(_)) => {
+                let why = e.to_string();
+                self.unavailable[i] = Some(why.clone());
+                Some(format!("skipped: {why}"))
+            }
+            Err(e) => {
+                self.failed[i] = Some(e.to_string());
+                None
+            }
+        }
+    }
 }
 
 /// Keeps each configuration's median run (or its failure) and computes ratios to the baseline.
@@ -166,5 +204,29 @@ fn failure(case: &'static BenchCase, config: &'static str, error: String) -> Ben
         case: case.name,
         config,
         error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runner::RunError;
+    use super::*;
+
+    #[test]
+    fn a_configuration_this_host_cannot_run_is_skipped_with_why_not_failed() {
+        let mut c = CaseRuns::new(3);
+        let ok = report::tests::run(0, 0, 1000.0, 0);
+        let mut broken = ok.clone();
+        broken.problems.push("lost an exit".into());
+        assert_eq!(c.record(0, Ok(ok)).as_deref(), Some("1000 ns/iteration"));
+        assert_eq!(c.record(1, Ok(broken)), None);
+        let line = c.record(2, Err(RunError::Unavailable("needs root".into())));
+        assert_eq!(line.as_deref(), Some("skipped: Not run: needs root"));
+        assert_eq!(c.runs[0].len(), 1);
+        assert_eq!(c.failed[1].as_deref(), Some("lost an exit"));
+        assert_eq!(c.failed[2], None, "not an error");
+        assert_eq!(c.unavailable[2].as_deref(), Some("Not run: needs root"));
+        c.record(0, Err(RunError::NoMarkers));
+        assert!(c.failed[0].is_some(), "other errors fail the configuration");
     }
 }
