@@ -205,6 +205,7 @@ impl VcpuProfile {
     /// out-of-range index counts as "unmapped". It is ignored for other
     /// reasons. Owning vCPU thread only.
     #[inline]
+    #[link_section = ".text.hot.exitless_exit_path"]
     pub fn record_exit(&self, reason: ExitReason, device: Option<usize>, cycles: u64) {
         self.by_reason[reason as usize].record(cycles);
         if let Some(table) = device_table_index(reason) {
@@ -219,6 +220,7 @@ impl VcpuProfile {
     /// "unmapped". The ring is shared by the VM's vCPUs, so this counts what
     /// this vCPU delivered, whichever vCPU wrote it. Owning vCPU thread only.
     #[inline]
+    #[link_section = ".text.hot.exitless_exit_path"]
     pub fn record_coalesced(&self, pio: bool, device: Option<usize>) {
         let slots = if pio {
             &self.coalesced_pio

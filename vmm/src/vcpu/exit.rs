@@ -167,6 +167,7 @@ pub fn is_known_probe_port(port: u64) -> bool {
 
 /// Dispatches one exit to the buses. `Err` only for host failures (a device could not write its
 /// output); everything the guest does wrong is a counted, resumable exit.
+#[link_section = ".text.hot.exitless_exit_path"]
 pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
     use ExitReason as R;
     Ok(match exit {
@@ -207,6 +208,7 @@ pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
 /// the index of the device that took it. A queued write that ends the VM (a power-off or reset
 /// register behind a coalesced zone) decides the action, since the guest made it first. The
 /// vCPU loop calls it whenever a ring is mapped.
+#[link_section = ".text.hot.exitless_exit_path"]
 pub fn dispatch(
     buses: &Buses,
     queued: impl Iterator<Item = CoalescedWrite>,

@@ -183,6 +183,10 @@ impl Vcpu {
         })
     }
 
+    /// The exit loop, a function of its own in the exit path's section:
+    /// its code and place do not change with what is inlined into [`Vcpu::run`]'s set-up.
+    #[inline(never)]
+    #[link_section = ".text.hot.exitless_exit_path"]
     fn run_loop(&mut self) -> Result<VmEnd, VcpuError> {
         let profiling = self.profiling;
         let mut t_entry = tsc_if(profiling);
