@@ -49,12 +49,12 @@ pub fn attach(
     setup: &BlkSetup,
 ) -> Result<(Arc<VirtioPciDevice>, ScratchDisk), RunError> {
     let disk = ScratchDisk::create()
-        .map_err(|e| RunError::Disk(format!("Cannot create the scratch disk: {e}")))?;
+        .map_err(|e| RunError::Device(format!("Cannot create the scratch disk: {e}")))?;
     let config = DiskConfig {
         path: disk.path.clone(),
         readonly: false,
     };
-    let block = Block::open(&config).map_err(|e| RunError::Disk(e.to_string()))?;
+    let block = Block::open(&config).map_err(|e| RunError::Device(e.to_string()))?;
     let device = builder.add_virtio("virtio-blk", Box::new(block), setup.notify)?;
     Ok((device, disk))
 }

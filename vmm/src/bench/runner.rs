@@ -54,8 +54,9 @@ pub enum RunError {
     NoResult(String),
     #[error("The guest did not mark its measured loop")]
     NoMarkers,
+    /// A virtio device or its host side (scratch disk, vsock host program) could not be set up.
     #[error("{0}")]
-    Disk(String),
+    Device(String),
 }
 
 /// What one configuration measured, with the checks it passed or failed.

@@ -86,7 +86,7 @@ pub fn attach(
     let path = socket_path();
     let port_path = PathBuf::from(format!("{}_{PORT}", path.display()));
     let host_err =
-        |e: std::io::Error| RunError::Disk(format!("Cannot start the vsock host program: {e}"));
+        |e: std::io::Error| RunError::Device(format!("Cannot start the vsock host program: {e}"));
     let _ = std::fs::remove_file(&port_path);
     let listener = UnixListener::bind(&port_path).map_err(host_err)?;
     listener.set_nonblocking(true).map_err(host_err)?;
@@ -94,7 +94,7 @@ pub fn attach(
         cid: 3,
         socket: path,
     };
-    let (device, socket) = Vsock::new(&config).map_err(|e| RunError::Disk(e.to_string()))?;
+    let (device, socket) = Vsock::new(&config).map_err(|e| RunError::Device(e.to_string()))?;
     let stop = Arc::new(AtomicBool::new(false));
     let (echo, flag) = (!setup.stream, stop.clone());
     let thread = std::thread::Builder::new()
