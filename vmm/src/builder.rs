@@ -58,6 +58,8 @@ pub enum BuildError {
     Embedded(linux_loader::loader::Error),
     #[error("The embedded guest has no PVH entry note")]
     NoPvhEntry,
+    #[error("vCPU {0} is beyond the VM's maximum of {1}")]
+    VcpuLimit(u8, u8),
 }
 
 /// The kernel to boot.
@@ -78,7 +80,11 @@ pub struct VmSpec {
     pub cmdline: String,
     /// Guest RAM in bytes.
     pub memory: u64,
+    /// vCPUs at boot.
     pub cpus: u8,
+    /// vCPUs the VM may have once vCPUs are added (`vm.resize`); at least `cpus`. The CPU
+    /// topology the guest sees counts these.
+    pub max_cpus: u8,
     pub irqchip: IrqchipMode,
 }
 
@@ -132,6 +138,69 @@ pub struct BuiltVm {
     /// Names of the port-I/O devices by id (the profile's device indexes).
     pub io_names: Vec<String>,
     pub tsc_khz: u64,
+    /// How to create more vCPUs while the VM runs.
+    pub template: Option<VcpuTemplate>,
+}
+
+/// Room in each vCPU's per-device MMIO counters for devices added while the VM runs.
+const HOTPLUG_MMIO_HEADROOM: usize = 32;
+
+/// What creating a vCPU takes, kept by a built VM so that vCPUs can be added while it runs.
+#[derive(Clone)]
+pub struct VcpuTemplate {
+    buses: Arc<SharedBuses>,
+    io_devices: usize,
+    mmio_devices: usize,
+    /// vCPUs the guest's CPU topology counts (the most the VM may have).
+    topology_cpus: u8,
+    opts: VcpuOptions,
+    coalesced_ring: Option<Arc<CoalescedRing>>,
+}
+
+impl VcpuTemplate {
+    /// vCPU `id` of `vm`, configured (CPUID, MSRs, LINT pins; the boot vCPU's entry), with
+    /// its profile. An AP waits for the INIT/SIPI its guest sends.
+    fn create(
+        &self,
+        vm: &Vm,
+        id: u8,
+        entry: Option<&BootEntry>,
+    ) -> Result<(Vcpu, Arc<VcpuProfile>), BuildError> {
+        let fd = vm
+            .fd
+            .create_vcpu(u64::from(id))
+            .map_err(|e| KvmError::Ioctl("KVM_CREATE_VCPU", e))?;
+        configure_vcpu(vm, &fd, id, self.topology_cpus, entry)?;
+        let profile = Arc::new(VcpuProfile::new(
+            u32::from(id),
+            self.io_devices,
+            self.mmio_devices,
+        ));
+        let idx = usize::from(id);
+        let (buses, control) = (self.buses.clone(), vm.control.clone());
+        let mut vcpu = Vcpu::new(idx, fd, buses, control, profile.clone(), self.opts.regs)?;
+        vcpu.set_profiling(self.opts.profiling);
+        vcpu.set_log_unmapped(self.opts.log_unmapped);
+        if let Some(cpu) = self.opts.affinity.as_ref().and_then(|a| a.host_cpu(idx)) {
+            vcpu.pin_to(cpu);
+        }
+        if let Some(ring) = &self.coalesced_ring {
+            vcpu.set_coalesced_ring(ring.clone());
+        }
+        Ok((vcpu, profile))
+    }
+
+    /// A vCPU added while the VM runs (`vm.resize`): an AP, started by the guest's INIT/SIPI.
+    pub fn create_hotplugged(
+        &self,
+        vm: &Vm,
+        id: u8,
+    ) -> Result<(Vcpu, Arc<VcpuProfile>), BuildError> {
+        if id >= self.topology_cpus {
+            return Err(BuildError::VcpuLimit(id, self.topology_cpus));
+        }
+        self.create(vm, id, None)
+    }
 }
 
 impl VmBuilder {
@@ -240,35 +309,29 @@ impl VmBuilder {
             buses,
             io_names,
             tsc_khz: 0,
+            template: None,
+        };
+        let template = VcpuTemplate {
+            buses: built.buses.clone(),
+            io_devices: built.io_names.len(),
+            mmio_devices: mmio_count + HOTPLUG_MMIO_HEADROOM,
+            topology_cpus: spec.max_cpus.max(spec.cpus),
+            opts: opts.clone(),
+            coalesced_ring: None,
         };
         for id in 0..spec.cpus {
-            let fd = built
-                .vm
-                .fd
-                .create_vcpu(u64::from(id))
-                .map_err(|e| KvmError::Ioctl("KVM_CREATE_VCPU", e))?;
-            configure_vcpu(&built.vm, &fd, id, spec.cpus, (id == 0).then_some(&entry))?;
+            let (vcpu, profile) = template.create(&built.vm, id, (id == 0).then_some(&entry))?;
             if id == 0 {
-                built.tsc_khz = fd.get_tsc_khz().map(u64::from).unwrap_or(0);
+                built.tsc_khz = vcpu.fd().get_tsc_khz().map(u64::from).unwrap_or(0);
             }
-            let profile = Arc::new(VcpuProfile::new(
-                u32::from(id),
-                built.io_names.len(),
-                mmio_count,
-            ));
-            built.profiles.push(profile.clone());
-            let (control, idx) = (built.vm.control.clone(), usize::from(id));
-            let mut vcpu = Vcpu::new(idx, fd, built.buses.clone(), control, profile, opts.regs)?;
-            vcpu.set_profiling(opts.profiling);
-            vcpu.set_log_unmapped(opts.log_unmapped);
-            if let Some(cpu) = opts.affinity.as_ref().and_then(|a| a.host_cpu(idx)) {
-                vcpu.pin_to(cpu);
-            }
+            built.profiles.push(profile);
             built.vcpus.push(vcpu);
         }
+        let mut template = template;
         if coalesced {
-            share_coalesced_ring(&mut built.vcpus)?;
+            template.coalesced_ring = share_coalesced_ring(&mut built.vcpus)?;
         }
+        built.template = Some(template);
         if built.tsc_khz == 0 {
             built.tsc_khz = profile::estimate_tsc_khz(Duration::from_millis(50));
         }
@@ -276,16 +339,17 @@ impl VmBuilder {
     }
 }
 
-/// Maps KVM's coalesced ring (one per VM) once and gives it to every vCPU.
-fn share_coalesced_ring(vcpus: &mut [Vcpu]) -> Result<(), BuildError> {
+/// Maps KVM's coalesced ring (one per VM) once and gives it to every vCPU; returns it for
+/// vCPUs added later.
+fn share_coalesced_ring(vcpus: &mut [Vcpu]) -> Result<Option<Arc<CoalescedRing>>, BuildError> {
     let Some(first) = vcpus.first() else {
-        return Ok(());
+        return Ok(None);
     };
     let ring = Arc::new(CoalescedRing::map(first.fd())?);
     for vcpu in vcpus {
         vcpu.set_coalesced_ring(ring.clone());
     }
-    Ok(())
+    Ok(Some(ring))
 }
 
 /// Loads the kernel and everything it reads at boot.

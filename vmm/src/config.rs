@@ -65,6 +65,8 @@ pub enum ConfigError {
     NoKernel,
     #[error("--cpus must be at least 1")]
     NoCpus,
+    #[error("max_vcpus {max} is below the {cpus} vCPUs at boot")]
+    MaxBelowBoot { max: u8, cpus: u8 },
     #[error("--cpus {cpus} is more than the {max} vCPUs possible here ({MAX_VCPUS} at most, the xAPIC ID limit, or fewer if KVM allows fewer)")]
     TooManyCpus { cpus: u64, max: usize },
     #[error("--memory {0} is below the minimum of 16M")]
@@ -339,8 +341,12 @@ pub struct VmConfig {
     pub initrd: Option<PathBuf>,
     /// Kernel command line.
     pub cmdline: String,
-    /// Number of vCPUs.
+    /// Number of vCPUs at boot.
     pub cpus: u8,
+    /// Most vCPUs the VM may have once vCPUs are added while it runs (`vm.resize`); none:
+    /// `cpus`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_vcpus: Option<u8>,
     /// Guest memory size.
     pub memory: MemorySize,
     /// File that also receives everything the guest writes to the serial console.
@@ -372,6 +378,7 @@ impl Default for VmConfig {
             initrd: None,
             cmdline: DEFAULT_CMDLINE.to_string(),
             cpus: 1,
+            max_vcpus: None,
             memory: MemorySize::default(),
             serial_log: None,
             irqchip: IrqchipMode::default(),
@@ -480,10 +487,17 @@ impl VmConfig {
             return Err(ConfigError::NoCpus);
         }
         let max = max_vcpus.min(MAX_VCPUS);
-        if usize::from(self.cpus) > max {
+        let most = self.max_vcpus.unwrap_or(self.cpus).max(self.cpus);
+        if usize::from(most) > max {
             return Err(ConfigError::TooManyCpus {
-                cpus: u64::from(self.cpus),
+                cpus: u64::from(most),
                 max,
+            });
+        }
+        if self.max_vcpus.is_some_and(|m| m < self.cpus) {
+            return Err(ConfigError::MaxBelowBoot {
+                max: self.max_vcpus.unwrap_or(0),
+                cpus: self.cpus,
             });
         }
         if self.memory.bytes() < MIN_MEMORY {
@@ -627,6 +641,7 @@ mod tests {
             initrd: Some("guest/initramfs.cpio.gz".into()),
             cmdline: "console=ttyS0".into(),
             cpus: 2,
+            max_vcpus: Some(4),
             memory: "1G".parse().unwrap(),
             serial_log: Some("serial.log".into()),
             irqchip: IrqchipMode::Split,

@@ -13,8 +13,11 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+mod hotplug;
+pub use hotplug::HotplugDevice;
+
 use crate::boot::BootError;
-use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
+use crate::builder::{BuildError, KernelImage, VcpuOptions, VcpuTemplate, VmBuilder, VmSpec};
 use crate::config::{ConfigError, VmConfig, MAX_VCPUS};
 use crate::device_manager::Notify;
 use crate::devices::console_input::ConsoleInput;
@@ -61,6 +64,8 @@ pub enum LaunchError {
     Tap(#[from] crate::devices::virtio::net::tap::TapError),
     #[error(transparent)]
     Vsock(#[from] crate::devices::virtio::vsock::VsockError),
+    #[error("{0}")]
+    Hotplug(String),
 }
 
 /// Launch choices that are not part of the VM configuration.
@@ -110,6 +115,8 @@ pub struct LaunchedVm {
     _socket_files: Vec<SocketFile>,
     tsc_khz: u64,
     started: Instant,
+    /// How to create vCPUs added while the VM runs (`vm.resize`).
+    template: Option<VcpuTemplate>,
 }
 
 /// Builds the VM described by `config` and starts its vCPUs.
@@ -128,6 +135,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         cmdline: config.cmdline.clone(),
         memory: config.memory.bytes(),
         cpus: config.cpus,
+        max_cpus: config.max_vcpus.unwrap_or(config.cpus).max(config.cpus),
         irqchip: config.irqchip,
     };
     let mut builder = VmBuilder::new(kvm, spec)?;
@@ -153,6 +161,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         _socket_files: socket_files,
         tsc_khz: built.tsc_khz,
         started: Instant::now(),
+        template: built.template,
     };
     launched.open_stats(&built.vcpus)?;
     if opts.stdin_to_serial {
@@ -338,6 +347,86 @@ impl LaunchedVm {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    fn running(&self) -> Result<&RunningVm, LaunchError> {
+        self.running.as_ref().ok_or(LaunchError::NotRunning)
+    }
+
+    /// Parks every vCPU (devices keep serving what is in flight).
+    pub fn pause(&self) -> Result<(), LaunchError> {
+        Ok(self.running()?.pause()?)
+    }
+
+    /// Lets the vCPUs run again after [`LaunchedVm::pause`].
+    pub fn resume(&self) -> Result<(), LaunchError> {
+        self.running()?.resume();
+        Ok(())
+    }
+
+    /// The ids of the vCPUs running now.
+    pub fn vcpu_ids(&self) -> Vec<usize> {
+        self.running
+            .as_ref()
+            .map(|r| r.vcpu_ids())
+            .unwrap_or_default()
+    }
+
+    /// Creates vCPU `id` and starts its thread (`vcpuN`), or lets a retired one run again; it
+    /// waits for the guest's INIT/SIPI.
+    pub fn add_vcpu(&mut self, id: u8) -> Result<(), LaunchError> {
+        if let Some(running) = self.running.as_mut() {
+            if running.has_vcpu(usize::from(id)) {
+                return Ok(running.unretire(usize::from(id))?);
+            }
+        }
+        let template = self.template.as_ref().ok_or(LaunchError::NotRunning)?;
+        let (vcpu, profile) = template.create_hotplugged(&self.vm, id)?;
+        self.open_vcpu_stats(&vcpu);
+        let running = self.running.as_mut().ok_or(LaunchError::NotRunning)?;
+        running.add(vcpu)?;
+        self.profiles.push(profile);
+        Ok(())
+    }
+
+    /// Parks vCPU `id` (the guest ejected its CPU) until it is added again.
+    pub fn remove_vcpu(&mut self, id: usize) -> Result<(), LaunchError> {
+        let running = self.running.as_mut().ok_or(LaunchError::NotRunning)?;
+        Ok(running.retire(id)?)
+    }
+
+    /// How the guest ended the VM, once it has (without waiting): the vCPUs are then
+    /// collected.
+    pub fn guest_end(&mut self) -> Option<VmEnd> {
+        if !self.running.as_ref()?.is_done() {
+            return None;
+        }
+        let running = self.running.take()?;
+        let outcomes = Self::collect(running).ok().flatten();
+        Some(outcomes.map_or(VmEnd::Stopped, |o| vm::vm_end(&o)))
+    }
+
+    /// Stops the vCPUs (if they still run) and collects them; the console is flushed.
+    pub fn shut_down(&mut self) {
+        if let Some(running) = self.running.take() {
+            let _ = Self::collect(running);
+        }
+        if let Ok(mut s) = self.serial.lock() {
+            s.flush_output();
+        }
+    }
+
+    /// Each virtio device's counters by the device's name (`vm.counters`).
+    pub fn device_counters(
+        &self,
+    ) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> {
+        self.virtio
+            .iter()
+            .map(|d| {
+                let stats = VirtioStats::read(d.name(), &d.counters(), d.device_counters());
+                (d.name().to_string(), stats.counter_map())
+            })
+            .collect()
     }
 
     pub fn snapshots(&self) -> Vec<VcpuProfileSnapshot> {

@@ -1,12 +1,14 @@
 //! exitless: a KVM virtual machine monitor built around the cost of VM exits.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod api;
 pub mod bench;
 pub mod boot;
 pub mod builder;
 pub mod bus;
 pub mod compare;
 pub mod config;
+pub mod control;
 pub mod device_manager;
 pub mod devices;
 pub mod event_loop;

@@ -1,6 +1,6 @@
 //! A VM: its KVM fd, guest memory, irqchip, and the threads running its vCPUs.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -34,6 +34,10 @@ pub enum VmError {
     Timeout(Duration),
     #[error("vCPU(s) {0:?} did not leave KVM_RUN within {STOP_GRACE:?} of being stopped")]
     StuckVcpus(Vec<usize>),
+    #[error("The vCPUs did not pause within {0:?}")]
+    PauseTimeout(Duration),
+    #[error("No vCPU {0}")]
+    NoVcpu(usize),
 }
 
 /// How long a stopped vCPU may take to leave KVM_RUN before it is left behind.
@@ -81,48 +85,132 @@ impl Vm {
 
     /// Starts one thread per vCPU.
     pub fn start(&self, vcpus: Vec<Vcpu>) -> Result<RunningVm, VmError> {
-        let mut threads = Vec::new();
-        for vcpu in vcpus {
-            let id = vcpu.id;
-            let handle = thread::Builder::new()
-                .name(format!("vcpu{id}"))
-                .spawn(move || vcpu.run())
-                .map_err(VmError::Thread)?;
-            threads.push((id, handle));
-        }
-        Ok(RunningVm {
-            threads,
+        let mut running = RunningVm {
+            threads: Vec::new(),
             control: self.control.clone(),
-        })
+        };
+        for vcpu in vcpus {
+            running.add(vcpu)?;
+        }
+        Ok(running)
     }
+}
+
+/// One vCPU's thread.
+struct VcpuThread {
+    id: usize,
+    handle: JoinHandle<Result<VcpuOutcome, VcpuError>>,
+    retired: Arc<AtomicBool>,
 }
 
 /// vCPU threads of a running VM.
 pub struct RunningVm {
-    threads: Vec<(usize, JoinHandle<Result<VcpuOutcome, VcpuError>>)>,
+    threads: Vec<VcpuThread>,
     control: Arc<VmControl>,
 }
 
 impl RunningVm {
-    /// Asks every vCPU to stop: sets the flag, then kicks each thread out of KVM_RUN.
-    pub fn stop(&self) {
-        self.control.stop.store(true, Ordering::Release);
-        for (_, t) in &self.threads {
-            if !t.is_finished() {
-                let _ = t.kill(kvm::kick::kick_signal());
+    /// Starts `vcpu` on a thread of its own named `vcpuN` (how Kata finds vCPU threads), also
+    /// while the VM runs (a hot-added vCPU). A paused VM's new vCPU parks at once.
+    pub fn add(&mut self, vcpu: Vcpu) -> Result<(), VmError> {
+        let id = vcpu.id;
+        let retired = vcpu.retire_flag();
+        let handle = thread::Builder::new()
+            .name(format!("vcpu{id}"))
+            .spawn(move || vcpu.run())
+            .map_err(VmError::Thread)?;
+        self.threads.push(VcpuThread {
+            id,
+            handle,
+            retired,
+        });
+        Ok(())
+    }
+
+    /// The ids of the vCPUs running (not retired).
+    pub fn vcpu_ids(&self) -> Vec<usize> {
+        let live = self.threads.iter();
+        live.filter(|t| !t.retired.load(Ordering::Acquire))
+            .map(|t| t.id)
+            .collect()
+    }
+
+    fn kick_all(&self) {
+        for t in &self.threads {
+            if !t.handle.is_finished() {
+                let _ = t.handle.kill(kvm::kick::kick_signal());
             }
         }
     }
 
+    /// Asks every vCPU to stop: sets the flag, then kicks each thread out of KVM_RUN.
+    pub fn stop(&self) {
+        self.control.request_stop();
+        self.kick_all();
+    }
+
+    /// Parks every vCPU at its next exit; Ok once all are parked. A vCPU that does not leave
+    /// KVM_RUN within [`STOP_GRACE`] fails the pause (the VM is resumed).
+    pub fn pause(&self) -> Result<(), VmError> {
+        self.control.request_pause();
+        self.kick_all();
+        let live = self
+            .threads
+            .iter()
+            .filter(|t| !t.handle.is_finished())
+            .count();
+        if self
+            .control
+            .wait_parked(live, STOP_GRACE, || self.kick_all())
+        {
+            return Ok(());
+        }
+        self.control.resume();
+        Err(VmError::PauseTimeout(STOP_GRACE))
+    }
+
+    /// Lets paused vCPUs run again.
+    pub fn resume(&self) {
+        self.control.resume();
+    }
+
+    /// Parks vCPU `id` alone, out of KVM_RUN, until [`RunningVm::unretire`] (the guest
+    /// ejected its CPU). Returns at once.
+    pub fn retire(&mut self, id: usize) -> Result<(), VmError> {
+        let t = self.thread(id)?;
+        t.retired.store(true, Ordering::Release);
+        let _ = t.handle.kill(kvm::kick::kick_signal());
+        Ok(())
+    }
+
+    /// Lets a retired vCPU run again (its CPU was added back; the guest starts it with
+    /// INIT/SIPI).
+    pub fn unretire(&mut self, id: usize) -> Result<(), VmError> {
+        self.thread(id)?.retired.store(false, Ordering::Release);
+        self.control.wake_retired();
+        Ok(())
+    }
+
+    /// Whether vCPU `id` has a thread (running or retired).
+    pub fn has_vcpu(&self, id: usize) -> bool {
+        self.thread(id).is_ok()
+    }
+
+    fn thread(&self, id: usize) -> Result<&VcpuThread, VmError> {
+        self.threads
+            .iter()
+            .find(|t| t.id == id)
+            .ok_or(VmError::NoVcpu(id))
+    }
+
     /// Whether a vCPU thread has ended or the stop flag is set (what [`RunningVm::wait`] polls).
     pub fn is_done(&self) -> bool {
-        self.threads.iter().any(|(_, t)| t.is_finished())
-            || self.control.stop.load(Ordering::Acquire)
+        self.threads.iter().any(|t| t.handle.is_finished()) || self.control.stopping()
     }
 
     /// Whether every vCPU thread has ended.
     pub fn all_finished(&self) -> bool {
-        self.threads.iter().all(|(_, t)| t.is_finished())
+        self.threads.iter().all(|t| t.handle.is_finished())
     }
 
     /// Waits until a vCPU ends the VM (then stops the others), the VMM's stop flag is set, or
@@ -152,18 +240,18 @@ impl RunningVm {
         self.stop();
         while !self.all_finished() {
             if start.elapsed() >= STOP_GRACE {
-                let stuck = self.threads.iter().filter(|(_, t)| !t.is_finished());
-                return Err(VmError::StuckVcpus(stuck.map(|(id, _)| *id).collect()));
+                let stuck = self.threads.iter().filter(|t| !t.handle.is_finished());
+                return Err(VmError::StuckVcpus(stuck.map(|t| t.id).collect()));
             }
             thread::sleep(Duration::from_millis(20));
             self.stop();
         }
         let mut outcomes = Vec::new();
-        for (id, t) in self.threads {
-            match t.join() {
+        for t in self.threads {
+            match t.handle.join() {
                 Ok(Ok(o)) => outcomes.push(o),
                 Ok(Err(e)) => return Err(VmError::Vcpu(e)),
-                Err(_) => return Err(VmError::Panicked(id)),
+                Err(_) => return Err(VmError::Panicked(t.id)),
             }
         }
         Ok(outcomes)

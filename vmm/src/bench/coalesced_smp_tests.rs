@@ -48,6 +48,7 @@ fn writes_of_several_vcpus_through_one_coalesced_ring_arrive_once_and_in_order()
         cmdline: format!("smp={CPUS} coalesced={WRITES}"),
         memory: 64 << 20,
         cpus: CPUS,
+        max_cpus: CPUS,
         irqchip: IrqchipMode::Kernel,
     };
     let mut builder = VmBuilder::new(kvm::open().unwrap(), spec).unwrap();

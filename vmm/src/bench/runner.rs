@@ -150,6 +150,7 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
         ),
         memory: GUEST_MEMORY,
         cpus: 1,
+        max_cpus: 1,
         irqchip: config.irqchip,
     };
     let mut builder = VmBuilder::new(kvm::open()?, spec)?;

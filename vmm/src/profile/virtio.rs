@@ -63,6 +63,23 @@ impl VirtioStats {
         }
     }
 
+    /// Every counter by name, flat: per queue `queueN_notifies` etc., then the device's own
+    /// (`vm.counters` in the API).
+    pub fn counter_map(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut map = std::collections::BTreeMap::new();
+        for q in &self.queues {
+            let n = q.queue;
+            map.insert(format!("queue{n}_notifies"), q.notifies);
+            map.insert(format!("queue{n}_interrupts"), q.interrupts);
+            map.insert(format!("queue{n}_completed"), q.completed);
+            map.insert(format!("queue{n}_malformed"), q.malformed);
+        }
+        for c in &self.counters {
+            map.insert(c.name.to_string(), c.value);
+        }
+        map
+    }
+
     /// Change since `earlier` (the same device read before).
     pub fn delta(&self, earlier: &VirtioStats) -> VirtioStats {
         let queues = self

@@ -4,6 +4,7 @@
 //! the stop flag and the bus generation are only read, and no lock is held across KVM_RUN.
 
 pub mod affinity;
+pub mod control;
 pub mod exit;
 pub mod regs;
 
@@ -19,6 +20,7 @@ use crate::kvm::ring::{CoalescedRing, CoalescedWrite};
 use crate::kvm::{self, StatsFd, StatsSnapshot};
 use crate::profile::{self, ExitReason, VcpuProfile, VcpuProfileSnapshot};
 pub use affinity::pin_current_thread;
+pub use control::VmControl;
 pub use exit::{dispatch, handle_exit, Buses, ExitAction, Handled, UnhandledExit, VmEnd};
 
 /// Errors running a vCPU.
@@ -71,12 +73,6 @@ pub struct VcpuOutcome {
     pub markers: Vec<Marker>,
 }
 
-/// State the VM shares with its vCPU threads: read per exit, written only to stop.
-#[derive(Debug, Default)]
-pub struct VmControl {
-    pub stop: AtomicBool,
-}
-
 /// A vCPU ready to run on its own thread.
 pub struct Vcpu {
     pub id: usize,
@@ -96,6 +92,8 @@ pub struct Vcpu {
     profiling: bool,
     user_exits: u64,
     affinity: Option<usize>,
+    /// Set (then the thread kicked) to park this vCPU alone, when the guest ejected its CPU.
+    retired: Arc<AtomicBool>,
 }
 
 impl Vcpu {
@@ -130,6 +128,7 @@ impl Vcpu {
             profiling: true,
             user_exits: 0,
             affinity: None,
+            retired: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -162,6 +161,11 @@ impl Vcpu {
         self.stats.as_ref()
     }
 
+    /// The flag that parks this vCPU alone once set and the thread kicked.
+    pub fn retire_flag(&self) -> Arc<AtomicBool> {
+        self.retired.clone()
+    }
+
     /// Makes [`Vcpu::run`] pin its thread to host CPU `cpu` before entering the guest.
     pub fn pin_to(&mut self, cpu: usize) {
         self.affinity = Some(cpu);
@@ -191,8 +195,10 @@ impl Vcpu {
         let profiling = self.profiling;
         let mut t_entry = tsc_if(profiling);
         loop {
-            if self.control.stop.load(Ordering::Acquire) {
-                return Ok(VmEnd::Stopped);
+            match self.control.state() {
+                control::RUN => {}
+                control::PAUSE if self.control.park() => t_entry = tsc_if(profiling),
+                _ => return Ok(VmEnd::Stopped),
             }
             let result = self.fd.run();
             let t_exit = tsc_if(profiling);
@@ -214,6 +220,15 @@ impl Vcpu {
                     let queued = ring.iter().flat_map(|r| r.drain()).flatten();
                     let handled = dispatch(buses, queued, None, delivered)?;
                     self.fd.set_kvm_immediate_exit(0);
+                    // Only a kick retires one vCPU (its CPU ejected): checked here, not per exit.
+                    // It waits, out of KVM_RUN, until the CPU is added back (KVM cannot
+                    // destroy a vCPU, so the same one serves again).
+                    if self.retired.load(Ordering::Acquire) {
+                        if !self.control.park_retired(&self.retired) {
+                            return Ok(VmEnd::Stopped);
+                        }
+                        t_entry = tsc_if(profiling);
+                    }
                     handled
                 }
                 (_, Err(e)) => return Err(VcpuError::Run(e)),

@@ -1,0 +1,229 @@
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::api::ApiRequest as R;
+
+/// A `vm.create` body as Kata shapes it (trimmed), booting `kernel`.
+fn create_body(kernel: &str, cmdline: &str) -> Box<schema::VmConfig> {
+    let body = serde_json::json!({
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 2},
+        "memory": {"size": 64u64 << 20, "hotplug_size": 1u64 << 30},
+        "payload": {"kernel": kernel, "cmdline": cmdline},
+        "serial": {"mode": "Off"},
+        "console": {"mode": "Off"},
+        "platform": {"num_pci_segments": 2},
+    });
+    Box::new(serde_json::from_value(body).expect("a Kata-shaped body parses"))
+}
+
+fn status(r: &ApiResponse) -> u16 {
+    match r {
+        ApiResponse::NoContent => 204,
+        ApiResponse::Json(_) => 200,
+        ApiResponse::Error(e) => e.status,
+    }
+}
+
+fn message(r: &ApiResponse) -> String {
+    match r {
+        ApiResponse::Error(e) => e.message.clone(),
+        ApiResponse::Json(body) => body.clone(),
+        ApiResponse::NoContent => String::new(),
+    }
+}
+
+fn info(vmm: &mut Vmm) -> serde_json::Value {
+    match vmm.handle(R::VmInfo) {
+        ApiResponse::Json(body) => serde_json::from_str(&body).unwrap(),
+        other => panic!("vm.info answered {} {}", status(&other), message(&other)),
+    }
+}
+
+fn disk(body: serde_json::Value) -> schema::DiskConfig {
+    serde_json::from_value(body).unwrap()
+}
+
+#[test]
+fn requests_in_the_wrong_state_are_refused_with_the_state_named() {
+    let mut vmm = Vmm::new();
+    assert_eq!(status(&vmm.handle(R::VmInfo)), 404);
+    assert_eq!(status(&vmm.handle(R::VmBoot)), 404);
+    assert_eq!(status(&vmm.handle(R::VmPause)), 404);
+    assert_eq!(status(&vmm.handle(R::VmCreate(create_body("/k", "")))), 204);
+    let again = vmm.handle(R::VmCreate(create_body("/k", "")));
+    assert_eq!(status(&again), 405, "{}", message(&again));
+    let pause = vmm.handle(R::VmPause);
+    assert_eq!(status(&pause), 405);
+    assert!(message(&pause).contains("Created"), "{}", message(&pause));
+    for r in [R::VmResume, R::VmShutdown, R::VmReboot] {
+        let a = vmm.handle(r);
+        assert_eq!(status(&a), 405);
+        assert!(message(&a).contains("Created"), "{}", message(&a));
+    }
+    let i = info(&mut vmm);
+    assert_eq!(i["state"], "Created");
+    assert!(i["memory_actual_size"].as_u64().unwrap() > 0);
+    assert_eq!(i["config"]["cpus"]["boot_vcpus"], 1);
+    assert_eq!(i["config"]["cpus"]["max_vcpus"], 2);
+    assert_eq!(status(&vmm.handle(R::VmDelete)), 204);
+    assert_eq!(status(&vmm.handle(R::VmInfo)), 404);
+    assert!(vmm.exit().is_none());
+    assert_eq!(status(&vmm.handle(R::VmmShutdown)), 204);
+    assert_eq!(vmm.exit(), Some(VmmExit(0)));
+}
+
+#[test]
+fn devices_added_before_boot_join_the_config_with_ids() {
+    let mut vmm = Vmm::new();
+    vmm.handle(R::VmCreate(create_body("/k", "")));
+    let a = vmm.handle(R::VmAddDisk(disk(serde_json::json!({"path": "/a.img"}))));
+    assert_eq!(status(&a), 204, "{}", message(&a));
+    let b = vmm.handle(R::VmAddDisk(disk(
+        serde_json::json!({"path": "/b.img", "id": "mine"}),
+    )));
+    assert_eq!(status(&b), 204);
+    let dup = vmm.handle(R::VmAddDisk(disk(
+        serde_json::json!({"path": "/c.img", "id": "mine"}),
+    )));
+    assert_eq!(status(&dup), 409, "{}", message(&dup));
+    let i = info(&mut vmm);
+    let ids: Vec<_> = i["config"]["disks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].clone())
+        .collect();
+    assert_eq!(ids, vec!["_disk0", "mine"]);
+    let gone = vmm.handle(R::VmRemoveDevice(
+        serde_json::from_value(serde_json::json!({"id": "_disk0"})).unwrap(),
+    ));
+    assert_eq!(status(&gone), 204);
+    let unknown = vmm.handle(R::VmRemoveDevice(
+        serde_json::from_value(serde_json::json!({"id": "_disk0"})).unwrap(),
+    ));
+    assert_eq!(status(&unknown), 404);
+    assert_eq!(
+        info(&mut vmm)["config"]["disks"].as_array().unwrap().len(),
+        1
+    );
+}
+
+#[test]
+fn resize_checks_its_bounds_and_refuses_memory() {
+    let mut vmm = Vmm::new();
+    vmm.handle(R::VmCreate(create_body("/k", "")));
+    let resize = |v: serde_json::Value| R::VmResize(serde_json::from_value(v).unwrap());
+    let ram = vmm.handle(resize(serde_json::json!({"desired_ram": 1u64 << 30})));
+    assert_eq!(status(&ram), 400);
+    assert!(message(&ram).contains("desired_ram"), "{}", message(&ram));
+    assert_eq!(
+        status(&vmm.handle(resize(serde_json::json!({"desired_vcpus": 3})))),
+        400
+    );
+    assert_eq!(
+        status(&vmm.handle(resize(serde_json::json!({"desired_vcpus": 0})))),
+        400
+    );
+    assert_eq!(
+        status(&vmm.handle(resize(serde_json::json!({"desired_vcpus": 2})))),
+        204
+    );
+    assert_eq!(info(&mut vmm)["config"]["cpus"]["boot_vcpus"], 2);
+}
+
+/// The bench guest as a kernel file (it is a PVH ELF).
+fn bench_kernel(test: &str) -> PathBuf {
+    let name = format!("exitless-control-{test}-{}.elf", std::process::id());
+    let path = std::env::temp_dir().join(name);
+    std::fs::write(&path, crate::bench::guest::BENCH_GUEST).unwrap();
+    path
+}
+
+fn exits(vmm: &mut Vmm) -> u64 {
+    let report: serde_json::Value = match vmm.handle(R::VmProfile) {
+        ApiResponse::Json(body) => serde_json::from_str(&body).unwrap(),
+        other => panic!("vm.profile answered {} {}", status(&other), message(&other)),
+    };
+    report["totals"]["exits"].as_u64().unwrap()
+}
+
+fn vcpu_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.trim().starts_with("vcpu"))
+        .count()
+}
+
+fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_vm_boots_pauses_resumes_shuts_down_and_boots_again() {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        crate::test_skip::skip("control_lifecycle", "/dev/kvm is missing on this host");
+        return;
+    }
+    let kernel = bench_kernel("lifecycle");
+    let mut vmm = Vmm::new();
+    let body = create_body(kernel.to_str().unwrap(), "case=pio_out iters=100000000");
+    assert_eq!(status(&vmm.handle(R::VmCreate(body))), 204);
+    let boot = vmm.handle(R::VmBoot);
+    assert_eq!(status(&boot), 204, "{}", message(&boot));
+    assert_eq!(info(&mut vmm)["state"], "Running");
+    assert!(vcpu_threads() >= 1, "a thread named vcpu0 runs");
+    wait_for("the guest's first exits", || exits(&mut vmm) > 100);
+
+    assert_eq!(status(&vmm.handle(R::VmPause)), 204);
+    assert_eq!(info(&mut vmm)["state"], "Paused");
+    let held = exits(&mut vmm);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(exits(&mut vmm), held, "a paused guest makes no exits");
+    assert_eq!(status(&vmm.handle(R::VmPause)), 405);
+
+    assert_eq!(status(&vmm.handle(R::VmResume)), 204);
+    wait_for("exits after resume", || exits(&mut vmm) > held + 100);
+
+    assert_eq!(status(&vmm.handle(R::VmShutdown)), 204);
+    assert_eq!(info(&mut vmm)["state"], "Shutdown");
+    assert_eq!(status(&vmm.handle(R::VmProfile)), 405);
+    let again = vmm.handle(R::VmBoot);
+    assert_eq!(status(&again), 204, "{}", message(&again));
+    wait_for("exits after the second boot", || exits(&mut vmm) > 100);
+    vmm.poll();
+    assert!(vmm.exit().is_none(), "a running guest keeps the VMM up");
+    assert_eq!(status(&vmm.handle(R::VmmShutdown)), 204);
+    assert_eq!(vmm.exit(), Some(VmmExit(0)));
+    let _ = std::fs::remove_file(kernel);
+}
+
+#[test]
+fn a_guest_reset_reboots_the_vm() {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        crate::test_skip::skip("control_reset", "/dev/kvm is missing on this host");
+        return;
+    }
+    let kernel = bench_kernel("reset");
+    let mut vmm = Vmm::new();
+    // The bench guest resets through the i8042 when it is done (there is no exit port).
+    let body = create_body(kernel.to_str().unwrap(), "case=pio_out iters=10");
+    vmm.handle(R::VmCreate(body));
+    assert_eq!(status(&vmm.handle(R::VmBoot)), 204);
+    wait_for("two guest resets", || {
+        vmm.poll();
+        vmm.reboots() >= 2
+    });
+    assert!(vmm.exit().is_none(), "a reset does not end the VMM");
+    assert_eq!(info(&mut vmm)["state"], "Running");
+    vmm.stop();
+    let _ = std::fs::remove_file(kernel);
+}

@@ -1,0 +1,185 @@
+//! What the VMM tells its vCPU threads: run, pause or stop. The exit loop reads one word per
+//! exit ([`VmControl::state`], a line nobody writes while the VM runs); pausing and stopping
+//! write it and then kick the threads out of KVM_RUN. A paused vCPU waits on a condition
+//! variable, so a paused VM takes no CPU.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+
+/// The vCPUs run.
+pub const RUN: u8 = 0;
+/// The vCPUs park at their next exit until resumed.
+pub const PAUSE: u8 = 1;
+/// The vCPUs end at their next exit.
+pub const STOP: u8 = 2;
+
+/// State the VM shares with its vCPU threads: read per exit, written only to pause, resume
+/// or stop.
+#[derive(Debug, Default)]
+pub struct VmControl {
+    state: CachePadded<AtomicU8>,
+    /// vCPUs parked now; its lock is taken only to pause, resume and stop, never per exit.
+    parked: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl VmControl {
+    /// [`RUN`], [`PAUSE`] or [`STOP`].
+    #[inline]
+    pub fn state(&self) -> u8 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    /// Whether the vCPUs were told to stop.
+    pub fn stopping(&self) -> bool {
+        self.state() == STOP
+    }
+
+    fn set(&self, state: u8) {
+        let _parked = self.lock();
+        self.state.store(state, Ordering::Release);
+        self.changed.notify_all();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, usize> {
+        self.parked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tells the vCPUs to stop (also a paused one). The caller kicks them.
+    pub fn request_stop(&self) {
+        self.set(STOP);
+    }
+
+    /// Tells the vCPUs to park at their next exit, unless they are stopping. The caller kicks
+    /// them and waits with [`VmControl::wait_parked`].
+    pub fn request_pause(&self) {
+        if !self.stopping() {
+            self.set(PAUSE);
+        }
+    }
+
+    /// Lets parked vCPUs run again, unless they are stopping.
+    pub fn resume(&self) {
+        if !self.stopping() {
+            self.set(RUN);
+        }
+    }
+
+    /// Called by a vCPU thread that found [`PAUSE`]: waits until the VM runs again (true) or
+    /// stops (false).
+    pub fn park(&self) -> bool {
+        let mut parked = self.lock();
+        *parked += 1;
+        self.changed.notify_all();
+        while self.state() == PAUSE {
+            parked = self.changed.wait(parked).unwrap_or_else(|e| e.into_inner());
+        }
+        *parked -= 1;
+        self.state() != STOP
+    }
+
+    /// Called by a vCPU thread kicked while `retired` is set (the guest ejected its CPU):
+    /// waits until the CPU is added again (true) or the VM stops (false). Counted as parked.
+    pub fn park_retired(&self, retired: &AtomicBool) -> bool {
+        let mut parked = self.lock();
+        *parked += 1;
+        self.changed.notify_all();
+        while retired.load(Ordering::Acquire) && self.state() != STOP {
+            parked = self.changed.wait(parked).unwrap_or_else(|e| e.into_inner());
+        }
+        *parked -= 1;
+        self.state() != STOP
+    }
+
+    /// Wakes retired vCPUs to check their flag again (one was added back).
+    pub fn wake_retired(&self) {
+        let _parked = self.lock();
+        self.changed.notify_all();
+    }
+
+    /// Waits up to `timeout` until `count` vCPUs are parked; true if they are. `kick` is
+    /// called every 20 ms meanwhile (a kick can be lost on some hosts).
+    pub fn wait_parked(&self, count: usize, timeout: Duration, mut kick: impl FnMut()) -> bool {
+        let start = Instant::now();
+        let mut parked = self.lock();
+        while *parked < count {
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() || self.state() != PAUSE {
+                return false;
+            }
+            let step = left.min(Duration::from_millis(20));
+            parked = self
+                .changed
+                .wait_timeout(parked, step)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            drop(parked);
+            kick();
+            parked = self.lock();
+        }
+        true
+    }
+
+    /// vCPUs parked now.
+    pub fn parked(&self) -> usize {
+        *self.lock()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::thread;
+
+    #[test]
+    fn paused_threads_park_until_resumed_and_stop_ends_them() {
+        let control = Arc::new(VmControl::default());
+        control.request_pause();
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let c = control.clone();
+                thread::spawn(move || {
+                    let mut rounds = 0;
+                    loop {
+                        match c.state() {
+                            RUN => rounds += 1,
+                            PAUSE if c.park() => {}
+                            _ => return rounds,
+                        }
+                        if rounds == 5 {
+                            c.request_pause();
+                        }
+                        thread::yield_now();
+                    }
+                })
+            })
+            .collect();
+        assert!(control.wait_parked(3, Duration::from_secs(10), || {}));
+        assert_eq!(control.parked(), 3);
+        control.resume();
+        // The first thread to run 5 rounds pauses the VM again: all park once more.
+        while control.state() != PAUSE {
+            thread::yield_now();
+        }
+        assert!(control.wait_parked(3, Duration::from_secs(10), || {}));
+        control.request_stop();
+        let rounds: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert!(rounds >= 5, "{rounds} rounds");
+        assert_eq!(control.parked(), 0);
+        control.resume();
+        assert!(control.stopping(), "a stopped VM does not run again");
+    }
+
+    #[test]
+    fn waiting_for_parked_vcpus_gives_up_after_the_timeout() {
+        let control = VmControl::default();
+        control.request_pause();
+        let mut kicks = 0;
+        assert!(!control.wait_parked(1, Duration::from_millis(100), || kicks += 1));
+        assert!(kicks >= 2, "kicked {kicks} times");
+    }
+}
