@@ -10,6 +10,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use thiserror::Error;
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNGETIFF: libc::c_ulong = 0x8004_54d2;
 const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
 const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
@@ -41,6 +42,12 @@ pub enum TapError {
     VnetHeader(String, io::Error),
     #[error("Invalid tap name '{0}': 1 to 15 characters, no '/', whitespace or NUL")]
     Name(String),
+    #[error("The file descriptor given for a tap is not one: {0}")]
+    NotTap(io::Error),
+    #[error(
+        "Tap '{0}' was opened without IFF_VNET_HDR|IFF_NO_PI; exitless needs the virtio-net header"
+    )]
+    TapFlags(String),
 }
 
 /// `struct ifreq` as far as the tun ioctls look: the name and the flags.
@@ -110,21 +117,59 @@ impl Tap {
                 },
             });
         }
+        Self::with_header(file, name.to_string())
+    }
+
+    /// A tap another program opened (Kata sends its fds with `vm.add-net`): it must be a tap
+    /// with the virtio-net header and no packet information; it is made non-blocking and
+    /// given the 12-byte header like one exitless opens.
+    pub fn from_fd(fd: std::os::fd::OwnedFd) -> Result<Tap, TapError> {
+        let file = File::from(fd);
+        let mut req = IfReq {
+            name: [0; 16],
+            flags: 0,
+            _pad: [0; 22],
+        };
+        // SAFETY: TUNGETIFF writes an ifreq into `req`, which is one, and owned here.
+        let r = unsafe { libc::ioctl(file.as_raw_fd(), TUNGETIFF, &mut req as *mut IfReq) };
+        if r < 0 {
+            return Err(TapError::NotTap(io::Error::last_os_error()));
+        }
+        let len = req
+            .name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(req.name.len());
+        let name = String::from_utf8_lossy(&req.name[..len]).into_owned();
+        let wanted = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
+        if req.flags & wanted != wanted {
+            return Err(TapError::TapFlags(name));
+        }
+        // SAFETY: F_GETFL/F_SETFL on an fd this function owns; no memory is passed.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0
+            || unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0
+        {
+            return Err(TapError::NotTap(io::Error::last_os_error()));
+        }
+        Self::with_header(file, name)
+    }
+
+    /// The 12-byte virtio-net header on an open tap, and which offloads it takes.
+    fn with_header(file: File, name: String) -> Result<Tap, TapError> {
         let hdr_len = VNET_HDR_LEN as libc::c_int;
         // SAFETY: TUNSETVNETHDRSZ reads one int from the pointer, which points at `hdr_len`.
         let r = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETVNETHDRSZ, &hdr_len) };
         if r < 0 {
-            return Err(TapError::VnetHeader(
-                name.into(),
-                io::Error::last_os_error(),
-            ));
+            return Err(TapError::VnetHeader(name, io::Error::last_os_error()));
         }
         let all = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN;
         let offloads = ioctl_int(file.as_raw_fd(), TUNSETOFFLOAD, all.into()).is_ok()
             && ioctl_int(file.as_raw_fd(), TUNSETOFFLOAD, 0).is_ok();
         Ok(Tap {
             file,
-            name: name.to_string(),
+            name,
             offloads,
         })
     }
