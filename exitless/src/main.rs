@@ -1,28 +1,53 @@
 //! exitless: a KVM VMM that keeps exits few and cheap and shows where exit cycles go.
 
+mod api;
 mod bench;
 mod compare;
 mod output_file;
 mod run;
 
+use std::path::PathBuf;
+
+use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// A KVM virtual machine monitor built around the cost of VM exits.
 #[derive(Parser)]
-#[command(name = "exitless", version, about, long_about = None)]
+#[command(
+    name = "exitless",
+    version,
+    about,
+    long_about = None,
+    after_help = "With --api-socket and no subcommand, exitless is an empty VMM waiting for \
+requests on the socket: Cloud Hypervisor's REST API (vm.create, vm.boot, vm.add-disk, ...), so \
+Kata Containers' clh driver can run it unchanged. See docs/api.md; `exitless remote` is a client."
+)]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
-    /// Seccomp filters on the threads a guest can reach (vCPUs, devices, disk I/O) and on
-    /// `run`'s main thread: a system call outside a thread's list stops exitless with code 159
-    /// and a line naming the thread and the call. `off` is for debugging.
+    command: Option<Command>,
+    /// Serve Cloud Hypervisor's REST API (HTTP over this Unix socket). Alone: an empty VMM
+    /// that waits for vm.create and vm.boot; with `run`: the API of the VM it starts. A stale
+    /// socket file is replaced; one a program listens on is an error. Removed on exit
+    #[arg(long, global = true, value_name = "PATH")]
+    api_socket: Option<PathBuf>,
+    /// More detail on stderr (repeatable): -v logs each API request and its status
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Write exitless's own messages (its stderr) to FILE, appended, instead of stderr
+    #[arg(long, global = true, value_name = "FILE")]
+    log_file: Option<PathBuf>,
+    /// Seccomp filters on the threads a guest can reach (vCPUs, devices, disk I/O, API) and
+    /// on `run`'s main thread: a system call outside a thread's list stops exitless with code
+    /// 159 and a line naming the thread and the call. `off` (or `false`) is for debugging.
     #[arg(long, global = true, value_enum, default_value_t = Seccomp::On)]
     seccomp: Seccomp,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Seccomp {
+    #[value(alias = "true")]
     On,
+    #[value(alias = "false")]
     Off,
 }
 
@@ -61,15 +86,47 @@ fn parse_args() -> Cli {
     }
 }
 
+/// What to do: a subcommand, or with only `--api-socket` the API server.
+fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    let verbose = cli.verbose > 0;
+    match (cli.command, cli.api_socket) {
+        (Some(Command::Run(args)), socket) => run::main(args, socket.as_deref(), verbose),
+        (Some(Command::Bench(_) | Command::Compare(_)), Some(_)) => {
+            anyhow::bail!("--api-socket goes alone (an empty VMM) or with `run`")
+        }
+        (Some(Command::Bench(args)), None) => bench::main(args),
+        (Some(Command::Compare(args)), None) => compare::main(args),
+        (None, Some(socket)) => api::main(&socket, verbose),
+        (None, None) => {
+            eprintln!("exitless: give a subcommand (bench, run, compare) or --api-socket PATH (--help lists them)");
+            Ok(2)
+        }
+    }
+}
+
+/// Sends this process's stderr to `path` (appended), as Cloud Hypervisor's --log-file does.
+fn redirect_stderr(path: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("--log-file {}: cannot write there", path.display()))?;
+    // SAFETY: dup2 makes fd 2 a copy of an fd this function holds open; no memory involved.
+    if unsafe { libc::dup2(file.as_raw_fd(), libc::STDERR_FILENO) } < 0 {
+        anyhow::bail!("--log-file: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn main() {
     let cli = parse_args();
     if cli.seccomp == Seccomp::Off {
         vmm::seccomp::disable();
     }
-    let result = match cli.command {
-        Command::Bench(args) => bench::main(args),
-        Command::Run(args) => run::main(args),
-        Command::Compare(args) => compare::main(args),
+    let result = match &cli.log_file {
+        Some(path) => redirect_stderr(path).and_then(|()| dispatch(cli)),
+        None => dispatch(cli),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -6,13 +6,15 @@
 //! 159 when a seccomp filter stopped exitless, and 1 for any error setting the VM up (one line
 //! on stderr).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use vmm::api::server::ApiServer;
 use vmm::config::{ConfigError, VmConfig, VmConfigOverrides, MAX_VCPUS};
+use vmm::control::{serve, Vmm};
 use vmm::launch::{self, LaunchEnd, LaunchOptions, LaunchedVm};
 use vmm::profile::ProfileReport;
 use vmm::terminal::RawTerminal;
@@ -172,7 +174,7 @@ fn vm_config(args: &RunOptions) -> anyhow::Result<VmConfig> {
     Ok(VmConfig::merge_cli(file, cli)?)
 }
 
-pub fn main(args: RunArgs) -> anyhow::Result<i32> {
+pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::Result<i32> {
     let args = *args.opts;
     let timeout = seconds("timeout", args.timeout)?;
     let interval = seconds("profile-interval", args.profile_interval)?;
@@ -184,6 +186,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     // Launch errors already include their causes in their messages: keep them one line.
     let mut vm =
         launch::launch(&config, LaunchOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(socket) = api_socket {
+        return serve_api(&args, config, vm, socket, timeout, verbose);
+    }
     let mut terminal = RawTerminal::enter();
     // From here the main thread only waits, reports and stops the VM.
     vmm::seccomp::apply(vmm::seccomp::ThreadKind::Main)?;
@@ -195,6 +200,39 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     let report = vm.report();
     output_profile(&args, &report)?;
     Ok(exit_code(end))
+}
+
+/// Serves the API of the VM just started until it ends, `vmm.shutdown`, a stop signal or the
+/// timeout; then the profile as usual.
+fn serve_api(
+    args: &RunOptions,
+    config: vmm::config::VmConfig,
+    vm: LaunchedVm,
+    socket: &Path,
+    timeout: Option<Duration>,
+    verbose: bool,
+) -> anyhow::Result<i32> {
+    let (calls, requests) = std::sync::mpsc::channel();
+    let server = ApiServer::start(socket, calls).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let api = vmm::api::schema::VmConfig::from_vm_config(&config);
+    let mut vmm = Vmm::with_running(api, config, vm);
+    let start = Instant::now();
+    let mut timed_out = false;
+    let exit = serve::serve(&mut vmm, &requests, verbose, |_| {
+        timed_out = timeout.is_some_and(|t| start.elapsed() >= t);
+        timed_out || launch::stop_signal().is_some()
+    });
+    drop(server);
+    if let Some(report) = vmm.report() {
+        output_profile(args, &report)?;
+    }
+    Ok(match exit.0 {
+        serve::EXIT_SIGNAL if timed_out => {
+            eprintln!("exitless: timeout reached, VM stopped");
+            EXIT_TIMEOUT
+        }
+        code => code,
+    })
 }
 
 /// Waits for the VM, printing live summaries and SIGUSR1 reports, stopping on a signal.

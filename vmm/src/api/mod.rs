@@ -1,5 +1,6 @@
 //! PLACEHOLDER until the api-server branch lands: the types the control loop uses.
 pub mod schema;
+pub mod server;
 
 pub enum ApiRequest {
     VmCreate(Box<schema::VmConfig>),

@@ -107,6 +107,8 @@ struct VmSlot {
     booted: Option<LaunchedVm>,
     /// vCPUs the guest was asked to eject and has not yet.
     pending_removal: Vec<u8>,
+    /// The exit profile of the VM that ran last (kept once it stops).
+    last_report: Option<crate::profile::ProfileReport>,
 }
 
 /// Why the VMM's serve loop should end, with the process's exit code.
@@ -152,6 +154,7 @@ impl Vmm {
                 ids,
                 booted: Some(vm),
                 pending_removal: Vec::new(),
+                last_report: None,
             }),
             exit: None,
             reboots: 0,
@@ -168,9 +171,13 @@ impl Vmm {
         self.reboots
     }
 
-    /// The running VM, if any (for the final profile).
-    pub fn running_vm(&self) -> Option<&LaunchedVm> {
-        self.slot.as_ref().and_then(|s| s.booted.as_ref())
+    /// The exit profile of the running VM, or of the last one that ran.
+    pub fn report(&self) -> Option<crate::profile::ProfileReport> {
+        let slot = self.slot.as_ref()?;
+        match &slot.booted {
+            Some(vm) => Some(vm.report()),
+            None => slot.last_report.clone(),
+        }
     }
 
     /// Carries out one request.
@@ -218,6 +225,7 @@ impl Vmm {
             ids,
             booted: None,
             pending_removal: Vec::new(),
+            last_report: None,
         });
         Ok(())
     }
@@ -378,6 +386,7 @@ impl VmSlot {
     fn stop(&mut self) {
         if let Some(mut vm) = self.booted.take() {
             vm.shut_down();
+            self.last_report = Some(vm.report());
             self.state = VmState::Shutdown;
         }
     }

@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use super::serve::status;
 use super::*;
 use crate::api::ApiRequest as R;
 
@@ -15,14 +16,6 @@ fn create_body(kernel: &str, cmdline: &str) -> Box<schema::VmConfig> {
         "platform": {"num_pci_segments": 2},
     });
     Box::new(serde_json::from_value(body).expect("a Kata-shaped body parses"))
-}
-
-fn status(r: &ApiResponse) -> u16 {
-    match r {
-        ApiResponse::NoContent => 204,
-        ApiResponse::Json(_) => 200,
-        ApiResponse::Error(e) => e.status,
-    }
 }
 
 fn message(r: &ApiResponse) -> String {
