@@ -14,7 +14,9 @@ pub fn main(socket: &Path, verbose: bool) -> anyhow::Result<i32> {
     // The server's errors name the socket and say why: one line.
     let server = ApiServer::start(socket, calls).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut vmm = Vmm::new();
-    let exit = serve::serve(&mut vmm, &requests, verbose, |_| launch::stop_signal().is_some());
+    let exit = serve::serve(&mut vmm, &requests, verbose, |_| {
+        launch::stop_signal().is_some()
+    });
     drop(server);
     Ok(exit.0)
 }

@@ -118,6 +118,15 @@ impl VsockConfig {
 }
 impl VmConfig {
     pub fn from_vm_config(c: &crate::config::VmConfig) -> Self {
-        VmConfig { cpus: CpusConfig { boot_vcpus: c.cpus, max_vcpus: c.max_vcpus.unwrap_or(c.cpus) }, memory: MemoryConfig { size: c.memory.bytes() }, ..Default::default() }
+        VmConfig {
+            cpus: CpusConfig {
+                boot_vcpus: c.cpus,
+                max_vcpus: c.max_vcpus.unwrap_or(c.cpus),
+            },
+            memory: MemoryConfig {
+                size: c.memory.bytes(),
+            },
+            ..Default::default()
+        }
     }
 }

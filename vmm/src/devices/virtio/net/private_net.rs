@@ -59,7 +59,30 @@ impl PrivateNet {
             Ok(tap)
         })?
     }
+
+    /// Opens a new tap `name` in the namespace the way another program (Kata) does, with
+    /// `flags` for TUNSETIFF (e.g. IFF_TAP | IFF_NO_PI | IFF_VNET_HDR), and returns its fd.
+    pub fn open_foreign_tap(&self, name: &str, flags: libc::c_short) -> io::Result<OwnedFd> {
+        self.run(|| {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/net/tun")?;
+            let mut req = if_request(name);
+            req.flags = flags;
+            // SAFETY: TUNSETIFF reads and writes an ifreq, which `req` is, owned here.
+            let r =
+                unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReqFlags) };
+            check(r)?;
+            set_link_up(name)?;
+            Ok(OwnedFd::from(file))
+        })?
+    }
 }
+
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+/// TUNSETIFF flags a tap for virtio-net needs: a tap, no packet information, the header.
+pub const KATA_TAP_FLAGS: libc::c_short = 0x0002 | 0x1000 | 0x4000;
 
 #[repr(C)]
 struct IfReqFlags {

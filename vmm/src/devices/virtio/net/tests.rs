@@ -275,26 +275,6 @@ fn a_real_tap_takes_the_offloads_and_the_card_offers_them() {
     assert_eq!(dev.features() & OFFLOADS, OFFLOADS);
 }
 
-/// Opens tap `name` with `flags` the way another program (Kata) would, in the namespace.
-fn foreign_tap(ns: &private_net::PrivateNet, name: &str, flags: i16) -> std::os::fd::OwnedFd {
-    use std::os::fd::{AsRawFd, OwnedFd};
-    ns.run(|| {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/net/tun")
-            .unwrap();
-        let mut req = [0u8; 40];
-        req[..name.len()].copy_from_slice(name.as_bytes());
-        req[16..18].copy_from_slice(&flags.to_ne_bytes());
-        // SAFETY: TUNSETIFF reads and writes a 40-byte ifreq, which `req` is.
-        let r = unsafe { libc::ioctl(file.as_raw_fd(), 0x4004_54ca, req.as_mut_ptr()) };
-        assert_eq!(r, 0, "TUNSETIFF: {}", std::io::Error::last_os_error());
-        OwnedFd::from(file)
-    })
-    .unwrap()
-}
-
 /// Kata opens the tap and sends its fd: a tap with the virtio-net header is taken as is; one
 /// without it, or an fd that is no tap, is refused with why.
 #[test]
@@ -306,13 +286,18 @@ fn a_tap_opened_by_another_program_is_taken_from_its_fd() {
             return crate::test_skip::skip("virtio_net_tap_fd", &why);
         }
     };
-    let (tap, no_pi, vnet_hdr) = (0x0002i16, 0x1000i16, 0x4000i16);
-    let fd = foreign_tap(&ns, "exl-fd0", tap | no_pi | vnet_hdr);
+    let fd = ns
+        .open_foreign_tap("exl-fd0", private_net::KATA_TAP_FLAGS)
+        .unwrap();
     let taken = Tap::from_fd(fd).unwrap();
     assert_eq!(taken.name(), "exl-fd0");
-    let plain = foreign_tap(&ns, "exl-fd1", tap | no_pi);
+    let no_header = private_net::KATA_TAP_FLAGS & !0x4000;
+    let plain = ns.open_foreign_tap("exl-fd1", no_header).unwrap();
     let err = Tap::from_fd(plain).unwrap_err().to_string();
-    assert!(err.contains("exl-fd1") && err.contains("IFF_VNET_HDR"), "{err}");
+    assert!(
+        err.contains("exl-fd1") && err.contains("IFF_VNET_HDR"),
+        "{err}"
+    );
     let (pipe, _other) = std::os::unix::net::UnixStream::pair().unwrap();
     let err = Tap::from_fd(pipe.into()).unwrap_err().to_string();
     assert!(err.contains("not one"), "{err}");
