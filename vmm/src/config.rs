@@ -24,7 +24,7 @@ use crate::memory::MIN_MEMORY;
 pub mod disk;
 pub mod net;
 pub use disk::DiskConfig;
-pub use net::{MacAddr, NetConfig, VsockConfig};
+pub use net::{MacAddr, NetConfig, TapFd, VsockConfig};
 
 /// Default kernel command line.
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1";
@@ -352,6 +352,10 @@ pub struct VmConfig {
     /// File that also receives everything the guest writes to the serial console.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial_log: Option<PathBuf>,
+    /// Where the serial console's output goes (the API's `serial.mode`); the command line
+    /// always uses stdout.
+    #[serde(skip)]
+    pub serial_output: SerialOutputMode,
     /// Interrupt controller placement.
     pub irqchip: IrqchipMode,
     /// vCPU to host CPU pinning.
@@ -381,6 +385,7 @@ impl Default for VmConfig {
             max_vcpus: None,
             memory: MemorySize::default(),
             serial_log: None,
+            serial_output: SerialOutputMode::default(),
             irqchip: IrqchipMode::default(),
             cpu_affinity: None,
             disks: Vec::new(),
@@ -389,6 +394,18 @@ impl Default for VmConfig {
             vsock: None,
         }
     }
+}
+
+/// Where the guest's serial output goes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SerialOutputMode {
+    /// This process's stdout.
+    #[default]
+    Stdout,
+    /// Nowhere (Cloud Hypervisor's `Off` and `Null`).
+    Discard,
+    /// This file, created or truncated.
+    File(PathBuf),
 }
 
 /// Command line values; each `Some` overrides the config file (clap fills this in).
@@ -526,7 +543,7 @@ impl VmConfig {
     /// The checks the command line's parsers make, for what came from a config file.
     fn validate_network(&self) -> Result<(), ConfigError> {
         for n in &self.nets {
-            if !crate::devices::virtio::net::tap::valid_name(&n.tap) {
+            if n.tap_fd.is_none() && !crate::devices::virtio::net::tap::valid_name(&n.tap) {
                 return Err(ConfigError::Net {
                     input: format!("tap={}", n.tap),
                     reason: "1 to 15 characters, no '/' or whitespace".into(),
@@ -644,6 +661,7 @@ mod tests {
             max_vcpus: Some(4),
             memory: "1G".parse().unwrap(),
             serial_log: Some("serial.log".into()),
+            serial_output: SerialOutputMode::Stdout,
             irqchip: IrqchipMode::Split,
             cpu_affinity: Some("2,3".parse().unwrap()),
             disks: vec!["path=a.img,readonly=on".parse().unwrap()],

@@ -18,7 +18,7 @@ pub use hotplug::HotplugDevice;
 
 use crate::boot::BootError;
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VcpuTemplate, VmBuilder, VmSpec};
-use crate::config::{ConfigError, VmConfig, MAX_VCPUS};
+use crate::config::{ConfigError, DiskConfig, SerialOutputMode, VmConfig, MAX_VCPUS};
 use crate::device_manager::Notify;
 use crate::devices::console_input::ConsoleInput;
 use crate::devices::serial::{FlushPolicy, SerialDevice, SerialError, SerialOutput};
@@ -66,6 +66,11 @@ pub enum LaunchError {
     Vsock(#[from] crate::devices::virtio::vsock::VsockError),
     #[error("{0}")]
     Hotplug(String),
+    #[error("Cannot write the serial console to {}: {error}", path.display())]
+    SerialFile {
+        path: PathBuf,
+        error: std::io::Error,
+    },
 }
 
 /// Launch choices that are not part of the VM configuration.
@@ -179,15 +184,15 @@ fn add_virtio_devices(
     config: &VmConfig,
 ) -> Result<Vec<SocketFile>, LaunchError> {
     for (i, disk) in config.disks.iter().enumerate() {
-        let blk = Block::open(disk).map_err(|e| LaunchError::Disk(e.to_string()))?;
-        builder.add_virtio(&format!("virtio-blk{i}"), Box::new(blk), Notify::Ioeventfd)?;
+        let name = device_name(disk.id.as_deref(), "virtio-blk", i);
+        builder.add_virtio(&name, Box::new(open_disk(disk)?), Notify::Ioeventfd)?;
     }
     if config.rng {
         builder.add_virtio("virtio-rng", Box::new(Rng::new()), Notify::Ioeventfd)?;
     }
     for (i, net) in config.nets.iter().enumerate() {
-        let dev = Net::open(net)?;
-        builder.add_virtio(&format!("virtio-net{i}"), Box::new(dev), Notify::Ioeventfd)?;
+        let name = device_name(net.id.as_deref(), "virtio-net", i);
+        builder.add_virtio(&name, Box::new(Net::open(net)?), Notify::Ioeventfd)?;
     }
     let mut files = Vec::new();
     if let Some(vsock) = &config.vsock {
@@ -196,6 +201,16 @@ fn add_virtio_devices(
         builder.add_virtio("virtio-vsock", Box::new(dev), Notify::Ioeventfd)?;
     }
     Ok(files)
+}
+
+/// A device's name in the profile and `vm.counters`: its API id, else kind and index.
+pub(crate) fn device_name(id: Option<&str>, kind: &str, index: usize) -> String {
+    id.map_or_else(|| format!("{kind}{index}"), str::to_string)
+}
+
+/// The disk's image, opened as its config says.
+pub(crate) fn open_disk(disk: &DiskConfig) -> Result<Block, LaunchError> {
+    Block::open(disk).map_err(|e| LaunchError::Disk(e.to_string()))
 }
 
 /// An image that does not fit in guest memory is said in the user's terms.
@@ -223,15 +238,28 @@ fn kernel_outside_memory(e: &BootError) -> bool {
     )
 }
 
-/// The console: stdout (and the serial log). An interactive console needs every byte at
-/// once; a pipe or file gets whole lines, which saves a write syscall on most console exits.
+/// The console: stdout, nothing or a file (the API's serial mode), and the serial log. An
+/// interactive console needs every byte at once; a pipe or file gets whole lines, which saves
+/// a write syscall on most console exits.
 fn console_output(config: &VmConfig) -> Result<SerialOutput, LaunchError> {
-    let policy = if std::io::stdout().is_terminal() {
-        FlushPolicy::EveryWrite
-    } else {
-        FlushPolicy::Newline
+    let mut out = match &config.serial_output {
+        SerialOutputMode::Stdout => {
+            let policy = if std::io::stdout().is_terminal() {
+                FlushPolicy::EveryWrite
+            } else {
+                FlushPolicy::Newline
+            };
+            SerialOutput::stdout().with_flush_policy(policy)
+        }
+        SerialOutputMode::Discard => SerialOutput::discard(),
+        SerialOutputMode::File(path) => {
+            let file = File::create(path).map_err(|error| LaunchError::SerialFile {
+                path: path.clone(),
+                error,
+            })?;
+            SerialOutput::new(Box::new(file)).with_flush_policy(FlushPolicy::Newline)
+        }
     };
-    let mut out = SerialOutput::stdout().with_flush_policy(policy);
     if let Some(path) = &config.serial_log {
         out = out.with_log_file(path)?;
     }

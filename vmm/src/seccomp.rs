@@ -43,6 +43,8 @@ pub enum ThreadKind {
     Devices,
     /// A disk's I/O thread where io_uring is unavailable.
     DiskIo,
+    /// The API's listener and connection threads: socket I/O and starting threads only.
+    Api,
 }
 
 impl ThreadKind {
@@ -52,6 +54,7 @@ impl ThreadKind {
             ThreadKind::Vcpu => "vCPU",
             ThreadKind::Devices => "devices",
             ThreadKind::DiskIo => "disk I/O",
+            ThreadKind::Api => "API",
         }
     }
 
@@ -63,6 +66,7 @@ impl ThreadKind {
             ThreadKind::Vcpu => VCPU,
             ThreadKind::Devices => DEVICES,
             ThreadKind::DiskIo => DISK_IO,
+            ThreadKind::Api => API,
         });
         if self == ThreadKind::Vcpu {
             // A disk's I/O threads start on the vCPU that activates the disk and keep its
@@ -170,6 +174,20 @@ const DISK_IO: &[libc::c_long] = &[
     libc::SYS_pwrite64,
     libc::SYS_pwritev,
     libc::SYS_pwritev2,
+];
+
+const API: &[libc::c_long] = &[
+    libc::SYS_accept4,
+    // A connection thread per client.
+    libc::SYS_clone,
+    libc::SYS_clone3,
+    libc::SYS_read,
+    // Requests with their file descriptors (SCM_RIGHTS).
+    libc::SYS_recvmsg,
+    libc::SYS_sendmsg,
+    libc::SYS_sendto,
+    // Read timeouts (SO_RCVTIMEO).
+    libc::SYS_setsockopt,
 ];
 
 static DISABLED: AtomicBool = AtomicBool::new(false);

@@ -1,7 +1,24 @@
-//! PLACEHOLDER until the api-server branch lands: the types the control loop uses.
+//! Cloud Hypervisor's REST API over a Unix socket, so that Kata Containers' clh driver (and
+//! `ch-remote`-like tools) drive exitless unchanged. See docs/api.md.
+//!
+//! The layer is apart from the VM: [`server`] threads read HTTP ([`http`]), turn each request
+//! into a typed [`ApiRequest`] ([`route`]: paths, bodies through [`schema`], file descriptors
+//! that came with the request), and hand it with a reply channel to the thread that owns the
+//! VM ([`crate::control`]); `vmm.ping` is answered by the server itself, at any time.
+
+pub mod client;
+pub mod convert;
+pub mod http;
 pub mod schema;
 pub mod server;
 
+use std::os::fd::OwnedFd;
+
+use http::{HttpError, Method};
+use serde::de::DeserializeOwned;
+
+/// A request for the VMM's owner thread.
+#[derive(Debug)]
 pub enum ApiRequest {
     VmCreate(Box<schema::VmConfig>),
     VmBoot,
@@ -12,25 +29,128 @@ pub enum ApiRequest {
     VmResume,
     VmInfo,
     VmCounters,
+    /// exitless's own: the exit profile of the running VM, as `--profile-json` writes it.
     VmProfile,
     VmAddDisk(schema::DiskConfig),
-    VmAddNet(schema::NetConfig, Vec<std::os::fd::OwnedFd>),
+    /// A card, with the tap fds received with the request (SCM_RIGHTS).
+    VmAddNet(schema::NetConfig, Vec<OwnedFd>),
     VmAddVsock(schema::VsockConfig),
     VmRemoveDevice(schema::VmRemoveDevice),
     VmResize(schema::VmResize),
     VmmShutdown,
 }
+
+/// The owner thread's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApiResponse {
+    /// 204.
     NoContent,
+    /// 200 with this JSON body.
     Json(String),
     Error(ApiError),
 }
-#[derive(Debug)]
+
+/// A refused or failed request: its status (>= 400) and why, which is the reply's body.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
     pub status: u16,
     pub message: String,
 }
+
+/// A request on its way to the owner thread, with where the answer goes.
 pub struct ApiCall {
     pub request: ApiRequest,
     pub reply: std::sync::mpsc::Sender<ApiResponse>,
 }
+
+/// Where an HTTP request goes.
+#[derive(Debug)]
+pub enum Route {
+    /// Answered by the server at once.
+    Ping,
+    Vmm(ApiRequest),
+}
+
+/// Cloud Hypervisor endpoints exitless does not offer (answered 400 with why, not 404).
+const NOT_OFFERED: &[&str] = &[
+    "vm.add-device",
+    "vm.add-fs",
+    "vm.add-pmem",
+    "vm.add-vdpa",
+    "vm.add-user-device",
+    "vm.add-generic-vhost-user",
+    "vm.snapshot",
+    "vm.restore",
+    "vm.coredump",
+    "vm.resize-disk",
+    "vm.resize-zone",
+    "vm.power-button",
+    "vm.nmi",
+    "vm.send-migration",
+    "vm.receive-migration",
+];
+
+fn body<T: DeserializeOwned>(endpoint: &str, body: &[u8]) -> Result<T, HttpError> {
+    serde_json::from_slice(body)
+        .map_err(|e| HttpError::new(400, format!("{endpoint}: invalid body: {e}")))
+}
+
+/// A body that may be left out (`{}` then).
+fn optional<T: DeserializeOwned + Default>(endpoint: &str, b: &[u8]) -> Result<T, HttpError> {
+    if b.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    body(endpoint, b)
+}
+
+/// The typed request for `req`; `fds` came with it (only `vm.add-net` takes them; others'
+/// are dropped, which closes them).
+pub fn route(req: &http::Request, fds: Vec<OwnedFd>) -> Result<Route, HttpError> {
+    let path = req.path.split('?').next().unwrap_or("");
+    let Some(endpoint) = path.strip_prefix("/api/v1/") else {
+        return Err(HttpError::new(404, format!("No endpoint at {path}")));
+    };
+    let b = &req.body;
+    let (method, request) = match endpoint {
+        "vmm.ping" => return expect(req.method, Method::Get, endpoint).map(|()| Route::Ping),
+        "vmm.shutdown" => (Method::Put, ApiRequest::VmmShutdown),
+        "vm.create" => (
+            Method::Put,
+            ApiRequest::VmCreate(Box::new(body(endpoint, b)?)),
+        ),
+        "vm.boot" => (Method::Put, ApiRequest::VmBoot),
+        "vm.shutdown" => (Method::Put, ApiRequest::VmShutdown),
+        "vm.reboot" => (Method::Put, ApiRequest::VmReboot),
+        "vm.delete" => (Method::Put, ApiRequest::VmDelete),
+        "vm.pause" => (Method::Put, ApiRequest::VmPause),
+        "vm.resume" => (Method::Put, ApiRequest::VmResume),
+        "vm.info" => (Method::Get, ApiRequest::VmInfo),
+        "vm.counters" => (Method::Get, ApiRequest::VmCounters),
+        "vm.profile" => (Method::Get, ApiRequest::VmProfile),
+        "vm.add-disk" => (Method::Put, ApiRequest::VmAddDisk(body(endpoint, b)?)),
+        "vm.add-net" => (Method::Put, ApiRequest::VmAddNet(body(endpoint, b)?, fds)),
+        "vm.add-vsock" => (Method::Put, ApiRequest::VmAddVsock(body(endpoint, b)?)),
+        "vm.remove-device" => (Method::Put, ApiRequest::VmRemoveDevice(body(endpoint, b)?)),
+        "vm.resize" => (Method::Put, ApiRequest::VmResize(optional(endpoint, b)?)),
+        e if NOT_OFFERED.contains(&e) => {
+            return Err(HttpError::new(
+                400,
+                format!("{e} is not supported by exitless"),
+            ))
+        }
+        _ => return Err(HttpError::new(404, format!("No endpoint at {path}"))),
+    };
+    expect(req.method, method, endpoint)?;
+    Ok(Route::Vmm(request))
+}
+
+fn expect(got: Method, want: Method, endpoint: &str) -> Result<(), HttpError> {
+    if got == want {
+        return Ok(());
+    }
+    let name = if want == Method::Get { "GET" } else { "PUT" };
+    Err(HttpError::new(405, format!("{endpoint} takes {name}")))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,132 +1,265 @@
-//! PLACEHOLDER until the api-server branch lands.
+//! Cloud Hypervisor's request and reply bodies (its `cloud-hypervisor.yaml`), the parts
+//! exitless reads typed. Every other field a client sends is kept as given (`extra`), so
+//! `vm.info` shows the config as it came; fields asking for what exitless lacks are refused
+//! by [`VmConfig::check`] with the field named (see docs/api.md for the lists).
+
 use serde::{Deserialize, Serialize};
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+use serde_json::{Map, Value};
+
+/// Fields a client may send that exitless keeps but does not read.
+pub type Extra = Map<String, Value>;
+
+fn default_one() -> u8 {
+    1
+}
+
+/// `cpus`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CpusConfig {
+    #[serde(default = "default_one")]
     pub boot_vcpus: u8,
+    #[serde(default = "default_one")]
     pub max_vcpus: u8,
+    #[serde(flatten)]
+    pub extra: Extra,
 }
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+
+impl Default for CpusConfig {
+    fn default() -> Self {
+        CpusConfig {
+            boot_vcpus: 1,
+            max_vcpus: 1,
+            extra: Extra::new(),
+        }
+    }
+}
+
+fn default_memory() -> u64 {
+    512 << 20
+}
+
+/// `memory`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MemoryConfig {
+    #[serde(default = "default_memory")]
     pub size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hotplug_size: Option<u64>,
+    #[serde(default)]
+    pub shared: bool,
+    #[serde(default)]
+    pub hugepages: bool,
+    #[serde(flatten)]
+    pub extra: Extra,
 }
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            size: default_memory(),
+            hotplug_size: None,
+            shared: false,
+            hugepages: false,
+            extra: Extra::new(),
+        }
+    }
+}
+
+/// `payload`: what to boot.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PayloadConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cmdline: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initramfs: Option<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
 }
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+
+/// One disk (`disks[]`, `vm.add-disk`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DiskConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     #[serde(default)]
     pub readonly: bool,
+    #[serde(default)]
+    pub direct: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
 }
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+
+/// One network card (`net[]`, `vm.add-net`): a tap by name, or the tap fds sent with it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct NetConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tap: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
 }
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+
+/// The hybrid vsock device (`vsock`, `vm.add-vsock`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct VsockConfig {
     pub cid: u64,
     pub socket: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
 }
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+
+/// `serial` and `console`: where output goes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ConsoleConfig {
+    pub mode: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// `rng`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RngConfig {
+    #[serde(default = "default_rng_source")]
+    pub src: String,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+fn default_rng_source() -> String {
+    "/dev/urandom".into()
+}
+
+impl Default for RngConfig {
+    fn default() -> Self {
+        RngConfig {
+            src: default_rng_source(),
+            extra: Extra::new(),
+        }
+    }
+}
+
+/// A whole `vm.create` body.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct VmConfig {
+    #[serde(default)]
     pub cpus: CpusConfig,
+    #[serde(default)]
     pub memory: MemoryConfig,
+    #[serde(default)]
     pub payload: PayloadConfig,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disks: Option<Vec<DiskConfig>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<Vec<NetConfig>>,
+    #[serde(default)]
+    pub rng: RngConfig,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<ConsoleConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub console: Option<ConsoleConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<VsockConfig>,
+    #[serde(flatten)]
+    pub extra: Extra,
 }
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+
+/// `vm.remove-device`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct VmRemoveDevice {
+    #[serde(default)]
     pub id: Option<String>,
 }
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+
+/// `vm.resize`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct VmResize {
+    #[serde(default)]
     pub desired_vcpus: Option<u8>,
+    #[serde(default)]
     pub desired_ram: Option<u64>,
+    #[serde(default)]
     pub desired_balloon: Option<u64>,
 }
-#[derive(Clone, Debug, Serialize)]
+
+/// `vm.info`'s answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VmInfo {
     pub config: VmConfig,
     pub state: String,
     pub memory_actual_size: u64,
+    #[serde(default)]
+    pub device_tree: Map<String, Value>,
 }
-#[derive(Clone, Debug, Serialize)]
+
+/// A device added while the VM runs: its id and PCI address (`0000:00:DD.0`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PciDeviceInfo {
     pub id: String,
     pub bdf: String,
 }
 
-use super::ApiError;
-fn e(m: &str) -> ApiError {
-    ApiError {
-        status: 400,
-        message: m.into(),
-    }
+/// `vmm.ping`'s answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmmPingResponse {
+    pub build_version: String,
+    pub version: String,
+    pub pid: i64,
+    pub features: Vec<String>,
 }
-impl VmConfig {
-    pub fn to_vm_config(&self) -> Result<crate::config::VmConfig, ApiError> {
-        let mut c = crate::config::VmConfig::new(
-            self.payload.kernel.clone().ok_or_else(|| e("no kernel"))?,
-        );
-        c.cpus = self.cpus.boot_vcpus.max(1);
-        c.max_vcpus = Some(self.cpus.max_vcpus.max(c.cpus));
-        c.memory = crate::config::MemorySize::from_mib(self.memory.size >> 20);
-        if let Some(cmd) = &self.payload.cmdline {
-            c.cmdline = cmd.clone();
+
+impl VmmPingResponse {
+    /// This process.
+    pub fn current() -> Self {
+        let version = env!("CARGO_PKG_VERSION").to_string();
+        VmmPingResponse {
+            build_version: format!("exitless v{version}"),
+            version,
+            pid: i64::from(std::process::id()),
+            features: vec!["exit_profile".into()],
         }
-        for d in self.disks.iter().flatten() {
-            c.disks.push(d.to_disk_config()?);
-        }
-        Ok(c)
     }
 }
-impl DiskConfig {
-    pub fn to_disk_config(&self) -> Result<crate::config::DiskConfig, ApiError> {
-        Ok(crate::config::DiskConfig {
-            path: self.path.clone().ok_or_else(|| e("no path"))?.into(),
-            readonly: self.readonly,
-        })
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_are_kept_and_defaults_filled() {
+        let body = r#"{"cpus":{"boot_vcpus":2,"max_vcpus":4,"nested":true},
+            "memory":{"size":268435456,"thp":true},"payload":{"kernel":"/k"},
+            "platform":{"num_pci_segments":2},"watchdog":false}"#;
+        let c: VmConfig = serde_json::from_str(body).unwrap();
+        assert_eq!((c.cpus.boot_vcpus, c.cpus.max_vcpus), (2, 4));
+        assert_eq!(c.cpus.extra["nested"], true);
+        assert_eq!(c.memory.extra["thp"], true);
+        assert_eq!(c.extra["platform"]["num_pci_segments"], 2);
+        assert_eq!(c.rng.src, "/dev/urandom");
+        let again: Value = serde_json::to_value(&c).unwrap();
+        assert_eq!(again["platform"]["num_pci_segments"], 2);
+        assert_eq!(again["cpus"]["nested"], true);
     }
-}
-impl NetConfig {
-    pub fn to_net_config(
-        &self,
-        _fds: Vec<std::os::fd::OwnedFd>,
-    ) -> Result<crate::config::NetConfig, ApiError> {
-        Ok(crate::config::NetConfig {
-            tap: self.tap.clone().ok_or_else(|| e("no tap"))?,
-            mac: None,
-        })
-    }
-}
-impl VsockConfig {
-    pub fn to_vsock_config(&self) -> Result<crate::config::VsockConfig, ApiError> {
-        Ok(crate::config::VsockConfig {
-            cid: self.cid as u32,
-            socket: self.socket.clone().into(),
-        })
-    }
-}
-impl VmConfig {
-    pub fn from_vm_config(c: &crate::config::VmConfig) -> Self {
-        VmConfig {
-            cpus: CpusConfig {
-                boot_vcpus: c.cpus,
-                max_vcpus: c.max_vcpus.unwrap_or(c.cpus),
-            },
-            memory: MemoryConfig {
-                size: c.memory.bytes(),
-            },
-            ..Default::default()
+
+    #[test]
+    fn wrong_types_are_refused() {
+        for body in [
+            r#"{"cpus":{"boot_vcpus":"two"}}"#,
+            r#"{"memory":{"size":-1}}"#,
+            r#"{"cpus":{"boot_vcpus":300}}"#,
+            r#"{"disks":{"path":"/a"}}"#,
+        ] {
+            assert!(serde_json::from_str::<VmConfig>(body).is_err(), "{body}");
         }
     }
 }

@@ -1,17 +1,258 @@
-//! PLACEHOLDER until the api-server branch lands.
-use std::path::Path;
-use std::sync::mpsc::Sender;
+//! The API's Unix socket: a listener thread and one thread per connection, none of which
+//! touches the VM. A connection reads requests (with the file descriptors sent with them),
+//! answers `vmm.ping` itself and hands every other request to the VM's owner thread,
+//! waiting on its own reply channel. A slow or hostile client holds only its own thread:
+//! a request that stalls half-way is dropped after [`STALL_TIMEOUT`], an idle keep-alive
+//! connection after [`IDLE_TIMEOUT`], and beyond [`MAX_CONNECTIONS`] a new connection is
+//! answered 503 and closed.
 
-use super::ApiCall;
+use std::io::{self, Write};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
 
-pub struct ApiServer;
+use thiserror::Error;
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-#[derive(Debug, thiserror::Error)]
-#[error("The API server is not built yet")]
-pub struct ApiServerError;
+use super::http::{self, Body, HttpError, Parsed};
+use super::schema::VmmPingResponse;
+use super::{route, ApiCall, ApiResponse, Route};
+
+/// Most connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How long a request may take to arrive once its first byte has.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a keep-alive connection may sit idle between requests.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most file descriptors one request may bring (Kata sends one per queue pair).
+pub const MAX_FDS: usize = 16;
+/// Stack of a connection thread: parsing and JSON need little.
+const CONNECTION_STACK: usize = 256 * 1024;
+
+/// Errors starting the server.
+#[derive(Debug, Error)]
+pub enum ApiServerError {
+    #[error("API socket {0} is in use by a running program")]
+    InUse(String),
+    #[error("API socket path {0} exists and is not a socket; not removing it")]
+    NotSocket(String),
+    #[error("Cannot listen on API socket {path}: {error}")]
+    Listen { path: String, error: io::Error },
+    #[error("Cannot start the API thread: {0}")]
+    Thread(io::Error),
+}
+
+/// The running server; dropping it stops the listener and removes the socket file.
+pub struct ApiServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    listener: Option<JoinHandle<()>>,
+}
+
+/// Binds `path`, replacing a socket file nobody listens on.
+fn bind(path: &Path) -> Result<UnixListener, ApiServerError> {
+    let shown = path.display().to_string();
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(ApiServerError::NotSocket(shown));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(ApiServerError::InUse(shown));
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    UnixListener::bind(path).map_err(|error| ApiServerError::Listen { path: shown, error })
+}
 
 impl ApiServer {
-    pub fn start(_path: &Path, _calls: Sender<ApiCall>) -> Result<Self, ApiServerError> {
-        Err(ApiServerError)
+    /// Listens on `path`; requests for the VM go to `calls`.
+    pub fn start(path: &Path, calls: Sender<ApiCall>) -> Result<ApiServer, ApiServerError> {
+        let listener = bind(path)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = thread::Builder::new()
+            .name("api".into())
+            .spawn(move || {
+                if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Api) {
+                    eprintln!("exitless: {e}; the API is not served");
+                    return;
+                }
+                accept_loop(&listener, &calls, &flag);
+            })
+            .map_err(ApiServerError::Thread)?;
+        Ok(ApiServer {
+            path: path.to_path_buf(),
+            stop,
+            listener: Some(thread),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wakes the listener's accept; it sees the flag and ends.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.listener.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn accept_loop(listener: &UnixListener, calls: &Sender<ApiCall>, stop: &AtomicBool) {
+    let active = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(mut stream) = stream else { continue };
+        if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+            let busy = Body::Text("Too many API connections; try again".into());
+            let _ = stream.write_all(&http::response(503, &busy, true));
+            continue;
+        }
+        active.fetch_add(1, Ordering::AcqRel);
+        let (calls, done) = (calls.clone(), active.clone());
+        let spawned = thread::Builder::new()
+            .name("api-conn".into())
+            .stack_size(CONNECTION_STACK)
+            .spawn(move || {
+                Connection::new(stream, calls).serve();
+                done.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// One client's connection.
+struct Connection {
+    stream: UnixStream,
+    calls: Sender<ApiCall>,
+    buf: Vec<u8>,
+    fds: Vec<OwnedFd>,
+}
+
+impl Connection {
+    fn new(stream: UnixStream, calls: Sender<ApiCall>) -> Self {
+        Connection {
+            stream,
+            calls,
+            buf: Vec::new(),
+            fds: Vec::new(),
+        }
+    }
+
+    /// Answers requests until the client closes, asks to close, stalls or breaks the protocol.
+    fn serve(mut self) {
+        loop {
+            match http::parse(&self.buf) {
+                Ok(Parsed::Complete(req, used)) => {
+                    self.buf.drain(..used);
+                    let fds = std::mem::take(&mut self.fds);
+                    let (status, body) = self.answer(&req, fds);
+                    if self.reply(status, &body, !req.keep_alive).is_err() || !req.keep_alive {
+                        return;
+                    }
+                }
+                Ok(Parsed::Partial) => match self.read_more() {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(timeout) => return self.fail(&timeout),
+                },
+                Err(e) => return self.fail(&e),
+            }
+        }
+    }
+
+    fn answer(&self, req: &http::Request, fds: Vec<OwnedFd>) -> (u16, Body) {
+        match route(req, fds) {
+            Ok(Route::Ping) => {
+                let ping = serde_json::to_string(&VmmPingResponse::current()).unwrap_or_default();
+                (200, Body::Json(ping))
+            }
+            Ok(Route::Vmm(request)) => {
+                let (reply, answer) = channel();
+                let gone = (503, Body::Text("The VMM is shutting down".into()));
+                if self.calls.send(ApiCall { request, reply }).is_err() {
+                    return gone;
+                }
+                match answer.recv() {
+                    Ok(ApiResponse::NoContent) => (204, Body::None),
+                    Ok(ApiResponse::Json(j)) => (200, Body::Json(j)),
+                    Ok(ApiResponse::Error(e)) => (e.status, Body::Text(e.message)),
+                    Err(_) => gone,
+                }
+            }
+            Err(e) => (e.status, Body::Text(e.message)),
+        }
+    }
+
+    fn reply(&mut self, status: u16, body: &Body, close: bool) -> io::Result<()> {
+        self.stream.write_all(&http::response(status, body, close))
+    }
+
+    /// Answers a request that cannot be served and ends the connection.
+    fn fail(&mut self, e: &HttpError) {
+        let _ = self.reply(e.status, &Body::Text(e.message.clone()), true);
+    }
+
+    /// Reads what the client sent next, with any descriptors: false at the client's end
+    /// (or an error), Err when a request stalled half-way.
+    fn read_more(&mut self) -> Result<bool, HttpError> {
+        let timeout = if self.buf.is_empty() {
+            IDLE_TIMEOUT
+        } else {
+            STALL_TIMEOUT
+        };
+        if self.stream.set_read_timeout(Some(timeout)).is_err() {
+            return Ok(false);
+        }
+        let mut chunk = [0u8; 4096];
+        let mut fds: [RawFd; MAX_FDS] = [-1; MAX_FDS];
+        let mut iov = [libc::iovec {
+            iov_base: chunk.as_mut_ptr().cast(),
+            iov_len: chunk.len(),
+        }];
+        // SAFETY: the iovec points at `chunk`, which may take any bytes; descriptors the
+        // kernel hands over are wrapped in OwnedFd below, so each is closed once.
+        let received = unsafe { self.stream.recv_with_fds(&mut iov, &mut fds) };
+        match received {
+            Ok((0, _)) => Ok(false),
+            Ok((n, count)) => {
+                for &fd in &fds[..count] {
+                    // SAFETY: the kernel just gave this process `fd`; nothing else owns it.
+                    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                    if self.fds.len() < MAX_FDS {
+                        self.fds.push(owned);
+                    }
+                }
+                self.buf.extend_from_slice(&chunk[..n]);
+                Ok(true)
+            }
+            Err(e) if matches!(e.errno(), libc::EAGAIN | libc::ETIMEDOUT) => {
+                if self.buf.is_empty() {
+                    return Ok(false); // idle: just close
+                }
+                Err(HttpError::new(408, "The request did not arrive in time"))
+            }
+            Err(_) => Ok(false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -52,7 +52,7 @@ pub fn attach(
         .map_err(|e| RunError::Device(format!("Cannot create the scratch disk: {e}")))?;
     let config = DiskConfig {
         path: disk.path.clone(),
-        readonly: false,
+        ..DiskConfig::default()
     };
     let block = Block::open(&config).map_err(|e| RunError::Device(e.to_string()))?;
     let device = builder.add_virtio("virtio-blk", Box::new(block), setup.notify)?;

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::ConfigError;
 
 /// One disk.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DiskConfig {
     /// The raw image file.
@@ -17,6 +17,12 @@ pub struct DiskConfig {
     /// read-only).
     #[serde(default)]
     pub readonly: bool,
+    /// Open the image O_DIRECT (bypassing the host's page cache).
+    #[serde(default)]
+    pub direct: bool,
+    /// The device's id in the API (`_disk0`, or the client's); none from the command line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 fn bad(input: &str, reason: String) -> ConfigError {
@@ -55,7 +61,12 @@ impl FromStr for DiskConfig {
             }
         }
         let path = path.ok_or_else(|| bad(input, "path=FILE is required".into()))?;
-        Ok(DiskConfig { path, readonly })
+        Ok(DiskConfig {
+            path,
+            readonly,
+            direct: false,
+            id: None,
+        })
     }
 }
 

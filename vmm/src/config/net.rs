@@ -61,12 +61,34 @@ impl<'de> Deserialize<'de> for MacAddr {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NetConfig {
-    /// The host tap interface (opened if it exists, else created when this process may).
+    /// The host tap interface (opened if it exists, else created when this process may);
+    /// empty when the tap came as an fd.
+    #[serde(default)]
     pub tap: String,
     /// The guest's MAC [default: 52:54:00 and three bytes from the tap's name].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<MacAddr>,
+    /// A tap another program opened and sent (the API's `vm.add-net` with SCM_RIGHTS);
+    /// kept for the VM's life so that a reboot opens the same tap again.
+    #[serde(skip)]
+    pub tap_fd: Option<TapFd>,
+    /// The device's id in the API (`_net0`, or the client's); none from the command line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
+
+/// An open tap file descriptor shared by the configs that name it.
+#[derive(Debug, Clone)]
+pub struct TapFd(pub std::sync::Arc<std::os::fd::OwnedFd>);
+
+impl PartialEq for TapFd {
+    fn eq(&self, other: &Self) -> bool {
+        use std::os::fd::AsRawFd;
+        self.0.as_raw_fd() == other.0.as_raw_fd()
+    }
+}
+
+impl Eq for TapFd {}
 
 /// The socket device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,7 +137,12 @@ impl FromStr for NetConfig {
                 "tap={tap}: 1 to 15 characters, no '/' or whitespace"
             )));
         }
-        Ok(NetConfig { tap, mac })
+        Ok(NetConfig {
+            tap,
+            mac,
+            tap_fd: None,
+            id: None,
+        })
     }
 }
 

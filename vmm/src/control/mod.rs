@@ -296,6 +296,7 @@ impl Vmm {
             config: slot.api.clone(),
             state: slot.state.to_string(),
             memory_actual_size: slot.config.memory.bytes(),
+            device_tree: Default::default(),
         })
     }
 

@@ -39,6 +39,8 @@ pub enum BlockError {
     Open { path: String, error: std::io::Error },
     #[error("Disk {path} is {size} bytes, not a whole number of 512-byte sectors")]
     Size { path: String, size: u64 },
+    #[error("Disk {0}: direct=on (O_DIRECT) is not supported yet")]
+    Direct(String),
 }
 
 /// The virtio-blk device model.
@@ -56,6 +58,9 @@ impl Block {
     /// Opens the image (read-only when the config says so).
     pub fn open(disk: &DiskConfig) -> Result<Self, BlockError> {
         let path = disk.path.display().to_string();
+        if disk.direct {
+            return Err(BlockError::Direct(path));
+        }
         let open_err = |error| BlockError::Open {
             path: path.clone(),
             error,

@@ -39,6 +39,7 @@ impl Disk {
         DiskConfig {
             path: self.path.clone(),
             readonly,
+            ..DiskConfig::default()
         }
     }
 }
@@ -311,7 +312,7 @@ fn get_id_and_config_space() {
     std::fs::write(&odd, [0u8; 1000]).unwrap();
     let err = Block::open(&DiskConfig {
         path: odd.clone(),
-        readonly: false,
+        ..DiskConfig::default()
     })
     .err()
     .unwrap();

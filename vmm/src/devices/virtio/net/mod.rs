@@ -101,8 +101,12 @@ pub fn default_mac(tap: &str) -> [u8; 6] {
 impl Net {
     /// Opens the tap the config names.
     pub fn open(config: &NetConfig) -> Result<Self, TapError> {
-        let tap = Tap::open(&config.tap)?;
-        let mac = config.mac.map_or_else(|| default_mac(&config.tap), |m| m.0);
+        let tap = match &config.tap_fd {
+            // A duplicate: the config keeps its fd for a reboot.
+            Some(fd) => Tap::from_fd(fd.0.try_clone().map_err(TapError::NotTap)?)?,
+            None => Tap::open(&config.tap)?,
+        };
+        let mac = config.mac.map_or_else(|| default_mac(tap.name()), |m| m.0);
         Ok(Self::with_tap(tap, mac))
     }
 

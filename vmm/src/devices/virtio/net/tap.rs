@@ -145,12 +145,11 @@ impl Tap {
         if req.flags & wanted != wanted {
             return Err(TapError::TapFlags(name));
         }
-        // SAFETY: F_GETFL/F_SETFL on an fd this function owns; no memory is passed.
+        // SAFETY: F_GETFL on an fd this function owns; no memory is passed.
         let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
-        // SAFETY: as above.
-        if flags < 0
-            || unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0
-        {
+        let nonblocking = flags | libc::O_NONBLOCK;
+        // SAFETY: F_SETFL on the same fd, with flags only.
+        if flags < 0 || unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, nonblocking) } < 0 {
             return Err(TapError::NotTap(io::Error::last_os_error()));
         }
         Self::with_header(file, name)

@@ -1,0 +1,394 @@
+//! From Cloud Hypervisor's bodies to exitless's own configuration, and back for `vm.info`.
+//! A field asking for what exitless lacks is refused with its name (400); fields without
+//! effect here are accepted and kept (listed in docs/api.md).
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::schema::{
+    ConsoleConfig, CpusConfig, DiskConfig, Extra, MemoryConfig, NetConfig, PayloadConfig, VmConfig,
+    VsockConfig,
+};
+use super::ApiError;
+use crate::config::{self, MemorySize, SerialOutputMode, TapFd};
+
+fn refuse(message: String) -> ApiError {
+    ApiError {
+        status: 400,
+        message,
+    }
+}
+
+/// Whether a JSON value asks for something: not null, false, 0, "", [] or {}.
+fn asks(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+/// Refuses the first of `fields` that `extra` (at `at`) sets.
+fn refuse_set(extra: &Extra, at: &str, fields: &[&str]) -> Result<(), ApiError> {
+    for f in fields {
+        if extra.get(*f).is_some_and(asks) {
+            return Err(refuse(format!("{at}{f} is not supported by exitless")));
+        }
+    }
+    Ok(())
+}
+
+/// Top-level fields for devices and features exitless does not have.
+const UNSUPPORTED: &[&str] = &[
+    "fs",
+    "pmem",
+    "devices",
+    "user_devices",
+    "vdpa",
+    "generic_vhost_user",
+    "sgx_epc",
+    "numa",
+    "tpm",
+    "balloon",
+    "iommu",
+    "watchdog",
+    "pvpanic",
+    "ivshmem",
+    "landlock_enable",
+    "pci_segments",
+];
+
+impl VmConfig {
+    /// Refuses what exitless cannot honour, naming the field.
+    pub fn check(&self) -> Result<(), ApiError> {
+        refuse_set(&self.extra, "", UNSUPPORTED)?;
+        let platform = self.extra.get("platform").and_then(Value::as_object);
+        if let Some(p) = platform {
+            refuse_set(p, "platform.", &["tdx", "sev_snp", "iommu_segments"])?;
+        }
+        refuse_set(&self.cpus.extra, "cpus.", &["kvm_hyperv", "affinity"])?;
+        refuse_set(&self.memory.extra, "memory.", &["zones", "reserve"])?;
+        if self.memory.shared || self.memory.hugepages {
+            let f = if self.memory.shared {
+                "shared"
+            } else {
+                "hugepages"
+            };
+            return Err(refuse(format!("memory.{f} is not supported by exitless")));
+        }
+        refuse_set(
+            &self.payload.extra,
+            "payload.",
+            &["firmware", "igvm", "host_data"],
+        )?;
+        for d in self.disks.iter().flatten() {
+            d.check()?;
+        }
+        for n in self.net.iter().flatten() {
+            n.check()?;
+        }
+        Ok(())
+    }
+
+    /// exitless's configuration for this body (checked first).
+    pub fn to_vm_config(&self) -> Result<config::VmConfig, ApiError> {
+        self.check()?;
+        let kernel = self.payload.kernel.as_deref().ok_or_else(|| {
+            refuse("payload.kernel is required (exitless boots a kernel, not firmware)".into())
+        })?;
+        let mut c = config::VmConfig::new(kernel);
+        c.initrd = self.payload.initramfs.as_ref().map(PathBuf::from);
+        if let Some(cmdline) = &self.payload.cmdline {
+            c.cmdline = cmdline.clone();
+        }
+        c.cpus = self.cpus.boot_vcpus;
+        c.max_vcpus = Some(self.cpus.max_vcpus);
+        c.memory = memory_size(self.memory.size)?;
+        c.serial_output = serial_output(self.serial.as_ref())?;
+        // Cloud Hypervisor always has an entropy device; so does a VM made through the API.
+        c.rng = true;
+        for d in self.disks.iter().flatten() {
+            c.disks.push(d.to_disk_config()?);
+        }
+        for n in self.net.iter().flatten() {
+            if n.tap.is_none() {
+                return Err(refuse(
+                    "net[].tap is required in vm.create (tap fds come only with vm.add-net)".into(),
+                ));
+            }
+            c.nets.push(n.to_net_config(Vec::new())?);
+        }
+        if let Some(v) = &self.vsock {
+            c.vsock = Some(v.to_vsock_config()?);
+        }
+        c.validate(config::MAX_VCPUS)
+            .map_err(|e| refuse(e.to_string()))?;
+        Ok(c)
+    }
+
+    /// The body that describes a VM started from the command line (`run --api-socket`).
+    pub fn from_vm_config(c: &config::VmConfig) -> Self {
+        let path = |p: &std::path::Path| p.display().to_string();
+        VmConfig {
+            cpus: CpusConfig {
+                boot_vcpus: c.cpus,
+                max_vcpus: c.max_vcpus.unwrap_or(c.cpus),
+                ..CpusConfig::default()
+            },
+            memory: MemoryConfig {
+                size: c.memory.bytes(),
+                ..MemoryConfig::default()
+            },
+            payload: PayloadConfig {
+                kernel: Some(path(&c.kernel)),
+                cmdline: Some(c.cmdline.clone()),
+                initramfs: c.initrd.as_deref().map(path),
+                ..PayloadConfig::default()
+            },
+            disks: Some(
+                c.disks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| DiskConfig {
+                        path: Some(path(&d.path)),
+                        readonly: d.readonly,
+                        direct: d.direct,
+                        id: Some(d.id.clone().unwrap_or_else(|| format!("_disk{i}"))),
+                        ..DiskConfig::default()
+                    })
+                    .collect(),
+            ),
+            net: Some(
+                c.nets
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| NetConfig {
+                        tap: Some(n.tap.clone()),
+                        mac: n.mac.map(|m| m.to_string()),
+                        id: Some(n.id.clone().unwrap_or_else(|| format!("_net{i}"))),
+                        ..NetConfig::default()
+                    })
+                    .collect(),
+            ),
+            vsock: c.vsock.as_ref().map(|v| VsockConfig {
+                cid: u64::from(v.cid),
+                socket: path(&v.socket),
+                id: Some("_vsock0".into()),
+                ..VsockConfig::default()
+            }),
+            ..VmConfig::default()
+        }
+    }
+}
+
+fn memory_size(bytes: u64) -> Result<MemorySize, ApiError> {
+    if bytes % (1 << 20) != 0 {
+        return Err(refuse(format!(
+            "memory.size {bytes} is not a whole number of MiB"
+        )));
+    }
+    Ok(MemorySize::from_mib(bytes >> 20))
+}
+
+fn serial_output(serial: Option<&ConsoleConfig>) -> Result<SerialOutputMode, ApiError> {
+    let Some(s) = serial else {
+        // Cloud Hypervisor's default serial mode is Null.
+        return Ok(SerialOutputMode::Discard);
+    };
+    match s.mode.as_str() {
+        "Off" | "Null" => Ok(SerialOutputMode::Discard),
+        "Tty" => Ok(SerialOutputMode::Stdout),
+        "File" => s
+            .file
+            .as_ref()
+            .map(|f| SerialOutputMode::File(PathBuf::from(f)))
+            .ok_or_else(|| refuse("serial.file is required with mode File".into())),
+        other => Err(refuse(format!(
+            "serial.mode {other} is not supported by exitless (Off, Null, Tty or File)"
+        ))),
+    }
+}
+
+impl DiskConfig {
+    fn check(&self) -> Result<(), ApiError> {
+        refuse_set(
+            &self.extra,
+            "disks[].",
+            &["vhost_user", "vhost_socket", "backing_files"],
+        )?;
+        match self.extra.get("image_type").and_then(Value::as_str) {
+            None | Some("Raw") => Ok(()),
+            Some(other) => Err(refuse(format!(
+                "disks[].image_type {other} is not supported by exitless (Raw only)"
+            ))),
+        }
+    }
+
+    /// exitless's disk for this body; more queues than one are served by one.
+    pub fn to_disk_config(&self) -> Result<config::DiskConfig, ApiError> {
+        self.check()?;
+        let path = self
+            .path
+            .as_ref()
+            .ok_or_else(|| refuse("disks[].path is required".into()))?;
+        Ok(config::DiskConfig {
+            path: PathBuf::from(path),
+            readonly: self.readonly,
+            direct: self.direct,
+            id: self.id.clone(),
+        })
+    }
+}
+
+impl NetConfig {
+    fn check(&self) -> Result<(), ApiError> {
+        refuse_set(&self.extra, "net[].", &["vhost_user", "vhost_socket"])
+    }
+
+    /// exitless's card for this body: the tap `fds` sent with it (one per queue pair: the
+    /// first is used, one pair is served), or the tap named.
+    pub fn to_net_config(&self, fds: Vec<OwnedFd>) -> Result<config::NetConfig, ApiError> {
+        self.check()?;
+        let mac = self
+            .mac
+            .as_deref()
+            .map(|m| {
+                m.parse()
+                    .map_err(|e: String| refuse(format!("net[].mac: {e}")))
+            })
+            .transpose()?;
+        let tap_fd = fds.into_iter().next().map(|fd| TapFd(Arc::new(fd)));
+        let tap = match (&self.tap, &tap_fd) {
+            (_, Some(_)) => self.tap.clone().unwrap_or_default(),
+            (Some(name), None) => name.clone(),
+            (None, None) => {
+                return Err(refuse(
+                    "net[].tap or the tap's file descriptors (SCM_RIGHTS) are required".into(),
+                ))
+            }
+        };
+        Ok(config::NetConfig {
+            tap,
+            mac,
+            tap_fd,
+            id: self.id.clone(),
+        })
+    }
+}
+
+impl VsockConfig {
+    pub fn to_vsock_config(&self) -> Result<config::VsockConfig, ApiError> {
+        let cid = u32::try_from(self.cid)
+            .map_err(|_| refuse(format!("vsock.cid {} is out of range", self.cid)))?;
+        let v = config::VsockConfig {
+            cid,
+            socket: PathBuf::from(&self.socket),
+        };
+        v.check().map_err(|e| refuse(format!("vsock: {e}")))?;
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> VmConfig {
+        serde_json::from_str(body).unwrap()
+    }
+
+    #[test]
+    fn a_kata_body_becomes_exitless_config() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/kata-wire-sequence.json"
+        );
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return crate::test_skip::skip(
+                "kata_body",
+                "../shared/kata-wire-sequence.json is missing",
+            );
+        };
+        let seq: Value = serde_json::from_str(&text).unwrap();
+        let create = &seq["requests"][1]["body"];
+        let c: VmConfig = serde_json::from_value(create.clone()).unwrap();
+        let vm = c.to_vm_config().unwrap();
+        assert_eq!((vm.cpus, vm.max_vcpus), (1, Some(2)));
+        assert_eq!(vm.memory.bytes(), 256 << 20);
+        assert_eq!(vm.disks.len(), 1);
+        assert!(vm.disks[0].readonly);
+        assert!(vm.rng);
+        assert_eq!(vm.serial_output, SerialOutputMode::Discard);
+        assert_eq!(vm.vsock.as_ref().map(|v| v.cid), Some(3));
+    }
+
+    #[test]
+    fn features_exitless_lacks_are_refused_by_name() {
+        for (body, field) in [
+            (r#"{"payload":{"kernel":"/k"},"fs":[{"tag":"x"}]}"#, "fs"),
+            (
+                r#"{"payload":{"kernel":"/k"},"devices":[{"path":"/sys/x"}]}"#,
+                "devices",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"sgx_epc":[{"size":1}]}"#,
+                "sgx_epc",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"platform":{"tdx":true}}"#,
+                "platform.tdx",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456,"shared":true}}"#,
+                "memory.shared",
+            ),
+            (r#"{"payload":{"firmware":"/fw"}}"#, "payload.firmware"),
+            (
+                r#"{"payload":{"kernel":"/k"},"disks":[{"path":"/d","image_type":"Qcow2"}]}"#,
+                "image_type",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"disks":[{"path":"/d","vhost_user":true}]}"#,
+                "vhost_user",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"serial":{"mode":"Pty"}}"#,
+                "serial.mode",
+            ),
+            (r#"{"payload":{}}"#, "payload.kernel"),
+        ] {
+            let e = parse(body).to_vm_config().unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(e.message.contains(field), "{body}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn fields_without_effect_are_accepted() {
+        let body = r#"{"payload":{"kernel":"/k"},"platform":{"num_pci_segments":2},
+            "memory":{"size":268435456,"hotplug_size":1073741824,"thp":true,"mergeable":false},
+            "pvpanic":false,"watchdog":false,"iommu":false,"balloon":null,
+            "console":{"mode":"Off"},"rng":{"src":"/dev/urandom"}}"#;
+        parse(body).to_vm_config().unwrap();
+    }
+
+    #[test]
+    fn a_net_body_takes_its_tap_from_the_fds_sent_with_it() {
+        let n: NetConfig =
+            serde_json::from_str(r#"{"mac":"02:00:00:4b:52:01","num_queues":2}"#).unwrap();
+        assert!(n.to_net_config(Vec::new()).is_err());
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let c = n.to_net_config(vec![a.into()]).unwrap();
+        assert!(c.tap_fd.is_some());
+        assert_eq!(
+            c.mac.map(|m| m.to_string()).as_deref(),
+            Some("02:00:00:4b:52:01")
+        );
+    }
+}

@@ -1,0 +1,136 @@
+use super::http::{Method, Request};
+use super::*;
+
+fn req(method: Method, path: &str, body: &str) -> Request {
+    Request {
+        method,
+        path: path.into(),
+        body: body.as_bytes().to_vec(),
+        keep_alive: true,
+    }
+}
+
+fn routed(method: Method, path: &str, body: &str) -> Result<Route, HttpError> {
+    route(&req(method, path, body), Vec::new())
+}
+
+#[test]
+fn every_endpoint_becomes_its_request() {
+    use ApiRequest as R;
+    let put = |p: &str, b: &str| match routed(Method::Put, &format!("/api/v1/{p}"), b) {
+        Ok(Route::Vmm(r)) => r,
+        other => panic!("{p}: {other:?}"),
+    };
+    let get = |p: &str| match routed(Method::Get, &format!("/api/v1/{p}"), "") {
+        Ok(Route::Vmm(r)) => r,
+        other => panic!("{p}: {other:?}"),
+    };
+    assert!(matches!(
+        routed(Method::Get, "/api/v1/vmm.ping", ""),
+        Ok(Route::Ping)
+    ));
+    assert!(matches!(put("vmm.shutdown", ""), R::VmmShutdown));
+    assert!(matches!(
+        put("vm.create", r#"{"payload":{"kernel":"/k"}}"#),
+        R::VmCreate(_)
+    ));
+    assert!(matches!(put("vm.boot", ""), R::VmBoot));
+    assert!(matches!(put("vm.shutdown", ""), R::VmShutdown));
+    assert!(matches!(put("vm.reboot", ""), R::VmReboot));
+    assert!(matches!(put("vm.delete", ""), R::VmDelete));
+    assert!(matches!(put("vm.pause", ""), R::VmPause));
+    assert!(matches!(put("vm.resume", ""), R::VmResume));
+    assert!(matches!(get("vm.info"), R::VmInfo));
+    assert!(matches!(get("vm.counters"), R::VmCounters));
+    assert!(matches!(get("vm.profile"), R::VmProfile));
+    let disk = put(
+        "vm.add-disk",
+        r#"{"path":"/d.img","readonly":true,"id":"x"}"#,
+    );
+    assert!(matches!(disk, R::VmAddDisk(d) if d.readonly && d.id.as_deref() == Some("x")));
+    assert!(matches!(
+        put("vm.add-net", r#"{"mac":"02:00:00:00:00:01"}"#),
+        R::VmAddNet(_, _)
+    ));
+    assert!(matches!(
+        put("vm.add-vsock", r#"{"cid":3,"socket":"/v"}"#),
+        R::VmAddVsock(_)
+    ));
+    let rm = put("vm.remove-device", r#"{"id":"_disk0"}"#);
+    assert!(matches!(rm, R::VmRemoveDevice(r) if r.id.as_deref() == Some("_disk0")));
+    let resize = put("vm.resize", r#"{"desired_vcpus":2}"#);
+    assert!(matches!(resize, R::VmResize(r) if r.desired_vcpus == Some(2)));
+}
+
+#[test]
+fn wrong_methods_paths_and_bodies_say_why() {
+    let status = |m, p: &str, b: &str| routed(m, p, b).unwrap_err().status;
+    assert_eq!(status(Method::Put, "/api/v1/vm.info", ""), 405);
+    assert_eq!(status(Method::Get, "/api/v1/vm.boot", ""), 405);
+    assert_eq!(status(Method::Other, "/api/v1/vm.boot", ""), 405);
+    assert_eq!(status(Method::Get, "/api/v1/vm.nothing", ""), 404);
+    assert_eq!(status(Method::Get, "/other", ""), 404);
+    assert_eq!(status(Method::Put, "/api/v1/vm.create", "{not json"), 400);
+    assert_eq!(status(Method::Put, "/api/v1/vm.create", ""), 400);
+    let e = routed(
+        Method::Put,
+        "/api/v1/vm.create",
+        r#"{"cpus":{"boot_vcpus":"x"}}"#,
+    );
+    let message = e.unwrap_err().message;
+    assert!(
+        message.contains("invalid type") && message.contains("column"),
+        "{message}"
+    );
+    let e = routed(Method::Put, "/api/v1/vm.add-fs", "{}").unwrap_err();
+    assert_eq!(e.status, 400);
+    assert!(
+        e.message.contains("vm.add-fs is not supported"),
+        "{}",
+        e.message
+    );
+}
+
+#[test]
+fn only_add_net_keeps_the_fds_sent_with_it() {
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let net = req(Method::Put, "/api/v1/vm.add-net", "{}");
+    match route(&net, vec![a.into()]) {
+        Ok(Route::Vmm(ApiRequest::VmAddNet(_, fds))) => assert_eq!(fds.len(), 1),
+        other => panic!("{other:?}"),
+    }
+    let boot = req(Method::Put, "/api/v1/vm.boot", "");
+    assert!(matches!(
+        route(&boot, vec![b.into()]),
+        Ok(Route::Vmm(ApiRequest::VmBoot))
+    ));
+}
+
+/// Every request of the sequence Kata sent (../shared/kata-wire-sequence.json) routes.
+#[test]
+fn the_kata_wire_sequence_routes() {
+    let Ok(text) = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/kata-wire-sequence.json"
+    )) else {
+        return crate::test_skip::skip(
+            "kata_routes",
+            "../shared/kata-wire-sequence.json is missing",
+        );
+    };
+    let seq: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for r in seq["requests"].as_array().unwrap() {
+        let method = if r["method"] == "GET" {
+            Method::Get
+        } else {
+            Method::Put
+        };
+        let body = if r["body"].is_null() {
+            String::new()
+        } else {
+            r["body"].to_string()
+        };
+        let path = r["path"].as_str().unwrap();
+        assert!(routed(method, path, &body).is_ok(), "{path}");
+    }
+}
