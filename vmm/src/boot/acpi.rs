@@ -105,7 +105,7 @@ fn fadt(dsdt: GuestAddress) -> Vec<u8> {
 }
 
 /// The DSDT: a header and the devices' AML.
-fn dsdt(aml: &[u8]) -> Vec<u8> {
+pub fn dsdt(aml: &[u8]) -> Vec<u8> {
     let mut sdt = Sdt::new(
         *b"DSDT",
         HEADER_SIZE as u32,

@@ -1,5 +1,6 @@
 //! Device models: state machines behind the bus, testable without KVM.
 
+pub mod acpi;
 pub mod bench_ports;
 pub mod console_input;
 pub mod i8042;
@@ -25,6 +26,19 @@ impl GuestFaults {
         self.count
     }
 
+    /// Counts (and the first time logs) a guest access at `offset` of `width` bytes that is
+    /// no register.
+    pub fn record(&mut self, op: &str, offset: u64, width: usize) {
+        self.count += 1;
+        if self.count == 1 {
+            eprintln!(
+                "{}: Guest {op} of {width} bytes at offset {offset:#x} ignored \
+                 (further faults are only counted)",
+                self.device
+            );
+        }
+    }
+
     /// Checks a single-byte register access at `offset` of a device `len` registers long;
     /// returns the register index, or counts (and the first time logs) a fault.
     pub fn check_byte_access(
@@ -37,14 +51,7 @@ impl GuestFaults {
         if width == 1 && offset < len {
             return u8::try_from(offset).ok();
         }
-        self.count += 1;
-        if self.count == 1 {
-            eprintln!(
-                "{}: Guest {op} of {width} bytes at offset {offset:#x} ignored \
-                 (further faults are only counted)",
-                self.device
-            );
-        }
+        self.record(op, offset, width);
         None
     }
 }

@@ -1,0 +1,149 @@
+//! The CPU hotplug controller: the guest selects a CPU by id (`CSEL`) and reads its state
+//! (`CSTA`: present, being inserted, being removed), acknowledges an insert or a removal
+//! request by writing the bit back, and ejects the CPU by writing [`EJECT`].
+//!
+//! | offset | register | access |
+//! |---|---|---|
+//! | 0x0 | CSEL | read/write: the selected CPU id |
+//! | 0x4 | CSTA | read: [`PRESENT`], [`INSERTING`], [`REMOVING`]; write: acknowledge, [`EJECT`] |
+//! | 0x8 | CCNT | read: how many CPUs the VM may have |
+
+use std::sync::mpsc::Sender;
+
+use super::{put, value, Ejected};
+use crate::bus::{DeviceEvent, MutBusDevice};
+use crate::devices::GuestFaults;
+
+pub const CSEL: u64 = 0x0;
+pub const CSTA: u64 = 0x4;
+pub const CCNT: u64 = 0x8;
+pub const PRESENT: u8 = 1 << 0;
+pub const INSERTING: u8 = 1 << 1;
+pub const REMOVING: u8 = 1 << 2;
+pub const EJECT: u8 = 1 << 3;
+
+/// The controller's state, by CPU id.
+#[derive(Debug)]
+pub struct CpuHotplug {
+    state: Vec<u8>,
+    selected: u32,
+    ejected: Sender<Ejected>,
+    faults: GuestFaults,
+}
+
+impl CpuHotplug {
+    /// `max` possible CPUs, the first `boot` present; ejects go to `ejected`.
+    pub fn new(boot: u8, max: u8, ejected: Sender<Ejected>) -> Self {
+        let state = (0..max)
+            .map(|i| if i < boot { PRESENT } else { 0 })
+            .collect();
+        CpuHotplug {
+            state,
+            selected: 0,
+            ejected,
+            faults: GuestFaults::new("cpu-hotplug"),
+        }
+    }
+
+    /// CPU `id` was added (its vCPU waits for the guest's INIT/SIPI).
+    pub fn cpu_added(&mut self, id: u8) {
+        if let Some(s) = self.state.get_mut(usize::from(id)) {
+            *s = PRESENT | INSERTING;
+        }
+    }
+
+    /// The guest is asked to give CPU `id` back.
+    pub fn removal_requested(&mut self, id: u8) {
+        if let Some(s) = self.state.get_mut(usize::from(id)) {
+            *s |= REMOVING;
+        }
+    }
+
+    /// Whether CPU `id` is present.
+    pub fn present(&self, id: u8) -> bool {
+        self.state
+            .get(usize::from(id))
+            .is_some_and(|s| s & PRESENT != 0)
+    }
+
+    pub fn faults(&self) -> u64 {
+        self.faults.count()
+    }
+
+    fn selected(&mut self) -> Option<(u8, &mut u8)> {
+        let id = u8::try_from(self.selected).ok()?;
+        Some((id, self.state.get_mut(usize::from(id))?))
+    }
+}
+
+impl MutBusDevice for CpuHotplug {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        let v = match (offset, data.len()) {
+            (CSEL, 4) => self.selected,
+            (CSTA, 1) => self.selected().map_or(0, |(_, s)| u32::from(*s)),
+            (CCNT, 4) => self.state.len() as u32,
+            _ => {
+                self.faults.record("read", offset, data.len());
+                u32::MAX
+            }
+        };
+        put(v, data);
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) -> std::io::Result<DeviceEvent> {
+        match (offset, data.len()) {
+            (CSEL, 4) => self.selected = value(data),
+            (CSTA, 1) => {
+                let bits = data[0];
+                let ejected = self.ejected.clone();
+                if let Some((id, s)) = self.selected() {
+                    *s &= !(bits & (INSERTING | REMOVING));
+                    if bits & EJECT != 0 && *s & PRESENT != 0 {
+                        *s = 0;
+                        let _ = ejected.send(Ejected::Cpu(id));
+                    }
+                }
+            }
+            _ => self.faults.record("write", offset, data.len()),
+        }
+        Ok(DeviceEvent::None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::channel;
+
+    fn status(c: &mut CpuHotplug, id: u32) -> u8 {
+        c.write(CSEL, &id.to_le_bytes()).unwrap();
+        let mut b = [0u8];
+        c.read(CSTA, &mut b);
+        b[0]
+    }
+
+    #[test]
+    fn an_insert_is_seen_acknowledged_and_an_eject_reported() {
+        let (tx, rx) = channel();
+        let mut c = CpuHotplug::new(1, 4, tx);
+        let mut n = [0u8; 4];
+        c.read(CCNT, &mut n);
+        assert_eq!(u32::from_le_bytes(n), 4);
+        assert_eq!((status(&mut c, 0), status(&mut c, 1)), (PRESENT, 0));
+        c.cpu_added(1);
+        assert_eq!(status(&mut c, 1), PRESENT | INSERTING);
+        c.write(CSTA, &[INSERTING]).unwrap();
+        assert_eq!(status(&mut c, 1), PRESENT);
+        c.removal_requested(1);
+        assert_eq!(status(&mut c, 1), PRESENT | REMOVING);
+        c.write(CSTA, &[REMOVING | EJECT]).unwrap();
+        assert_eq!(status(&mut c, 1), 0);
+        assert!(!c.present(1));
+        assert_eq!(rx.try_iter().collect::<Vec<_>>(), vec![Ejected::Cpu(1)]);
+        // Ejecting an absent CPU, or one past the end, does nothing.
+        c.write(CSTA, &[EJECT]).unwrap();
+        assert_eq!(status(&mut c, 200), 0);
+        c.write(CSTA, &[EJECT]).unwrap();
+        assert!(rx.try_recv().is_err());
+    }
+}
