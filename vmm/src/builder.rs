@@ -130,7 +130,9 @@ pub struct BuiltVm {
     pub vm: Vm,
     /// Where device work runs (queue processing, console input): never a vCPU thread.
     pub event_loop: EventLoop,
-    /// The virtio devices, for the profile.
+    /// Where devices are added and removed while the VM runs.
+    pub devices: DeviceManager,
+    /// The virtio devices at boot, for the profile.
     pub virtio: Vec<Arc<VirtioPciDevice>>,
     pub vcpus: Vec<Vcpu>,
     pub profiles: Vec<Arc<VcpuProfile>>,
@@ -276,6 +278,13 @@ impl VmBuilder {
             .add_virtio(name, device, &self.vm.mem, handle, notify)?)
     }
 
+    /// The ACPI hotplug controllers (devices and vCPUs added while the VM runs), for a
+    /// guest booted with ACPI.
+    pub fn enable_hotplug(&mut self) -> Result<(), BuildError> {
+        let max = self.spec.max_cpus.max(self.spec.cpus);
+        Ok(self.devices.enable_hotplug(self.spec.cpus, max)?)
+    }
+
     /// The i8042, for the guest's reset.
     pub fn add_i8042(&mut self) -> Result<(), BuildError> {
         let dev = Arc::new(Mutex::new(I8042::new()));
@@ -289,11 +298,15 @@ impl VmBuilder {
         let VmBuilder {
             spec,
             vm,
-            devices,
+            mut devices,
             event_loop,
             ..
         } = self;
-        let virtio = devices.virtio_devices().to_vec();
+        let virtio = devices
+            .virtio_devices()
+            .iter()
+            .map(|p| p.device.clone())
+            .collect();
         let coalesced = devices.has_coalesced_zones();
         let entry = load_kernel(&vm, &spec, &devices.acpi_platform())?;
         let buses = devices.finish()?;
@@ -303,6 +316,7 @@ impl VmBuilder {
         let mut built = BuiltVm {
             vm,
             event_loop,
+            devices,
             virtio,
             vcpus: Vec::new(),
             profiles: Vec::new(),

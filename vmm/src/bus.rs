@@ -141,6 +141,16 @@ impl BusBuilder {
         moved
     }
 
+    /// Unmaps the range `id` (a device removed while the VM runs); its id is not reused.
+    pub fn remove(&mut self, id: usize) -> Result<SharedDevice, BusError> {
+        let at = self
+            .ranges
+            .iter()
+            .position(|r| r.id == id)
+            .ok_or(BusError::UnknownId(id))?;
+        Ok(self.ranges.remove(at).device)
+    }
+
     fn insert_with_id(
         &mut self,
         name: &str,

@@ -138,7 +138,7 @@ pub fn pci_config(data: &[u8]) {
     let Some((dev, _event_loop)) = rng_function(&mem) else {
         return;
     };
-    let mut root = PciRoot::new();
+    let root = PciRoot::new();
     root.add(dev);
     let root = Arc::new(root);
     let (half, rest) = data.split_at(data.len() / 2);

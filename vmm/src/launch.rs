@@ -19,7 +19,7 @@ pub use hotplug::HotplugDevice;
 use crate::boot::BootError;
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VcpuTemplate, VmBuilder, VmSpec};
 use crate::config::{ConfigError, DiskConfig, SerialOutputMode, VmConfig, MAX_VCPUS};
-use crate::device_manager::Notify;
+use crate::device_manager::{DeviceManager, Notify};
 use crate::devices::console_input::ConsoleInput;
 use crate::devices::serial::{FlushPolicy, SerialDevice, SerialError, SerialOutput};
 use crate::devices::virtio::blk::Block;
@@ -66,6 +66,8 @@ pub enum LaunchError {
     Vsock(#[from] crate::devices::virtio::vsock::VsockError),
     #[error("{0}")]
     Hotplug(String),
+    #[error(transparent)]
+    Devices(#[from] crate::device_manager::DeviceManagerError),
     #[error("Cannot write the serial console to {}: {error}", path.display())]
     SerialFile {
         path: PathBuf,
@@ -115,9 +117,11 @@ pub struct LaunchedVm {
     stats: Vec<StatsBaseline>,
     io_names: Vec<String>,
     serial: Arc<Mutex<SerialDevice>>,
-    virtio: Vec<Arc<VirtioPciDevice>>,
-    /// Socket files the devices listen on, removed when the VM is dropped.
-    _socket_files: Vec<SocketFile>,
+    /// Where devices are added and removed while the VM runs.
+    devices: DeviceManager,
+    /// Socket files the devices listen on (by device name), removed with their device or
+    /// when the VM is dropped.
+    socket_files: Vec<(String, SocketFile)>,
     tsc_khz: u64,
     started: Instant,
     /// How to create vCPUs added while the VM runs (`vm.resize`).
@@ -146,6 +150,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     let mut builder = VmBuilder::new(kvm, spec)?;
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
+    builder.enable_hotplug()?;
     let socket_files = add_virtio_devices(&mut builder, config)?;
     let vcpu_opts = VcpuOptions {
         affinity: config.cpu_affinity.clone(),
@@ -162,8 +167,8 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         stats: Vec::new(),
         io_names: built.io_names,
         serial,
-        virtio: built.virtio,
-        _socket_files: socket_files,
+        devices: built.devices,
+        socket_files,
         tsc_khz: built.tsc_khz,
         started: Instant::now(),
         template: built.template,
@@ -182,7 +187,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
 fn add_virtio_devices(
     builder: &mut VmBuilder,
     config: &VmConfig,
-) -> Result<Vec<SocketFile>, LaunchError> {
+) -> Result<Vec<(String, SocketFile)>, LaunchError> {
     for (i, disk) in config.disks.iter().enumerate() {
         let name = device_name(disk.id.as_deref(), "virtio-blk", i);
         builder.add_virtio(&name, Box::new(open_disk(disk)?), Notify::Ioeventfd)?;
@@ -197,8 +202,9 @@ fn add_virtio_devices(
     let mut files = Vec::new();
     if let Some(vsock) = &config.vsock {
         let (dev, file) = Vsock::new(vsock)?;
-        files.push(file);
-        builder.add_virtio("virtio-vsock", Box::new(dev), Notify::Ioeventfd)?;
+        let name = vsock.id.clone().unwrap_or_else(|| "virtio-vsock".into());
+        builder.add_virtio(&name, Box::new(dev), Notify::Ioeventfd)?;
+        files.push((name, file));
     }
     Ok(files)
 }
@@ -377,6 +383,11 @@ impl LaunchedVm {
         }
     }
 
+    /// The virtio devices on the VM now.
+    fn virtio(&self) -> impl Iterator<Item = &Arc<VirtioPciDevice>> {
+        self.devices.virtio_devices().iter().map(|p| &p.device)
+    }
+
     fn running(&self) -> Result<&RunningVm, LaunchError> {
         self.running.as_ref().ok_or(LaunchError::NotRunning)
     }
@@ -448,8 +459,7 @@ impl LaunchedVm {
     pub fn device_counters(
         &self,
     ) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> {
-        self.virtio
-            .iter()
+        self.virtio()
             .map(|d| {
                 let stats = VirtioStats::read(d.name(), &d.counters(), d.device_counters());
                 (d.name().to_string(), stats.counter_map())
@@ -477,8 +487,7 @@ impl LaunchedVm {
             ));
         }
         let virtio = self
-            .virtio
-            .iter()
+            .virtio()
             .map(|d| VirtioStats::read(d.name(), &d.counters(), d.device_counters()))
             .collect();
         self.build_report(self.snapshots(), deltas, self.elapsed())

@@ -289,6 +289,7 @@ impl VsockConfig {
         let v = config::VsockConfig {
             cid,
             socket: PathBuf::from(&self.socket),
+            id: self.id.clone(),
         };
         v.check().map_err(|e| refuse(format!("vsock: {e}")))?;
         Ok(v)

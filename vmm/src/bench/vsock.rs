@@ -93,6 +93,7 @@ pub fn attach(
     let config = VsockConfig {
         cid: 3,
         socket: path,
+        id: None,
     };
     let (device, socket) = Vsock::new(&config).map_err(|e| RunError::Device(e.to_string()))?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -80,6 +80,9 @@ impl Ecam {
 pub struct AcpiPlatform {
     pub dsdt_aml: Vec<u8>,
     pub ecam: Option<Ecam>,
+    /// vCPUs the VM may have once vCPUs are added (0: only those at boot): the MADT lists
+    /// them, not enabled but online capable.
+    pub max_vcpus: u8,
 }
 
 fn bytes_of(table: &dyn Aml) -> Vec<u8> {
@@ -124,13 +127,19 @@ pub fn dsdt(aml: &[u8]) -> Vec<u8> {
 /// There are no Interrupt Source Overrides: KVM's default routing sends ISA IRQ n to I/O APIC
 /// pin n (GSI n), which is what the OS assumes for an IRQ without an override, and what the
 /// MP table's identity IRQ entries say.
-fn madt(vcpu_count: u8) -> Vec<u8> {
+fn madt(vcpu_count: u8, max_vcpus: u8) -> Vec<u8> {
     let lapic = LocalInterruptController::Address(LAPIC_ADDR);
     let mut madt = MADT::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION, lapic);
-    for id in 0..vcpu_count {
-        madt.add_structure(ProcessorLocalApic::new(id, id, EnabledStatus::Enabled));
+    let possible = max_vcpus.max(vcpu_count);
+    for id in 0..possible {
+        let status = if id < vcpu_count {
+            EnabledStatus::Enabled
+        } else {
+            EnabledStatus::DisabledOnlineCapable
+        };
+        madt.add_structure(ProcessorLocalApic::new(id, id, status));
     }
-    madt.add_structure(IoApic::new(vcpu_count, IOAPIC_ADDR, 0));
+    madt.add_structure(IoApic::new(possible, IOAPIC_ADDR, 0));
     let mut bytes = bytes_of(&madt);
     bytes[MADT_FLAGS_OFFSET..MADT_FLAGS_OFFSET + 4]
         .copy_from_slice(&MADT_PCAT_COMPAT.to_le_bytes());
@@ -167,7 +176,8 @@ fn build_tables(vcpu_count: u8, platform: &AcpiPlatform) -> Vec<(GuestAddress, V
         tables: Vec::new(),
     };
     let dsdt = placer.place(dsdt(&platform.dsdt_aml));
-    let mut entries = vec![placer.place(fadt(dsdt)), placer.place(madt(vcpu_count))];
+    let madt = madt(vcpu_count, platform.max_vcpus);
+    let mut entries = vec![placer.place(fadt(dsdt)), placer.place(madt)];
     if let Some(ecam) = platform.ecam {
         entries.push(placer.place(mcfg(ecam)));
     }
@@ -249,6 +259,7 @@ mod tests {
                 base: 0xe000_0000,
                 last_bus: 0,
             }),
+            max_vcpus: 0,
         }
     }
 
@@ -410,6 +421,7 @@ mod tests {
         let huge = AcpiPlatform {
             dsdt_aml: vec![0; 0x2_0000],
             ecam: None,
+            max_vcpus: 0,
         };
         assert!(matches!(
             setup_acpi(&mem, 1, &huge),

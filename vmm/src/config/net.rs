@@ -99,6 +99,9 @@ pub struct VsockConfig {
     /// The Unix socket host programs connect to (`CONNECT <port>\n`); a guest connection to
     /// host port P goes to `PATH_P`.
     pub socket: PathBuf,
+    /// The device's id in the API (`_vsock0`, or the client's); none from the command line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 /// Splits `a=1,b=2` into pairs; `what` names the option in errors.
@@ -168,7 +171,11 @@ impl FromStr for VsockConfig {
         }
         let cid = cid.ok_or_else(|| bad("cid=N is required".into()))?;
         let socket = socket.ok_or_else(|| bad("socket=PATH is required".into()))?;
-        let config = VsockConfig { cid, socket };
+        let config = VsockConfig {
+            cid,
+            socket,
+            id: None,
+        };
         config.check().map_err(bad)?;
         Ok(config)
     }

@@ -269,7 +269,7 @@ impl VmSlot {
         let Some(vm) = self.booted.as_mut() else {
             return;
         };
-        for id in vm.take_ejected_cpus() {
+        for id in vm.complete_ejects() {
             self.pending_removal.retain(|p| *p != id);
             if let Err(e) = vm.remove_vcpu(usize::from(id)) {
                 eprintln!("exitless: vCPU {id} ejected by the guest but not stopped: {e}");

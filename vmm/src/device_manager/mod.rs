@@ -1,12 +1,15 @@
 //! The device manager: what a VM's devices need from KVM and from each other. It owns bus
-//! assembly (stable ids and names), GSI allocation and routing, and ioeventfd, irqfd and
-//! coalesced-zone registration. Every device (COM1, the i8042, the bench guest's ports, PCI
-//! devices) goes on the buses through it.
+//! assembly (stable ids and names), address and GSI allocation and routing, ioeventfd, irqfd
+//! and coalesced-zone registration, each device's ACPI part, and the hotplug controllers.
+//! Every device (COM1, the i8042, the bench guest's ports, PCI devices) goes on the buses
+//! through it, before boot and while the VM runs alike: after [`DeviceManager::finish`] the
+//! buses are published through [`SharedBuses`], whose vCPU snapshots change without a lock on
+//! the exit path.
 
+pub mod hotplug;
 pub mod pci;
 pub mod routing;
 
-use crate::boot::acpi::{AcpiPlatform, Ecam};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -16,15 +19,17 @@ use vm_allocator::{AddressAllocator, AllocPolicy};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::boot::acpi::{AcpiPlatform, Ecam};
 use crate::bus::{BusBuilder, BusError, Buses, SharedBuses, SharedDevice};
 use crate::config::IrqchipMode;
 use crate::devices::pci::{PciConfigPorts, PciDevice, PciEcam, PciRoot};
 use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::devices::virtio::VirtioDevice;
 use crate::event_loop::EventLoopHandle;
-use crate::kvm::{self, IoEvent, KvmError};
+use crate::kvm::{IoEvent, KvmError};
 use crate::memory;
-use pci::{BarRange, MappedVirtio, PciMapper, RouteUpdater, VIRTIO_BAR_SIZE};
+use hotplug::Hotplug;
+use pci::{BarRange, IoEvents, MappedVirtio, PciMapper, RouteUpdater, VIRTIO_BAR_SIZE};
 use routing::{GsiRouting, RoutingError};
 
 /// Errors adding devices or registering their events.
@@ -42,6 +47,10 @@ pub enum DeviceManagerError {
     PciFull(String),
     #[error("Cannot create {0}: {1}")]
     Device(String, std::io::Error),
+    #[error("No device in PCI slot {0}")]
+    NoSlot(u8),
+    #[error("This VM has no hotplug controllers")]
+    NoHotplug,
 }
 
 /// How a virtio device's queue notifications reach it.
@@ -60,45 +69,64 @@ pub enum BusKind {
     Mmio,
 }
 
-/// The device manager while the VM is being built.
+/// The buses: being assembled, or published to the vCPUs.
+enum Layout {
+    Building { pio: BusBuilder, mmio: BusBuilder },
+    Running(Arc<SharedBuses>),
+}
+
+/// A virtio-pci device on bus 0.
+pub struct PlacedVirtio {
+    pub device: Arc<VirtioPciDevice>,
+    pub slot: u8,
+}
+
+/// The device manager.
 pub struct DeviceManager {
     vm: Arc<VmFd>,
     irqchip: IrqchipMode,
-    pio: BusBuilder,
-    mmio: BusBuilder,
+    layout: Layout,
     routing: Arc<Mutex<GsiRouting>>,
     bar_window: AddressAllocator,
-    pci: Option<PciRoot>,
+    pci: Option<Arc<PciRoot>>,
     mapper: Arc<PciMapper>,
-    virtio: Vec<Arc<VirtioPciDevice>>,
+    io_events: Arc<IoEvents>,
+    virtio: Vec<PlacedVirtio>,
     /// Whether a coalesced zone was registered (the vCPUs then drain KVM's ring).
     coalesced_zones: bool,
+    hotplug: Option<Hotplug>,
 }
 
 impl DeviceManager {
     pub fn new(vm: Arc<VmFd>, irqchip: IrqchipMode) -> Self {
+        let io_events = Arc::new(IoEvents::new(vm.clone()));
         let mapper = Arc::new(PciMapper {
-            vm: vm.clone(),
+            io_events: io_events.clone(),
             buses: OnceLock::new(),
             slots: Mutex::new(HashMap::new()),
         });
         DeviceManager {
             vm,
             irqchip,
-            pio: BusBuilder::new(),
-            mmio: BusBuilder::new(),
+            layout: Layout::Building {
+                pio: BusBuilder::new(),
+                mmio: BusBuilder::new(),
+            },
             routing: Arc::new(Mutex::new(GsiRouting::new(irqchip))),
             // A constant, non-empty window: the allocator cannot refuse it.
             bar_window: AddressAllocator::new(memory::PCI_MMIO_START, memory::PCI_MMIO_SIZE)
                 .expect("valid BAR window"),
             pci: None,
             mapper,
+            io_events,
             virtio: Vec::new(),
             coalesced_zones: false,
+            hotplug: None,
         }
     }
 
     /// Maps `device` at `[base, base + len)` on `bus` under `name`; returns its stable id.
+    /// After [`DeviceManager::finish`] the new layout is published to the vCPUs.
     pub fn add(
         &mut self,
         bus: BusKind,
@@ -107,11 +135,44 @@ impl DeviceManager {
         len: u64,
         device: SharedDevice,
     ) -> Result<usize, DeviceManagerError> {
-        let builder = match bus {
-            BusKind::Pio => &mut self.pio,
-            BusKind::Mmio => &mut self.mmio,
-        };
-        Ok(builder.insert(name, base, len, device)?)
+        let insert = |b: &mut BusBuilder| b.insert(name, base, len, device.clone());
+        match &mut self.layout {
+            Layout::Building { pio, mmio } => Ok(insert(match bus {
+                BusKind::Pio => pio,
+                BusKind::Mmio => mmio,
+            })?),
+            Layout::Running(buses) => {
+                let mut id = 0;
+                buses.update(|old| {
+                    let mut new = old.clone();
+                    let target = match bus {
+                        BusKind::Pio => &mut new.pio,
+                        BusKind::Mmio => &mut new.mmio,
+                    };
+                    let mut builder = target.to_builder();
+                    id = insert(&mut builder)?;
+                    *target = builder.freeze();
+                    Ok(new)
+                })?;
+                Ok(id)
+            }
+        }
+    }
+
+    /// Unmaps range `id` of the MMIO bus (a device removed while the VM runs).
+    fn remove_mmio(&mut self, id: usize) -> Result<(), DeviceManagerError> {
+        match &mut self.layout {
+            Layout::Building { mmio, .. } => mmio.remove(id).map(drop)?,
+            Layout::Running(buses) => buses.update(|old| {
+                let mut builder = old.mmio.to_builder();
+                builder.remove(id)?;
+                Ok(Buses {
+                    pio: old.pio.clone(),
+                    mmio: builder.freeze(),
+                })
+            })?,
+        }
+        Ok(())
     }
 
     /// Signals `evt` (in the kernel, no exit to userspace) when the guest writes `event`.
@@ -120,7 +181,7 @@ impl DeviceManager {
         evt: &EventFd,
         event: &IoEvent,
     ) -> Result<(), DeviceManagerError> {
-        Ok(kvm::ioeventfd(&self.vm, evt, event, true)?)
+        Ok(self.io_events.register(evt, event)?)
     }
 
     /// Removes an ioeventfd registered with [`DeviceManager::register_ioeventfd`].
@@ -129,7 +190,12 @@ impl DeviceManager {
         evt: &EventFd,
         event: &IoEvent,
     ) -> Result<(), DeviceManagerError> {
-        Ok(kvm::ioeventfd(&self.vm, evt, event, false)?)
+        Ok(self.io_events.unregister(evt, event)?)
+    }
+
+    /// How many ioeventfds are registered now.
+    pub fn ioeventfd_count(&self) -> usize {
+        self.io_events.count()
     }
 
     /// Raises legacy interrupt line `gsi` whenever `evt` is written. Without an in-kernel
@@ -154,10 +220,29 @@ impl DeviceManager {
         Ok(gsi)
     }
 
+    /// Takes back MSI routes connected with [`DeviceManager::connect_msi`].
+    fn disconnect_msi(&mut self, irqfds: &[EventFd], gsis: &[u32]) {
+        let mut routing = routing_lock(&self.routing);
+        for (evt, &gsi) in irqfds.iter().zip(gsis) {
+            let _ = self.vm.unregister_irqfd(evt, gsi);
+            let _ = routing.free_msi(gsi);
+        }
+        if let Err(e) = routing.apply(&self.vm) {
+            eprintln!("exitless: MSI routes of a removed device not withdrawn: {e}");
+        }
+    }
+
+    /// Bus 0 (created with the first PCI device).
+    fn pci_root(&mut self) -> Arc<PciRoot> {
+        self.pci
+            .get_or_insert_with(|| Arc::new(PciRoot::new()))
+            .clone()
+    }
+
     /// Puts `device` on PCI bus 0 behind virtio-pci: BAR 0 from the window, its MMIO range,
     /// one notify ioeventfd per queue (unless `notify` says otherwise), and an irqfd with an
     /// MSI route per MSI-X vector (without an in-kernel irqchip there is none: the driver must
-    /// poll).
+    /// poll). Before boot or while the VM runs (then the guest is told through ACPI hotplug).
     pub fn add_virtio(
         &mut self,
         name: &str,
@@ -175,65 +260,114 @@ impl DeviceManager {
         let dev = VirtioPciDevice::new(name, device, addr, mem.clone(), event_loop)
             .map_err(|e| DeviceManagerError::Device(name.to_string(), e))?;
         let dev = Arc::new(dev);
+        let mut mapped = MappedVirtio {
+            device: dev.clone(),
+            range: 0,
+            addr,
+            bar,
+            ioeventfds: notify == Notify::Ioeventfd,
+            gsis: Vec::new(),
+        };
+        if let Err(e) = self.place_virtio(name, &mut mapped) {
+            self.unplace_virtio(&mapped, false);
+            return Err(e);
+        }
+        let as_pci: Arc<dyn PciDevice> = dev.clone();
+        let Some(slot) = self.pci_root().add(as_pci) else {
+            self.unplace_virtio(&mapped, true);
+            return Err(full());
+        };
+        routing_lock(&self.mapper.slots).insert(slot, mapped);
+        self.virtio.push(PlacedVirtio {
+            device: dev.clone(),
+            slot,
+        });
+        if let (Some(h), Layout::Running(_)) = (&self.hotplug, &self.layout) {
+            h.slot_added(slot);
+        }
+        Ok(dev)
+    }
+
+    /// MSI routes, notify ioeventfds and the MMIO range of a new virtio device.
+    fn place_virtio(&mut self, name: &str, m: &mut MappedVirtio) -> Result<(), DeviceManagerError> {
         if self.irqchip != IrqchipMode::None {
-            let irq = dev.interrupt().clone();
-            let gsis = irq
-                .irqfds()
-                .iter()
-                .map(|evt| self.connect_msi(evt))
-                .collect::<Result<Vec<_>, _>>()?;
+            let irq = m.device.interrupt().clone();
+            for evt in irq.irqfds() {
+                let gsi = self.connect_msi(evt)?;
+                m.gsis.push(gsi);
+            }
             let routes = RouteUpdater {
                 routing: self.routing.clone(),
                 vm: self.vm.clone(),
             };
-            irq.connect(gsis, Box::new(routes));
-        }
-        let ioeventfds = notify == Notify::Ioeventfd;
-        if ioeventfds {
-            for (event, evt) in dev.notify_events(addr) {
-                self.register_ioeventfd(evt, &event)?;
+            irq.connect(m.gsis.clone(), Box::new(routes));
+            if let Layout::Running(_) = self.layout {
+                routing_lock(&self.routing).apply(&self.vm)?;
             }
         }
-        let as_pci: Arc<dyn PciDevice> = dev.clone();
-        let range = BarRange {
-            device: as_pci.clone(),
+        if m.ioeventfds {
+            for (event, evt) in m.device.notify_events(m.addr) {
+                self.io_events.register(evt, &event)?;
+            }
+        }
+        let range = Arc::new(BarRange {
+            device: m.device.clone(),
             bar: 0,
-        };
-        let id = self
-            .mmio
-            .insert(name, addr, VIRTIO_BAR_SIZE, Arc::new(range))?;
-        let slot = self
-            .pci
-            .get_or_insert_with(PciRoot::new)
-            .add(as_pci)
-            .ok_or_else(full)?;
-        let mapped = MappedVirtio {
-            device: dev.clone(),
-            range: id,
-            addr,
-            ioeventfds,
-        };
-        routing_lock(self.mapper.slots_map()).insert(slot, mapped);
-        self.virtio.push(dev.clone());
-        Ok(dev)
+        });
+        m.range = self.add(BusKind::Mmio, name, m.addr, VIRTIO_BAR_SIZE, range)?;
+        Ok(())
     }
 
-    /// What the devices put in the ACPI tables: PCI's host bridge and ECAM when there is PCI.
-    pub fn acpi_platform(&self) -> AcpiPlatform {
-        if self.pci.is_none() {
-            return AcpiPlatform::default();
+    /// Undoes [`DeviceManager::place_virtio`] (as far as it went) and frees the BAR.
+    fn unplace_virtio(&mut self, m: &MappedVirtio, mapped: bool) {
+        if mapped {
+            let _ = self.remove_mmio(m.range);
         }
-        AcpiPlatform {
-            dsdt_aml: crate::devices::pci::acpi::dsdt_aml(),
-            ecam: Some(Ecam {
+        if m.ioeventfds {
+            for (event, evt) in m.device.notify_events(m.addr) {
+                let _ = self.io_events.unregister(evt, &event);
+            }
+        }
+        let irqfds = m.device.interrupt().irqfds();
+        self.disconnect_msi(&irqfds[..m.gsis.len()], &m.gsis);
+        let _ = self.bar_window.free(&m.bar);
+    }
+
+    /// Takes the virtio device in `slot` off the VM: stopped (as a reset would), its range,
+    /// notify ioeventfds, MSI routes, BAR and slot given back.
+    pub fn remove_virtio(&mut self, slot: u8) -> Result<Arc<VirtioPciDevice>, DeviceManagerError> {
+        let m = routing_lock(&self.mapper.slots)
+            .remove(&slot)
+            .ok_or(DeviceManagerError::NoSlot(slot))?;
+        if let Some(root) = &self.pci {
+            root.remove(slot);
+        }
+        self.unplace_virtio(&m, true);
+        m.device.shut_down();
+        self.virtio.retain(|p| p.slot != slot);
+        Ok(m.device)
+    }
+
+    /// What the devices put in the ACPI tables: PCI's host bridge and ECAM when there is PCI,
+    /// the hotplug controllers' methods when there are some.
+    pub fn acpi_platform(&self) -> AcpiPlatform {
+        let mut platform = AcpiPlatform::default();
+        if self.pci.is_some() {
+            platform.dsdt_aml = crate::devices::pci::acpi::dsdt_aml();
+            platform.ecam = Some(Ecam {
                 base: memory::PCI_ECAM_START,
                 last_bus: 0,
-            }),
+            });
         }
+        if let Some(h) = &self.hotplug {
+            platform.dsdt_aml.extend(h.dsdt_aml());
+            platform.max_vcpus = h.max_vcpus();
+        }
+        platform
     }
 
-    /// The virtio devices added so far.
-    pub fn virtio_devices(&self) -> &[Arc<VirtioPciDevice>] {
+    /// The virtio devices on the VM now, with their slots.
+    pub fn virtio_devices(&self) -> &[PlacedVirtio] {
         &self.virtio
     }
 
@@ -256,18 +390,21 @@ impl DeviceManager {
         self.coalesced_zones
     }
 
-    /// Ends set-up: PCI configuration access (when there are PCI devices), the buses frozen
-    /// (the layout vCPUs start with, later changed only by BAR moves), the routes installed.
-    pub fn finish(mut self) -> Result<Arc<SharedBuses>, DeviceManagerError> {
-        if let Some(root) = self.pci.take() {
-            let root = Arc::new(root);
+    /// Ends set-up: PCI configuration access (when there are PCI devices), the buses published
+    /// (the layout vCPUs start with; later changes go through the same manager), the routes
+    /// installed. Calling it again returns the same buses.
+    pub fn finish(&mut self) -> Result<Arc<SharedBuses>, DeviceManagerError> {
+        if let Layout::Running(buses) = &self.layout {
+            return Ok(buses.clone());
+        }
+        if let Some(root) = self.pci.clone() {
             root.set_mapper(self.mapper.clone());
             let ports = Arc::new(PciConfigPorts::new(root.clone()));
             let (port, ports_len) = (memory::PCI_CONFIG_PORT, memory::PCI_CONFIG_PORT_LEN);
-            self.pio.insert("pci-config", port, ports_len, ports)?;
+            self.add(BusKind::Pio, "pci-config", port, ports_len, ports)?;
             let ecam = Arc::new(PciEcam::new(root));
             let (base, len) = (memory::PCI_ECAM_START, memory::PCI_ECAM_SIZE);
-            self.mmio.insert("pci-ecam", base, len, ecam)?;
+            self.add(BusKind::Mmio, "pci-ecam", base, len, ecam)?;
         }
         {
             // KVM's default table is what a VM without MSI routes needs: leave it alone then.
@@ -276,11 +413,16 @@ impl DeviceManager {
                 routing.apply(&self.vm)?;
             }
         }
+        let layout = std::mem::replace(&mut self.layout, Layout::Running(Arc::default()));
+        let Layout::Building { pio, mmio } = layout else {
+            unreachable!("checked above");
+        };
         let buses = Arc::new(SharedBuses::new(Buses {
-            pio: self.pio.freeze(),
-            mmio: self.mmio.freeze(),
+            pio: pio.freeze(),
+            mmio: mmio.freeze(),
         }));
         let _ = self.mapper.buses.set(buses.clone());
+        self.layout = Layout::Running(buses.clone());
         Ok(buses)
     }
 }

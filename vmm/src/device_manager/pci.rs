@@ -4,15 +4,18 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use kvm_ioctls::VmFd;
+use vmm_sys_util::eventfd::EventFd;
 
-use super::routing::{GsiRouting, MsiMessage};
+use super::routing::GsiRouting;
 use crate::bus::{BusDevice, DeviceEvent, SharedBuses};
+use crate::devices::pci::msix::MsiMessage;
 use crate::devices::pci::{BarChange, BarMapper, PciDevice};
 use crate::devices::virtio::transport::{MsiRoutes, VirtioPciDevice, BAR_SIZE};
-use crate::kvm;
+use crate::kvm::{self, IoEvent, KvmError};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -55,29 +58,64 @@ impl MsiRoutes for RouteUpdater {
     }
 }
 
-/// Where a virtio-pci device's BAR 0 is mapped.
+/// Where a virtio-pci device's BAR 0 is mapped, and what it holds of the VM's resources.
 pub struct MappedVirtio {
     pub device: Arc<VirtioPciDevice>,
     /// Its range id on the MMIO bus.
     pub range: usize,
     pub addr: u64,
+    /// The part of the BAR window allocated to it (freed when the device goes).
+    pub bar: vm_allocator::RangeInclusive,
     /// Whether its queue notifications are ioeventfds (else they exit to the vCPU thread).
     pub ioeventfds: bool,
+    /// The MSI route of each MSI-X vector.
+    pub gsis: Vec<u32>,
+}
+
+/// Every ioeventfd of the VM, registered and withdrawn in this one place (so hotplug and
+/// BAR moves can take them back), counted.
+pub struct IoEvents {
+    vm: Arc<VmFd>,
+    registered: Mutex<Vec<(IoEvent, RawFd)>>,
+}
+
+impl IoEvents {
+    pub fn new(vm: Arc<VmFd>) -> Self {
+        IoEvents {
+            vm,
+            registered: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// KVM signals `evt` when the guest writes `event`.
+    pub fn register(&self, evt: &EventFd, event: &IoEvent) -> Result<(), KvmError> {
+        kvm::ioeventfd(&self.vm, evt, event, true)?;
+        lock(&self.registered).push((*event, evt.as_raw_fd()));
+        Ok(())
+    }
+
+    /// Withdraws an ioeventfd [`IoEvents::register`] made.
+    pub fn unregister(&self, evt: &EventFd, event: &IoEvent) -> Result<(), KvmError> {
+        let mut registered = lock(&self.registered);
+        let key = (*event, evt.as_raw_fd());
+        registered.retain(|r| *r != key);
+        kvm::ioeventfd(&self.vm, evt, event, false)
+    }
+
+    /// How many are registered.
+    pub fn count(&self) -> usize {
+        lock(&self.registered).len()
+    }
 }
 
 /// Follows BAR moves: the MMIO range and the notify ioeventfds go where the guest put the BAR.
 pub struct PciMapper {
-    pub vm: Arc<VmFd>,
+    pub io_events: Arc<IoEvents>,
     pub buses: OnceLock<Arc<SharedBuses>>,
     pub slots: Mutex<HashMap<u8, MappedVirtio>>,
 }
 
 impl PciMapper {
-    /// The devices by slot.
-    pub fn slots_map(&self) -> &Mutex<HashMap<u8, MappedVirtio>> {
-        &self.slots
-    }
-
     fn move_bar(&self, m: &mut MappedVirtio, to: u64) -> Result<(), String> {
         let buses = self.buses.get().ok_or("the buses are not built yet")?;
         buses
@@ -92,10 +130,12 @@ impl PciMapper {
             .map_err(|e| e.to_string())?;
         if m.ioeventfds {
             for (event, evt) in m.device.notify_events(m.addr) {
-                let _ = kvm::ioeventfd(&self.vm, evt, &event, false);
+                let _ = self.io_events.unregister(evt, &event);
             }
             for (event, evt) in m.device.notify_events(to) {
-                kvm::ioeventfd(&self.vm, evt, &event, true).map_err(|e| e.to_string())?;
+                self.io_events
+                    .register(evt, &event)
+                    .map_err(|e| e.to_string())?;
             }
         }
         m.addr = to;

@@ -37,12 +37,7 @@ pub enum RoutingError {
     Apply(kvm_ioctls::Error),
 }
 
-/// Where an MSI goes: the message the guest programmed into an MSI-X table entry.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MsiMessage {
-    pub address: u64,
-    pub data: u32,
-}
+use crate::devices::pci::msix::MsiMessage;
 
 /// One entry of the table, before it becomes KVM's union.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +82,15 @@ impl GsiRouting {
             .map_err(|_| RoutingError::Exhausted)?;
         self.msi.insert(gsi, MsiMessage::default());
         Ok(gsi)
+    }
+
+    /// Gives back an MSI route (its device was removed); the table no longer has it.
+    pub fn free_msi(&mut self, gsi: u32) -> Result<(), RoutingError> {
+        self.msi.remove(&gsi).ok_or(RoutingError::UnknownGsi(gsi))?;
+        self.gsis
+            .free_id(gsi)
+            .map_err(|_| RoutingError::UnknownGsi(gsi))?;
+        Ok(())
     }
 
     /// Points the MSI route `gsi` at `message`; returns whether anything changed.

@@ -1,8 +1,13 @@
-//! A running VM's hotplug: devices added and removed through the device manager, vCPUs
-//! added and removed through the ACPI CPU hotplug controller.
+//! A running VM's hotplug: devices added and removed through the device manager (the guest
+//! told and ejecting through ACPI), vCPUs added and removed through the CPU controller.
 
-use super::{LaunchError, LaunchedVm};
+use super::{device_name, open_disk, LaunchError, LaunchedVm};
 use crate::config::{DiskConfig, NetConfig, VsockConfig};
+use crate::device_manager::Notify;
+use crate::devices::acpi::Ejected;
+use crate::devices::virtio::net::Net;
+use crate::devices::virtio::vsock::Vsock;
+use crate::devices::virtio::VirtioDevice;
 
 /// A device to add while the VM runs.
 pub enum HotplugDevice<'a> {
@@ -12,32 +17,71 @@ pub enum HotplugDevice<'a> {
 }
 
 impl LaunchedVm {
-    /// Adds `device` as a PCI function and tells the guest (ACPI); returns its bdf.
-    pub fn hot_add(
-        &mut self,
-        _id: &str,
-        _device: HotplugDevice<'_>,
-    ) -> Result<String, LaunchError> {
-        Err(LaunchError::Hotplug("PCI hotplug is not wired yet".into()))
+    /// Adds `device` as a PCI function named `id` and tells the guest (ACPI); returns its
+    /// bdf (`0000:00:SS.0`).
+    pub fn hot_add(&mut self, id: &str, device: HotplugDevice<'_>) -> Result<String, LaunchError> {
+        let mut socket = None;
+        let model: Box<dyn VirtioDevice> = match device {
+            HotplugDevice::Disk(d) => Box::new(open_disk(d)?),
+            HotplugDevice::Net(n) => Box::new(Net::open(n)?),
+            HotplugDevice::Vsock(v) => {
+                let (dev, file) = Vsock::new(v)?;
+                socket = Some(file);
+                Box::new(dev)
+            }
+        };
+        let handle = self.event_loop.handle();
+        let name = device_name(Some(id), "", 0);
+        self.devices
+            .add_virtio(&name, model, &self.vm.mem, handle, Notify::Ioeventfd)?;
+        if let Some(file) = socket {
+            self.socket_files.push((name.clone(), file));
+        }
+        let slot = self
+            .slot_of(&name)
+            .ok_or_else(|| LaunchError::Hotplug(format!("{id}: no slot")))?;
+        Ok(format!("0000:00:{slot:02x}.0"))
+    }
+
+    fn slot_of(&self, name: &str) -> Option<u8> {
+        let placed = self.devices.virtio_devices().iter();
+        placed
+            .filter(|p| p.device.name() == name)
+            .map(|p| p.slot)
+            .next()
     }
 
     /// Asks the guest to eject device `id`; its resources go once it has.
-    pub fn request_removal(&mut self, _id: &str) -> Result<(), LaunchError> {
-        Err(LaunchError::Hotplug("PCI hotplug is not wired yet".into()))
+    pub fn request_removal(&mut self, id: &str) -> Result<(), LaunchError> {
+        let slot = self
+            .slot_of(id)
+            .ok_or_else(|| LaunchError::Hotplug(format!("Device {id} is not on the VM")))?;
+        Ok(self.devices.request_removal(slot)?)
     }
 
     /// Tells the guest that CPU `id` was added (its vCPU waits for INIT/SIPI).
-    pub fn cpu_added(&mut self, _id: u8) -> Result<(), LaunchError> {
-        Ok(())
+    pub fn cpu_added(&mut self, id: u8) -> Result<(), LaunchError> {
+        Ok(self.devices.cpu_added(id)?)
     }
 
     /// Asks the guest to eject CPU `id`.
-    pub fn request_cpu_removal(&mut self, _id: u8) -> Result<(), LaunchError> {
-        Err(LaunchError::Hotplug("CPU hotplug is not wired yet".into()))
+    pub fn request_cpu_removal(&mut self, id: u8) -> Result<(), LaunchError> {
+        Ok(self.devices.request_cpu_removal(id)?)
     }
 
-    /// The CPUs the guest ejected since the last call.
-    pub fn take_ejected_cpus(&mut self) -> Vec<u8> {
-        Vec::new()
+    /// Completes what the guest ejected: PCI devices are taken off the VM here (their socket
+    /// files removed); the CPUs it ejected are returned for their vCPUs to be retired.
+    pub fn complete_ejects(&mut self) -> Vec<u8> {
+        let mut cpus = Vec::new();
+        for ejected in self.devices.take_ejected() {
+            match ejected {
+                Ejected::Cpu(id) => cpus.push(id),
+                Ejected::PciSlot(slot) => match self.devices.remove_virtio(slot) {
+                    Ok(dev) => self.socket_files.retain(|(n, _)| n != dev.name()),
+                    Err(e) => eprintln!("exitless: the guest ejected PCI slot {slot}: {e}"),
+                },
+            }
+        }
+        cpus
     }
 }

@@ -3,6 +3,14 @@
 //! deliver and which route changed; the owner delivers them (irqfds) and reroutes (GSI table).
 
 /// Capability ID of MSI-X.
+/// Where an MSI goes: the message the guest programmed into an MSI-X table entry. The
+/// interrupt layer's own type, which the device manager routes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MsiMessage {
+    pub address: u64,
+    pub data: u32,
+}
+
 pub const CAP_ID: u8 = 0x11;
 /// Bytes per table entry.
 pub const ENTRY_SIZE: u64 = 16;

@@ -32,9 +32,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// PCI bus 0.
+/// PCI bus 0. Devices come and go while the VM runs (hotplug); its lock is taken per
+/// configuration access, which is not on a data path.
 pub struct PciRoot {
-    slots: Vec<Option<Arc<dyn PciDevice>>>,
+    slots: Mutex<Vec<Option<Arc<dyn PciDevice>>>>,
     mapper: OnceLock<Arc<dyn BarMapper>>,
 }
 
@@ -58,16 +59,25 @@ impl PciRoot {
         let mut slots: Vec<Option<Arc<dyn PciDevice>>> = vec![None; SLOTS];
         slots[0] = Some(Arc::new(HostBridge(Mutex::new(bridge))));
         PciRoot {
-            slots,
+            slots: Mutex::new(slots),
             mapper: OnceLock::new(),
         }
     }
 
     /// Puts `device` in the first free slot; returns it (None when the bus is full).
-    pub fn add(&mut self, device: Arc<dyn PciDevice>) -> Option<u8> {
-        let slot = self.slots.iter().position(Option::is_none)?;
-        self.slots[slot] = Some(device);
+    pub fn add(&self, device: Arc<dyn PciDevice>) -> Option<u8> {
+        let mut slots = lock(&self.slots);
+        let slot = slots.iter().position(Option::is_none)?;
+        slots[slot] = Some(device);
         Some(slot as u8)
+    }
+
+    /// Takes the device out of `slot` (not the host bridge); the slot then reads all ones.
+    pub fn remove(&self, slot: u8) -> Option<Arc<dyn PciDevice>> {
+        if slot == 0 {
+            return None;
+        }
+        lock(&self.slots).get_mut(usize::from(slot))?.take()
     }
 
     /// Who remaps BARs the guest moves (set once, before the guest runs).
@@ -75,11 +85,11 @@ impl PciRoot {
         let _ = self.mapper.set(mapper);
     }
 
-    fn device(&self, bus: u32, slot: u32, function: u32) -> Option<&Arc<dyn PciDevice>> {
+    fn device(&self, bus: u32, slot: u32, function: u32) -> Option<Arc<dyn PciDevice>> {
         if bus != 0 || function != 0 {
             return None;
         }
-        self.slots.get(slot as usize)?.as_ref()
+        lock(&self.slots).get(slot as usize)?.clone()
     }
 
     /// A configuration read; absent functions read as all ones.
@@ -227,7 +237,7 @@ mod tests {
             subsystem: 0x40,
         });
         cfg.set_bar(0, BarKind::Mem32, 0x1000, 0xc000_0000);
-        let mut root = PciRoot::new();
+        let root = PciRoot::new();
         assert_eq!(root.add(Arc::new(Plain(Mutex::new(cfg)))), Some(1));
         let rec = Arc::new(Recorder(Mutex::new(Vec::new())));
         let root = Arc::new(root);

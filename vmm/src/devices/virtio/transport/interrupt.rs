@@ -9,8 +9,7 @@ use std::sync::{Mutex, OnceLock};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::common::NO_VECTOR;
-use crate::device_manager::routing::MsiMessage;
-use crate::devices::pci::msix::{Msix, TableWrite};
+use crate::devices::pci::msix::{MsiMessage, Msix, TableWrite};
 use crate::devices::virtio::VirtioInterrupt;
 
 /// Where MSI routes are changed: the device manager, which owns the GSI routing table.

@@ -208,16 +208,24 @@ impl VirtioPciDevice {
             CommonEvent::None => {}
             CommonEvent::Fault => self.fault(),
             CommonEvent::Vector(queue, vector) => self.irq.set_vector(queue, vector),
-            CommonEvent::Reset => {
-                if t.active {
-                    t.device.reset();
-                }
-                t.active = false;
-                t.common.reset();
-                self.irq.reset();
-            }
+            CommonEvent::Reset => self.reset(&mut t),
             CommonEvent::DriverOk => self.activate(&mut t),
         }
+    }
+
+    /// Back to the state after power-on: the device stops serving its queues.
+    fn reset(&self, t: &mut Transport) {
+        if t.active {
+            t.device.reset();
+        }
+        t.active = false;
+        t.common.reset();
+        self.irq.reset();
+    }
+
+    /// Stops the device for good (it is being taken off the VM): as a reset.
+    pub fn shut_down(&self) {
+        self.reset(&mut lock(&self.transport));
     }
 
     /// Hands the enabled queues to the device; a queue the guest placed outside its memory

@@ -57,6 +57,7 @@ fn rig(tag: &str) -> Rig {
     let (dev, socket_file) = Vsock::new(&VsockConfig {
         cid: CID as u32,
         socket: path.clone(),
+        id: None,
     })
     .unwrap();
     let rx = MockSplitQueue::create(mem, GuestAddress(RX_BASE), 256);

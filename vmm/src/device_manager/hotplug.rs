@@ -1,0 +1,120 @@
+//! The device manager's hotplug: the ACPI controllers on the MMIO bus and what happens when
+//! a device or a vCPU is added, asked to go, or ejected by the guest.
+
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex};
+
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::{routing_lock, BusKind, DeviceManager, DeviceManagerError};
+use crate::devices::acpi::cpu_hotplug::CpuHotplug;
+use crate::devices::acpi::ged::{Ged, CPU_CHANGED, PCI_CHANGED};
+use crate::devices::acpi::pci_hotplug::PciHotplug;
+use crate::devices::acpi::{self, Ejected};
+
+/// The controllers and the guest's ejects.
+pub struct Hotplug {
+    ged: Arc<Ged>,
+    pci: Arc<Mutex<PciHotplug>>,
+    cpu: Arc<Mutex<CpuHotplug>>,
+    ejected: Mutex<Receiver<Ejected>>,
+    max_vcpus: u8,
+}
+
+impl Hotplug {
+    fn notify(&self, bits: u8) {
+        if let Err(e) = self.ged.notify(bits) {
+            eprintln!("exitless: the guest could not be told of a hotplug event: {e}");
+        }
+    }
+
+    /// A device came up in `slot`: the guest is told.
+    pub fn slot_added(&self, slot: u8) {
+        routing_lock(&self.pci).slot_added(slot);
+        self.notify(PCI_CHANGED);
+    }
+
+    /// The DSDT's part for these controllers.
+    pub fn dsdt_aml(&self) -> Vec<u8> {
+        acpi::aml::dsdt_aml(self.max_vcpus)
+    }
+
+    /// The most vCPUs the VM may have.
+    pub fn max_vcpus(&self) -> u8 {
+        self.max_vcpus
+    }
+}
+
+impl DeviceManager {
+    /// Puts the GED (its interrupt on [`acpi::GED_GSI`]), the PCI and the CPU hotplug
+    /// controllers on the MMIO bus, for a VM of `boot` vCPUs that may grow to `max`; bus 0
+    /// exists from now on even without devices, so that devices can be added later.
+    pub fn enable_hotplug(&mut self, boot: u8, max: u8) -> Result<(), DeviceManagerError> {
+        self.pci_root();
+        let evt =
+            EventFd::new(EFD_NONBLOCK).map_err(|e| DeviceManagerError::Device("ged".into(), e))?;
+        self.connect_legacy_irq(&evt, acpi::GED_GSI)?;
+        let (tx, rx) = channel();
+        let hotplug = Hotplug {
+            ged: Arc::new(Ged::new(evt)),
+            pci: Arc::new(Mutex::new(PciHotplug::new(tx.clone()))),
+            cpu: Arc::new(Mutex::new(CpuHotplug::new(boot, max.max(boot), tx))),
+            ejected: Mutex::new(rx),
+            max_vcpus: max.max(boot),
+        };
+        let mmio = BusKind::Mmio;
+        self.add(
+            mmio,
+            "ged",
+            acpi::GED_ADDR,
+            acpi::GED_LEN,
+            hotplug.ged.clone(),
+        )?;
+        let (addr, len) = (acpi::PCI_HOTPLUG_ADDR, acpi::PCI_HOTPLUG_LEN);
+        self.add(mmio, "pci-hotplug", addr, len, hotplug.pci.clone())?;
+        let (addr, len) = (acpi::CPU_HOTPLUG_ADDR, acpi::CPU_HOTPLUG_LEN);
+        self.add(mmio, "cpu-hotplug", addr, len, hotplug.cpu.clone())?;
+        self.hotplug = Some(hotplug);
+        Ok(())
+    }
+
+    fn hotplug(&self) -> Result<&Hotplug, DeviceManagerError> {
+        self.hotplug.as_ref().ok_or(DeviceManagerError::NoHotplug)
+    }
+
+    /// Asks the guest to give back the device in `slot` (it stays until the guest ejects it).
+    pub fn request_removal(&self, slot: u8) -> Result<(), DeviceManagerError> {
+        let h = self.hotplug()?;
+        if !self.virtio.iter().any(|p| p.slot == slot) {
+            return Err(DeviceManagerError::NoSlot(slot));
+        }
+        routing_lock(&h.pci).removal_requested(slot);
+        h.notify(PCI_CHANGED);
+        Ok(())
+    }
+
+    /// Tells the guest that CPU `id` was added.
+    pub fn cpu_added(&self, id: u8) -> Result<(), DeviceManagerError> {
+        let h = self.hotplug()?;
+        routing_lock(&h.cpu).cpu_added(id);
+        h.notify(CPU_CHANGED);
+        Ok(())
+    }
+
+    /// Asks the guest to give back CPU `id`.
+    pub fn request_cpu_removal(&self, id: u8) -> Result<(), DeviceManagerError> {
+        let h = self.hotplug()?;
+        routing_lock(&h.cpu).removal_requested(id);
+        h.notify(CPU_CHANGED);
+        Ok(())
+    }
+
+    /// What the guest ejected since the last call.
+    pub fn take_ejected(&self) -> Vec<Ejected> {
+        let Some(h) = &self.hotplug else {
+            return Vec::new();
+        };
+        let rx = routing_lock(&h.ejected);
+        rx.try_iter().collect()
+    }
+}
