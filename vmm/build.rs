@@ -13,6 +13,7 @@ const SOURCES: &[&str] = &[
     "guest/virtio_cases.c",
     "guest/virtio_net.c",
     "guest/virtio_vsock.c",
+    "guest/hotplug.c",
 ];
 const HEADERS: &[&str] = &[
     "guest/layout.h",

@@ -308,6 +308,8 @@ static const struct bench_case cases[] = {
     {"net_check", 3, NAMED, loop_net_check, loop_empty_c, virtio_net_setup, 0},
     {"virtio_vsock", 3, NAMED, loop_virtio_vsock, loop_empty_c, virtio_vsock_setup, report_virtio_vsock},
     {"vsock_check", 3, NAMED, loop_vsock_check, loop_empty_c, virtio_vsock_setup, 0},
+    {"hotplug_disk", 3, NAMED, loop_hotplug_disk, loop_empty_c, hotplug_disk_setup, 0},
+    {"hotplug_cpu", 0, NAMED, loop_hotplug_cpu, loop_empty_c, 0, 0},
 };
 #define NR_CASES (sizeof(cases) / sizeof(cases[0]))
 
@@ -451,11 +453,11 @@ static void send_to_others(u32 icr)
     mmio_write32(APIC_BASE + 0x300, (3u << 18) | icr); /* shorthand: all excluding self */
 }
 
+static void copy_trampoline(void);
+
 static void start_aps(u64 cpus)
 {
-    u8 *dst = (u8 *)AP_TRAMPOLINE;
-    for (const char *p = ap_trampoline; p < ap_trampoline_end; p++)
-        *dst++ = (u8)*p;
+    copy_trampoline();
     send_to_others(0x4500);                           /* INIT, level assert */
     delay_cycles(10000000);
     for (int i = 0; i < 2; i++) {
@@ -476,6 +478,31 @@ static void start_aps(u64 cpus)
     put_u64(apic_id_from_cpuid());
     puts_("\n");
     __atomic_store_n(&console_lock, 0, __ATOMIC_RELEASE);
+}
+
+static void copy_trampoline(void)
+{
+    u8 *dst = (u8 *)AP_TRAMPOLINE;
+    for (const char *p = ap_trampoline; p < ap_trampoline_end; p++)
+        *dst++ = (u8)*p;
+}
+
+int start_ap(u32 apic)
+{
+    copy_trampoline();
+    u32 before = aps_up;
+    mmio_write32(APIC_BASE + 0x310, apic << 24);
+    mmio_write32(APIC_BASE + 0x300, 0x4500);             /* INIT, level assert */
+    delay_cycles(10000000);
+    for (int i = 0; i < 2; i++) {
+        mmio_write32(APIC_BASE + 0x310, apic << 24);
+        mmio_write32(APIC_BASE + 0x300, 0x4600 | (AP_TRAMPOLINE >> 12)); /* STARTUP */
+        delay_cycles(1000000);
+    }
+    for (u64 deadline = rdtsc() + 20000000000UL; aps_up == before;)
+        if (rdtsc() > deadline)
+            return 0;
+    return 1;
 }
 
 /* ---- command line ---- */

@@ -26,6 +26,11 @@
  * exitless (0xc0000000, 256 MiB, which exitless fills from its bottom) and of QEMU's pc. */
 #define PCI_BAR_WINDOW   0xc8000000UL
 
+/* exitless's ACPI hotplug controllers (vmm/src/devices/acpi/mod.rs; docs/hotplug.md). */
+#define GED_ADDR         0xfeb00000UL
+#define PCI_HOTPLUG_ADDR 0xfeb01000UL
+#define CPU_HOTPLUG_ADDR 0xfeb02000UL
+
 #define AP_TRAMPOLINE    0x8000   /* SIPI vector 0x08: APs start in real mode here */
 #define AP_STACK_SIZE    4096
 #define MAX_APS          15

@@ -101,6 +101,17 @@ u64 loop_virtio_blk(u64 n);
 u64 loop_virtio_check(u64 blocks);
 /* The virtio_blk result line's own fields. */
 void report_virtio_blk(void);
+/* Writes `blocks` blocks with a pattern, flushes, reads them back and compares (reported). */
+void virtio_blk_pattern_check(u64 blocks);
+/* Resets the virtio-blk device (the driver lets it go). */
+void virtio_blk_release(void);
+
+/* Hotplug (hotplug.c): a disk added, used, removed; a CPU added and started. */
+const char *hotplug_disk_setup(const char *cmdline);
+u64 loop_hotplug_disk(u64 blocks);
+u64 loop_hotplug_cpu(u64 n);
+/* Starts the CPU with APIC ID `apic` (INIT-SIPI-SIPI); 1 once it runs (bench.c). */
+int start_ap(u32 apic);
 
 /* virtio-net (virtio_net.c): setup as the command line says (frame=, qd=, irq=poll,
  * evidx=off); net_check sends a frame and echoes `n` frames of the host's. */

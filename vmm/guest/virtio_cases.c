@@ -117,6 +117,11 @@ u64 loop_virtio_blk(u64 n)
     return 0;
 }
 
+void virtio_blk_release(void)
+{
+    mmio_write8(blk.common + 0x14, 0); /* device_status: reset */
+}
+
 const char *virtio_blk_setup(const char *cmdline)
 {
     blk_cmdline = cmdline;
@@ -216,21 +221,13 @@ static void check_rng(void)
 }
 
 /* `blocks` 4 KiB blocks from sector 0 written with the seed's pattern, flushed (reported),
- * then read back and compared. A read-only disk must refuse the write instead. With `hold`,
- * the guest stops after the flush line (a test kills the VMM there). */
-u64 loop_virtio_check(u64 blocks)
+ * then read back and compared (reported). With `hold`, the guest stops after the flush line
+ * (a test kills the VMM there). */
+void virtio_blk_pattern_check(u64 blocks)
 {
     if (blocks > blk_blocks)
         blocks = blk_blocks;
     queue_depth = 1;
-    if (blk.features & VIRTIO_BLK_F_RO) {
-        u8 st = blk_one(VIRTIO_BLK_T_OUT, 0, BLOCK);
-        puts_("EXITLESS VIRTIO blk readonly write_status=");
-        put_u64(st);
-        puts_("\n");
-        check_rng();
-        return 0;
-    }
     for (u64 b = 0; b < blocks; b++) {
         for (u64 i = 0; i < BLOCK; i++)
             buffers[0][i] = pattern(rng_seed, b, i);
@@ -258,6 +255,21 @@ u64 loop_virtio_check(u64 blocks)
     puts_(bad ? "EXITLESS ERROR virtio_blk: read back differs bytes=" : "EXITLESS VIRTIO blk verified bytes=");
     put_u64(bad ? bad : blocks * BLOCK);
     puts_("\n");
+}
+
+/* The pattern check; a read-only disk must refuse the write instead. Then the disk's id and
+ * random bytes from virtio-rng. */
+u64 loop_virtio_check(u64 blocks)
+{
+    if (blk.features & VIRTIO_BLK_F_RO) {
+        u8 st = blk_one(VIRTIO_BLK_T_OUT, 0, BLOCK);
+        puts_("EXITLESS VIRTIO blk readonly write_status=");
+        put_u64(st);
+        puts_("\n");
+        check_rng();
+        return 0;
+    }
+    virtio_blk_pattern_check(blocks);
     blk_post(0, VIRTIO_BLK_T_GET_ID, 0, 20);
     vring_kick(&blk_vq);
     blk_wait();

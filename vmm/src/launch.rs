@@ -259,7 +259,9 @@ fn console_output(config: &VmConfig) -> Result<SerialOutput, LaunchError> {
         }
         SerialOutputMode::Discard => SerialOutput::discard(),
         SerialOutputMode::File(path) => {
-            let file = File::create(path).map_err(|error| LaunchError::SerialFile {
+            // Appended: a reboot keeps what the guest wrote before it.
+            let file = File::options().create(true).append(true).open(path);
+            let file = file.map_err(|error| LaunchError::SerialFile {
                 path: path.clone(),
                 error,
             })?;

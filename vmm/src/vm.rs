@@ -115,10 +115,17 @@ impl RunningVm {
     pub fn add(&mut self, vcpu: Vcpu) -> Result<(), VmError> {
         let id = vcpu.id;
         let retired = vcpu.retire_flag();
+        // The thread names itself as it starts; waiting for that means whoever looks for
+        // `vcpuN` threads (Kata) once this returns finds it.
+        let (named, started) = std::sync::mpsc::sync_channel(1);
         let handle = thread::Builder::new()
             .name(format!("vcpu{id}"))
-            .spawn(move || vcpu.run())
+            .spawn(move || {
+                let _ = named.send(());
+                vcpu.run()
+            })
             .map_err(VmError::Thread)?;
+        let _ = started.recv();
         self.threads.push(VcpuThread {
             id,
             handle,

@@ -242,7 +242,10 @@ impl VmSlot {
             self.api.vsock = None;
             self.config.vsock = None;
         }
-        self.ids.release(id);
+        // A running VM's device keeps its id until the guest has ejected it.
+        if self.booted.is_none() {
+            self.ids.release(id);
+        }
     }
 
     fn resize_vcpus(&mut self, wanted: u8) -> Result<(), ControlError> {
@@ -269,7 +272,11 @@ impl VmSlot {
         let Some(vm) = self.booted.as_mut() else {
             return;
         };
-        for id in vm.complete_ejects() {
+        let (cpus, devices) = vm.complete_ejects();
+        for name in devices {
+            self.ids.release(&name);
+        }
+        for id in cpus {
             self.pending_removal.retain(|p| *p != id);
             if let Err(e) = vm.remove_vcpu(usize::from(id)) {
                 eprintln!("exitless: vCPU {id} ejected by the guest but not stopped: {e}");

@@ -70,18 +70,22 @@ impl LaunchedVm {
     }
 
     /// Completes what the guest ejected: PCI devices are taken off the VM here (their socket
-    /// files removed); the CPUs it ejected are returned for their vCPUs to be retired.
-    pub fn complete_ejects(&mut self) -> Vec<u8> {
-        let mut cpus = Vec::new();
+    /// files removed). Returns the CPUs it ejected, for their vCPUs to be retired, and the
+    /// names of the devices removed.
+    pub fn complete_ejects(&mut self) -> (Vec<u8>, Vec<String>) {
+        let (mut cpus, mut devices) = (Vec::new(), Vec::new());
         for ejected in self.devices.take_ejected() {
             match ejected {
                 Ejected::Cpu(id) => cpus.push(id),
                 Ejected::PciSlot(slot) => match self.devices.remove_virtio(slot) {
-                    Ok(dev) => self.socket_files.retain(|(n, _)| n != dev.name()),
+                    Ok(dev) => {
+                        self.socket_files.retain(|(n, _)| n != dev.name());
+                        devices.push(dev.name().to_string());
+                    }
                     Err(e) => eprintln!("exitless: the guest ejected PCI slot {slot}: {e}"),
                 },
             }
         }
-        cpus
+        (cpus, devices)
     }
 }

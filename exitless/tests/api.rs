@@ -1,0 +1,412 @@
+//! `exitless --api-socket`: the process Kata Containers starts, driven over its socket as Kata
+//! drives it (../shared/kata-wire-sequence.json), and hotplug proven with the bench guest's
+//! own driver (a disk added, used and ejected; a CPU added and started).
+
+mod common;
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{exitless, export_guest, Stream};
+use serde_json::Value;
+use vmm::api::client::{ApiClient, Reply};
+
+/// A running `exitless --api-socket`, killed if the test ends early.
+struct Vmm {
+    child: Child,
+    socket: PathBuf,
+    stderr: Stream,
+}
+
+impl Vmm {
+    fn start(tag: &str) -> Vmm {
+        let socket =
+            std::env::temp_dir().join(format!("exitless-api-{tag}-{}.sock", std::process::id()));
+        let mut child = exitless()
+            .args(["-v", "--api-socket"])
+            .arg(&socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Stream::spawn(child.stderr.take().unwrap());
+        let vmm = Vmm {
+            child,
+            socket,
+            stderr,
+        };
+        // As Kata does: ping every 10 ms until it answers.
+        let start = Instant::now();
+        while vmm.try_client().is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no answer on the API socket"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        vmm
+    }
+
+    fn try_client(&self) -> Option<ApiClient> {
+        let mut c = ApiClient::connect(&self.socket, Duration::from_secs(30)).ok()?;
+        (c.request("GET", "vmm.ping", None).ok()?.status == 200).then_some(c)
+    }
+
+    fn client(&self) -> ApiClient {
+        self.try_client().expect("the API answers")
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Open file descriptors of the VMM process.
+    fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, |d| d.count())
+    }
+
+    /// Thread names of the VMM process.
+    fn threads(&self) -> Vec<String> {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid())) else {
+            return Vec::new();
+        };
+        tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|c| c.trim().to_string())
+            .collect()
+    }
+
+    /// Waits up to `limit` for the process to end; its exit status then.
+    fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn kvm_or_skip(test: &str) -> bool {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        vmm::test_skip::skip(test, "/dev/kvm is missing on this host");
+        return false;
+    }
+    true
+}
+
+fn ok(r: Reply, what: &str) -> Reply {
+    assert!(
+        r.status == 200 || r.status == 204,
+        "{what}: {} {}",
+        r.status,
+        r.body
+    );
+    r
+}
+
+fn json(r: &Reply) -> Value {
+    serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body))
+}
+
+fn info(c: &mut ApiClient) -> Value {
+    json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"))
+}
+
+/// Waits until the serial log at `path` holds `line`.
+fn wait_serial(path: &Path, line: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(line) {
+            return text;
+        }
+        assert!(!text.contains("EXITLESS ERROR"), "{text}");
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "no '{line}' in:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The `vm.create` body of a bench-guest VM with its serial console in a file.
+fn create_body(kernel: &Path, cmdline: &str, serial: &Path, max_vcpus: u8) -> String {
+    serde_json::json!({
+        "cpus": {"boot_vcpus": 1, "max_vcpus": max_vcpus},
+        "memory": {"size": 128u64 << 20},
+        "payload": {"kernel": kernel, "cmdline": cmdline},
+        "serial": {"mode": "File", "file": serial},
+        "console": {"mode": "Off"},
+    })
+    .to_string()
+}
+
+fn scratch(tag: &str, ext: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("exitless-api-{tag}-{}.{ext}", std::process::id()))
+}
+
+/// The guest's driver finds a disk added while it runs, writes and reads it back, gives it
+/// back when asked, and its slot reads empty after the eject; the VMM holds no more file
+/// descriptors afterwards than before.
+#[test]
+fn a_disk_is_hot_added_used_and_ejected() {
+    if !kvm_or_skip("api_hotplug_disk") {
+        return;
+    }
+    let kernel = export_guest("api-hpdisk");
+    let (serial, image) = (scratch("hpdisk", "log"), scratch("hpdisk", "img"));
+    std::fs::write(&image, vec![0u8; 1 << 20]).unwrap();
+    let vmm = Vmm::start("hpdisk");
+    let mut c = vmm.client();
+    let body = create_body(&kernel, "case=hotplug_disk iters=4 hold", &serial, 1);
+    ok(
+        c.request("PUT", "vm.create", Some(&body)).unwrap(),
+        "vm.create",
+    );
+    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    wait_serial(&serial, "EXITLESS HOTPLUG ready");
+    let fds_before = vmm.fds();
+    let disk = serde_json::json!({"path": image, "id": "hp0"}).to_string();
+    let added = json(&ok(
+        c.request("PUT", "vm.add-disk", Some(&disk)).unwrap(),
+        "add-disk",
+    ));
+    assert_eq!(added["id"], "hp0");
+    let bdf = added["bdf"].as_str().unwrap().to_string();
+    assert!(bdf.starts_with("0000:00:") && bdf.ends_with(".0"), "{bdf}");
+    let slot = u64::from_str_radix(&bdf[8..10], 16).unwrap();
+    let text = wait_serial(&serial, "EXITLESS HOTPLUG waiting for removal");
+    assert!(
+        text.contains(&format!("EXITLESS HOTPLUG added slot={slot}")),
+        "{text}"
+    );
+    assert!(
+        text.contains("EXITLESS VIRTIO blk verified bytes=16384"),
+        "{text}"
+    );
+    let counters = json(&ok(
+        c.request("GET", "vm.counters", None).unwrap(),
+        "counters",
+    ));
+    assert!(
+        counters["hp0"]["queue0_completed"].as_u64().unwrap() > 0,
+        "{counters}"
+    );
+    let remove = serde_json::json!({"id": "hp0"}).to_string();
+    ok(
+        c.request("PUT", "vm.remove-device", Some(&remove)).unwrap(),
+        "remove-device",
+    );
+    wait_serial(&serial, &format!("EXITLESS HOTPLUG removed slot={slot}"));
+    let start = Instant::now();
+    while vmm.fds() > fds_before && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        vmm.fds(),
+        fds_before,
+        "every descriptor of the removed disk is closed"
+    );
+    let counters = json(&ok(
+        c.request("GET", "vm.counters", None).unwrap(),
+        "counters",
+    ));
+    assert!(counters.get("hp0").is_none(), "{counters}");
+    assert!(
+        info(&mut c)["config"]["disks"].is_null()
+            || info(&mut c)["config"]["disks"] == serde_json::json!([])
+    );
+    let written = std::fs::read(&image).unwrap();
+    assert!(
+        written[..4096].iter().any(|&b| b != 0),
+        "the guest's pattern reached the image"
+    );
+    ok(
+        c.request("PUT", "vmm.shutdown", None).unwrap(),
+        "vmm.shutdown",
+    );
+    for f in [&kernel, &serial, &image] {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+/// `vm.resize` adds a vCPU (thread `vcpu1`) that the guest finds through the CPU hotplug
+/// controller and starts with INIT/SIPI; it runs guest code.
+#[test]
+fn a_vcpu_added_by_resize_runs_guest_code() {
+    if !kvm_or_skip("api_hotplug_cpu") {
+        return;
+    }
+    let kernel = export_guest("api-hpcpu");
+    let serial = scratch("hpcpu", "log");
+    let vmm = Vmm::start("hpcpu");
+    let mut c = vmm.client();
+    let body = create_body(&kernel, "case=hotplug_cpu hold", &serial, 2);
+    ok(
+        c.request("PUT", "vm.create", Some(&body)).unwrap(),
+        "vm.create",
+    );
+    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    wait_serial(&serial, "EXITLESS HOTPLUG cpu ready");
+    assert!(!vmm.threads().contains(&"vcpu1".to_string()));
+    let resize = r#"{"desired_vcpus":2}"#;
+    ok(
+        c.request("PUT", "vm.resize", Some(resize)).unwrap(),
+        "vm.resize",
+    );
+    assert!(
+        vmm.threads().contains(&"vcpu1".to_string()),
+        "{:?}",
+        vmm.threads()
+    );
+    let text = wait_serial(&serial, "EXITLESS HOTPLUG cpu started id=1");
+    assert!(text.contains("EXITLESS CPU ap=1 apic=1 up"), "{text}");
+    assert_eq!(info(&mut c)["config"]["cpus"]["boot_vcpus"], 2);
+    let too_many = c
+        .request("PUT", "vm.resize", Some(r#"{"desired_vcpus":3}"#))
+        .unwrap();
+    assert_eq!(too_many.status, 400, "{}", too_many.body);
+    ok(
+        c.request("PUT", "vmm.shutdown", None).unwrap(),
+        "vmm.shutdown",
+    );
+    let _ = std::fs::remove_file(&kernel);
+    let _ = std::fs::remove_file(&serial);
+}
+
+/// The tap Kata sends with `vm.add-net`: opened in a network namespace of the test's own, as
+/// Kata opens it (root), else None with the reason reported.
+fn kata_tap(
+    test: &str,
+) -> Option<(
+    vmm::devices::virtio::net::private_net::PrivateNet,
+    std::os::fd::OwnedFd,
+)> {
+    use vmm::devices::virtio::net::private_net::{PrivateNet, KATA_TAP_FLAGS};
+    let made = PrivateNet::create().and_then(|ns| {
+        let fd = ns.open_foreign_tap("kata-tap0", KATA_TAP_FLAGS)?;
+        Ok((ns, fd))
+    });
+    match made {
+        Ok(t) => Some(t),
+        Err(e) => {
+            vmm::test_skip::skip(
+                test,
+                &format!("cannot open a tap as Kata does (needs root): {e}"),
+            );
+            None
+        }
+    }
+}
+
+/// Every request Kata's runtime sent for one sandbox, in order, with the bodies it sent (the
+/// tap's fd with vm.add-net, in one sendmsg): each answered as Kata expects, and the process
+/// gone within 3 s of vmm.shutdown with its sockets removed.
+#[test]
+fn the_kata_request_sequence_is_answered_as_kata_expects() {
+    if !kvm_or_skip("api_kata_sequence") {
+        return;
+    }
+    let seq_path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/kata-wire-sequence.json"
+    );
+    let Ok(seq) = std::fs::read_to_string(seq_path) else {
+        return vmm::test_skip::skip(
+            "api_kata_sequence",
+            "../shared/kata-wire-sequence.json is missing",
+        );
+    };
+    let Some((_ns, tap)) = kata_tap("api_kata_sequence") else {
+        return;
+    };
+    let kernel = export_guest("api-kata");
+    let dir = std::env::temp_dir().join(format!("exitless-kata-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("rootfs.img"), vec![0u8; 1 << 20]).unwrap();
+    std::fs::write(dir.join("hotplug.img"), vec![0u8; 1 << 20]).unwrap();
+    let seq = seq
+        .replace("@TMP@", dir.to_str().unwrap())
+        .replace("@VMDIR@", dir.to_str().unwrap())
+        .replace("@KERNEL@", kernel.to_str().unwrap());
+    let seq: Value = serde_json::from_str(&seq).unwrap();
+    let mut vmm = Vmm::start("kata");
+    let mut c = vmm.client();
+    let mut disk_id = String::new();
+    for r in seq["requests"].as_array().unwrap() {
+        let (method, path) = (r["method"].as_str().unwrap(), r["path"].as_str().unwrap());
+        let endpoint = path.trim_start_matches("/api/v1/");
+        let body =
+            (!r["body"].is_null()).then(|| r["body"].to_string().replace("@DISK_ID@", &disk_id));
+        let fds: Vec<i32> = if r["fds"].as_u64() == Some(1) {
+            vec![tap.as_raw_fd()]
+        } else {
+            vec![]
+        };
+        let reply = c
+            .request_with_fds(method, endpoint, body.as_deref(), &fds)
+            .unwrap();
+        let reply = ok(reply, endpoint);
+        match r["step"].as_u64().unwrap() {
+            3 => assert_eq!(json(&reply)["state"], "Created"),
+            6 => {
+                let i = json(&reply);
+                assert_eq!(i["state"], "Running");
+                assert!(i["memory_actual_size"].as_u64().unwrap() > 0);
+                assert!(
+                    vmm.threads().iter().any(|t| t == "vcpu0"),
+                    "{:?}",
+                    vmm.threads()
+                );
+            }
+            7 => {
+                let added = json(&reply);
+                disk_id = added["id"].as_str().unwrap().to_string();
+                let bdf = added["bdf"].as_str().unwrap();
+                assert!(bdf.starts_with("0000:00:") && bdf.ends_with(".0"), "{bdf}");
+            }
+            9 => {
+                let cpus = &json(&reply)["config"]["cpus"];
+                assert_eq!(
+                    (cpus["boot_vcpus"].as_u64(), cpus["max_vcpus"].as_u64()),
+                    (Some(1), Some(2))
+                );
+            }
+            10 => assert!(
+                vmm.threads().iter().any(|t| t == "vcpu1"),
+                "{:?}",
+                vmm.threads()
+            ),
+            _ => {}
+        }
+    }
+    let status = vmm
+        .wait_exit(Duration::from_secs(3))
+        .expect("exitless ends within 3 s of vmm.shutdown");
+    assert!(status.success(), "{status:?}");
+    assert!(!vmm.socket.exists(), "the API socket is removed");
+    assert!(
+        !dir.join("clh.sock").exists(),
+        "the vsock socket is removed"
+    );
+    vmm.stderr.read_to_end(Duration::from_secs(1));
+    assert!(
+        vmm.stderr.text.contains("api: vm.add-net -> 204"),
+        "{}",
+        vmm.stderr.text
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&kernel);
+}
