@@ -4,6 +4,7 @@ mod api;
 mod bench;
 mod compare;
 mod output_file;
+mod remote;
 mod run;
 
 use std::path::PathBuf;
@@ -59,6 +60,8 @@ enum Command {
     Run(run::RunArgs),
     /// Run the bench guest under exitless and the peer VMMs found here, side by side.
     Compare(compare::CompareArgs),
+    /// Send one request to a VMM started with --api-socket (like ch-remote).
+    Remote(remote::RemoteArgs),
 }
 
 /// The command line; a usage error is one line (clap's first) with where to look, exit code 2.
@@ -91,6 +94,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let verbose = cli.verbose > 0;
     match (cli.command, cli.api_socket) {
         (Some(Command::Run(args)), socket) => run::main(args, socket.as_deref(), verbose),
+        (Some(Command::Remote(args)), _) => remote::main(args),
         (Some(Command::Bench(_) | Command::Compare(_)), Some(_)) => {
             anyhow::bail!("--api-socket goes alone (an empty VMM) or with `run`")
         }

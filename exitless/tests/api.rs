@@ -410,3 +410,99 @@ fn the_kata_request_sequence_is_answered_as_kata_expects() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(&kernel);
 }
+
+fn remote(socket: &Path, args: &[&str]) -> std::process::Output {
+    exitless()
+        .args(["remote", "--api-socket"])
+        .arg(socket)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `exitless remote` drives a VM through its life, prints JSON answers, and says in one line
+/// (exit code 1) why a request was refused.
+#[test]
+fn remote_drives_a_vm_and_reports_refusals() {
+    if !kvm_or_skip("api_remote") {
+        return;
+    }
+    let kernel = export_guest("api-remote");
+    let serial = scratch("remote", "log");
+    let body_file = scratch("remote", "json");
+    let body = create_body(&kernel, "case=pio_out iters=100000000", &serial, 1);
+    std::fs::write(&body_file, body).unwrap();
+    let mut vmm = Vmm::start("remote");
+    let run = |args: &[&str]| {
+        let o = remote(&vmm.socket, args);
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        (
+            o.status.code(),
+            text,
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    assert_eq!(run(&["create", body_file.to_str().unwrap()]).0, Some(0));
+    assert_eq!(run(&["boot"]).0, Some(0));
+    let (code, out, _) = run(&["info"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["state"],
+        "Running"
+    );
+    assert_eq!(run(&["pause"]).0, Some(0));
+    let (code, _, err) = run(&["pause"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("405") && err.contains("Paused"), "{err}");
+    assert_eq!(run(&["resume"]).0, Some(0));
+    let (code, out, _) = run(&["profile"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["schema"],
+        "exitless.profile/1"
+    );
+    let (code, _, err) = run(&["remove-device", "nope"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("404"), "{err}");
+    assert_eq!(run(&["shutdown-vmm"]).0, Some(0));
+    assert!(vmm.wait_exit(Duration::from_secs(3)).is_some());
+    for f in [&kernel, &serial, &body_file] {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+/// SIGTERM ends an API VMM with a running VM within a second and removes its socket; a
+/// socket another VMM serves is refused in one line.
+#[test]
+fn sigterm_ends_the_vmm_and_a_busy_socket_is_refused() {
+    if !kvm_or_skip("api_sigterm") {
+        return;
+    }
+    let kernel = export_guest("api-term");
+    let serial = scratch("term", "log");
+    let mut vmm = Vmm::start("term");
+    let mut c = vmm.client();
+    let body = create_body(&kernel, "case=pio_out iters=100000000", &serial, 1);
+    ok(
+        c.request("PUT", "vm.create", Some(&body)).unwrap(),
+        "vm.create",
+    );
+    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    let second = exitless()
+        .arg("--api-socket")
+        .arg(&vmm.socket)
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("in use") && err.lines().count() == 1, "{err}");
+    // SAFETY: kill sends a signal to the child this test started; no memory is involved.
+    unsafe { libc::kill(vmm.pid() as i32, libc::SIGTERM) };
+    let status = vmm
+        .wait_exit(Duration::from_secs(1))
+        .expect("gone within a second");
+    assert_eq!(status.code(), Some(130));
+    assert!(!vmm.socket.exists());
+    let _ = std::fs::remove_file(&kernel);
+    let _ = std::fs::remove_file(&serial);
+}

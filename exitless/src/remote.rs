@@ -1,0 +1,209 @@
+//! `exitless remote`: a client for people (like Cloud Hypervisor's `ch-remote`) of a VMM
+//! started with `--api-socket`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use vmm::api::client::ApiClient;
+use vmm::config::{DiskConfig, NetConfig, VsockConfig};
+
+/// Options of `exitless remote`.
+#[derive(Args)]
+#[command(after_help = "Examples:\n  \
+exitless remote --api-socket /tmp/x.sock create vm.json   # a Cloud Hypervisor VmConfig body\n  \
+exitless remote --api-socket /tmp/x.sock boot\n  \
+exitless remote --api-socket /tmp/x.sock add-disk path=/tmp/d.img,readonly=on\n  \
+exitless remote --api-socket /tmp/x.sock resize --cpus 2\n  \
+exitless remote --api-socket /tmp/x.sock profile          # where the VM's exit cycles go\n\n\
+Each command is one request; a refused one prints its status and why, and exits with 1.")]
+pub struct RemoteArgs {
+    /// The socket `exitless --api-socket` (or Cloud Hypervisor) serves
+    #[arg(long, value_name = "PATH")]
+    api_socket: PathBuf,
+    /// Longest wait for an answer, in seconds [default: 30]
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    timeout: f64,
+    #[command(subcommand)]
+    command: RemoteCommand,
+}
+
+#[derive(Subcommand)]
+enum RemoteCommand {
+    /// Is the VMM there? (vmm.ping)
+    Ping,
+    /// The VM's config as applied, its state and memory (vm.info)
+    Info,
+    /// Create the VM from a JSON file holding a Cloud Hypervisor VmConfig (vm.create)
+    Create { file: PathBuf },
+    /// Boot the created VM (vm.boot)
+    Boot,
+    /// Pause the vCPUs (vm.pause)
+    Pause,
+    /// Resume paused vCPUs (vm.resume)
+    Resume,
+    /// Stop the VM; it can be booted again (vm.shutdown)
+    Shutdown,
+    /// Stop and boot the VM again (vm.reboot)
+    Reboot,
+    /// Stop the VM and forget it (vm.delete)
+    Delete,
+    /// End the VMM process (vmm.shutdown)
+    ShutdownVmm,
+    /// Add a disk: path=FILE[,readonly=on][,direct=on][,id=ID] (vm.add-disk)
+    AddDisk { spec: String },
+    /// Add a network card on a host tap: tap=NAME[,mac=MAC][,id=ID] (vm.add-net)
+    AddNet { spec: String },
+    /// Add the vsock device: cid=N,socket=PATH[,id=ID] (vm.add-vsock)
+    AddVsock { spec: String },
+    /// Remove a device by its id (vm.remove-device)
+    RemoveDevice { id: String },
+    /// Change the number of vCPUs (vm.resize)
+    Resize {
+        #[arg(long, value_name = "N")]
+        cpus: u8,
+    },
+    /// Per-device counters (vm.counters)
+    Counters,
+    /// The running VM's exit profile (vm.profile, exitless's own)
+    Profile,
+}
+
+/// `key=value,...` into pairs, with `id=` taken out.
+fn split_id(spec: &str) -> (String, Option<String>) {
+    let mut id = None;
+    let rest: Vec<&str> = spec
+        .split(',')
+        .filter(|part| match part.strip_prefix("id=") {
+            Some(v) => {
+                id = Some(v.to_string());
+                false
+            }
+            None => true,
+        })
+        .collect();
+    (rest.join(","), id)
+}
+
+/// The disk body: `direct=on` is the API's, the rest as `--disk` takes it.
+fn disk_body(spec: &str) -> anyhow::Result<String> {
+    let (spec, id) = split_id(spec);
+    let direct = spec
+        .split(',')
+        .any(|p| p == "direct=on" || p == "direct=true");
+    let spec: Vec<&str> = spec
+        .split(',')
+        .filter(|p| !p.starts_with("direct="))
+        .collect();
+    let disk: DiskConfig = spec.join(",").parse()?;
+    Ok(serde_json::json!({"path": disk.path, "readonly": disk.readonly, "direct": direct, "id": id}).to_string())
+}
+
+fn net_body(spec: &str) -> anyhow::Result<String> {
+    let (spec, id) = split_id(spec);
+    let net: NetConfig = spec.parse()?;
+    let mac = net.mac.map(|m| m.to_string());
+    Ok(serde_json::json!({"tap": net.tap, "mac": mac, "id": id}).to_string())
+}
+
+fn vsock_body(spec: &str) -> anyhow::Result<String> {
+    let (spec, id) = split_id(spec);
+    let v: VsockConfig = spec.parse()?;
+    Ok(serde_json::json!({"cid": v.cid, "socket": v.socket, "id": id}).to_string())
+}
+
+/// The request for a command: method, endpoint, body.
+fn request(
+    command: &RemoteCommand,
+) -> anyhow::Result<(&'static str, &'static str, Option<String>)> {
+    use RemoteCommand as C;
+    Ok(match command {
+        C::Ping => ("GET", "vmm.ping", None),
+        C::Info => ("GET", "vm.info", None),
+        C::Counters => ("GET", "vm.counters", None),
+        C::Profile => ("GET", "vm.profile", None),
+        C::Create { file } => {
+            let body = std::fs::read_to_string(file)
+                .with_context(|| format!("Cannot read {}", file.display()))?;
+            ("PUT", "vm.create", Some(body))
+        }
+        C::Boot => ("PUT", "vm.boot", None),
+        C::Pause => ("PUT", "vm.pause", None),
+        C::Resume => ("PUT", "vm.resume", None),
+        C::Shutdown => ("PUT", "vm.shutdown", None),
+        C::Reboot => ("PUT", "vm.reboot", None),
+        C::Delete => ("PUT", "vm.delete", None),
+        C::ShutdownVmm => ("PUT", "vmm.shutdown", None),
+        C::AddDisk { spec } => ("PUT", "vm.add-disk", Some(disk_body(spec)?)),
+        C::AddNet { spec } => ("PUT", "vm.add-net", Some(net_body(spec)?)),
+        C::AddVsock { spec } => ("PUT", "vm.add-vsock", Some(vsock_body(spec)?)),
+        C::RemoveDevice { id } => (
+            "PUT",
+            "vm.remove-device",
+            Some(serde_json::json!({ "id": id }).to_string()),
+        ),
+        C::Resize { cpus } => {
+            let body = serde_json::json!({ "desired_vcpus": cpus }).to_string();
+            ("PUT", "vm.resize", Some(body))
+        }
+    })
+}
+
+pub fn main(args: RemoteArgs) -> anyhow::Result<i32> {
+    let (method, endpoint, body) = request(&args.command)?;
+    let timeout = Duration::try_from_secs_f64(args.timeout)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .context("--timeout must be a positive number of seconds")?;
+    let socket = args.api_socket.display();
+    let mut client = ApiClient::connect(&args.api_socket, timeout)
+        .with_context(|| format!("Cannot connect to {socket}"))?;
+    let reply = client
+        .request(method, endpoint, body.as_deref())
+        .with_context(|| format!("{endpoint}: no answer from {socket}"))?;
+    match reply.status {
+        200 => {
+            let pretty = serde_json::from_str::<serde_json::Value>(&reply.body)
+                .and_then(|v| serde_json::to_string_pretty(&v))
+                .unwrap_or(reply.body);
+            println!("{pretty}");
+            Ok(0)
+        }
+        204 => Ok(0),
+        status => {
+            eprintln!(
+                "exitless remote: {endpoint}: {status}: {}",
+                reply.body.trim()
+            );
+            Ok(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_become_api_bodies() {
+        let d: serde_json::Value =
+            serde_json::from_str(&disk_body("path=/d.img,readonly=on,direct=on,id=x").unwrap())
+                .unwrap();
+        assert_eq!(
+            d,
+            serde_json::json!({"path": "/d.img", "readonly": true, "direct": true, "id": "x"})
+        );
+        let n: serde_json::Value =
+            serde_json::from_str(&net_body("tap=tap0,mac=52:54:00:00:00:07").unwrap()).unwrap();
+        assert_eq!(
+            (n["tap"].as_str(), n["mac"].as_str()),
+            (Some("tap0"), Some("52:54:00:00:00:07"))
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&vsock_body("cid=3,socket=/v.sock").unwrap()).unwrap();
+        assert_eq!(v["cid"], 3);
+        assert!(disk_body("readonly=on").is_err());
+        assert!(vsock_body("cid=1,socket=/v").is_err());
+    }
+}
