@@ -136,6 +136,43 @@ def bench_line():
     save("bench_line", "seed-lines", "\n".join(lines).encode())
 
 
+def kata_requests():
+    """The requests of ../shared/kata-wire-sequence.json (beside the project), if present."""
+    import json
+    path = os.path.join(os.path.dirname(ROOT), "..", "..", "shared", "kata-wire-sequence.json")
+    if not os.path.exists(path):
+        return []
+    return json.load(open(path))["requests"]
+
+
+def http_request(method, path, body):
+    body = b"" if body is None else json_bytes(body)
+    head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+def json_bytes(value):
+    import json
+    return json.dumps(value).encode()
+
+
+def api_http():
+    requests = kata_requests()
+    stream = b"".join(http_request(r["method"], r["path"], r["body"]) for r in requests)
+    save("api_http", "seed-kata-sequence", stream)
+    save("api_http", "seed-odd", b"GET /api/v1/vmm.ping HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+         b"PUT /api/v1/vm.resize HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}x"
+         b"PUT /api/v1/vm.add-fs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+
+def api_config():
+    for r in kata_requests():
+        if r["body"] is not None:
+            save("api_config", "seed-" + r["path"].rsplit("/", 1)[1], json_bytes(r["body"]))
+    save("api_config", "seed-refused", json_bytes({"payload": {"kernel": "/k"}, "fs": [{"tag": "x"}],
+                                                     "memory": {"size": 1}, "cpus": {"boot_vcpus": 3, "max_vcpus": 2}}))
+
+
 for make in (serial, i8042, pci_config, virtio_transport, blk_request, net_chains, vsock_packets,
-             coalesced_ring, bench_line):
+             coalesced_ring, bench_line, api_http, api_config):
     make()

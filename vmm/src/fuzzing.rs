@@ -37,6 +37,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("vsock_packets", vsock_packets),
     ("coalesced_ring", coalesced_ring),
     ("bench_line", bench_line),
+    ("api_http", api_http),
+    ("api_config", api_config),
 ];
 
 /// Reads the input as a stream of small values; past its end every value is 0.
@@ -356,5 +358,37 @@ pub fn coalesced_ring(data: &[u8]) {
 pub fn bench_line(data: &[u8]) {
     for line in String::from_utf8_lossy(data).lines() {
         let _ = crate::bench::result::parse_line(line);
+    }
+}
+
+/// The API's HTTP reading: a client's byte stream taken request by request (as a connection
+/// does), each routed to its typed request. Each request takes at least one byte, no more
+/// than there are.
+pub fn api_http(data: &[u8]) {
+    use crate::api::http::{parse, Parsed};
+    let mut rest = data;
+    while let Ok(Parsed::Complete(req, used)) = parse(rest) {
+        assert!(used > 0 && used <= rest.len(), "a request took {used} of {} bytes", rest.len());
+        let _ = crate::api::route(&req, Vec::new());
+        rest = &rest[used..];
+    }
+}
+
+/// The API's bodies: a `vm.create` (and the device bodies) as JSON, checked and converted to
+/// exitless's config, and written back for `vm.info`.
+pub fn api_config(data: &[u8]) {
+    use crate::api::schema::{DiskConfig, NetConfig, VmConfig, VsockConfig};
+    if let Ok(c) = serde_json::from_slice::<VmConfig>(data) {
+        let _ = c.to_vm_config();
+        let _ = serde_json::to_string(&c);
+    }
+    if let Ok(d) = serde_json::from_slice::<DiskConfig>(data) {
+        let _ = d.to_disk_config();
+    }
+    if let Ok(n) = serde_json::from_slice::<NetConfig>(data) {
+        let _ = n.to_net_config(Vec::new());
+    }
+    if let Ok(v) = serde_json::from_slice::<VsockConfig>(data) {
+        let _ = v.to_vsock_config();
     }
 }

@@ -1,0 +1,4 @@
+#![no_main]
+//! `cargo +nightly fuzz run api_config`: see docs/fuzzing.md.
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| vmm::fuzzing::api_config(data));
