@@ -17,6 +17,13 @@ if ! command -v qemu-system-x86_64 >/dev/null && [ "$(id -u)" -eq 0 ] && command
         || echo "test.sh: could not install qemu-system-x86; its test will be skipped" >&2
 fi
 
+# The DSDT test decompiles the hotplug AML with ACPICA's iasl (skipped with a reason without it).
+if ! command -v iasl >/dev/null && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -qq acpica-tools >/dev/null 2>&1 \
+        || { apt-get update -qq && apt-get install -y -qq acpica-tools >/dev/null; } \
+        || echo "test.sh: could not install acpica-tools; the DSDT test will be skipped" >&2
+fi
+
 # `exitless compare --chart` labels its chart with DejaVu Sans (its test skips the chart without it).
 if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     apt-get install -y -qq fonts-dejavu-core >/dev/null 2>&1 || echo "test.sh: could not install fonts-dejavu-core" >&2
