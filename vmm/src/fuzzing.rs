@@ -368,7 +368,11 @@ pub fn api_http(data: &[u8]) {
     use crate::api::http::{parse, Parsed};
     let mut rest = data;
     while let Ok(Parsed::Complete(req, used)) = parse(rest) {
-        assert!(used > 0 && used <= rest.len(), "a request took {used} of {} bytes", rest.len());
+        assert!(
+            used > 0 && used <= rest.len(),
+            "a request took {used} of {} bytes",
+            rest.len()
+        );
         let _ = crate::api::route(&req, Vec::new());
         rest = &rest[used..];
     }
