@@ -71,6 +71,11 @@ pub struct CompareArgs {
     /// Also draw them as an SVG chart in FILE (wall time per iteration, start-up, memory)
     #[arg(long, value_name = "FILE.svg")]
     chart: Option<PathBuf>,
+    /// Instead of the cases: start-up through the API, as Kata starts a VMM (spawn with
+    /// --api-socket, vmm.ping until it answers, vm.create, vm.boot, the guest's first serial
+    /// line), exitless beside Cloud Hypervisor, --rounds times
+    #[arg(long)]
+    api: bool,
 }
 
 pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
@@ -110,6 +115,16 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
         workdir: workdir.clone(),
     };
     vmm::launch::install_signal_handlers()?;
+    if args.api {
+        let reports =
+            crate::compare_api::run(&plan.vmms, &plan.guest, &workdir, args.memory, args.rounds);
+        let _ = std::fs::remove_dir_all(&workdir);
+        crate::compare_api::print(&reports);
+        if let Some(path) = &args.json {
+            write_json(path, &reports)?;
+        }
+        return Ok(0);
+    }
     let report = compare::run(
         &plan,
         |step| eprintln!("[compare] {step}"),

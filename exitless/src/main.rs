@@ -3,6 +3,7 @@
 mod api;
 mod bench;
 mod compare;
+mod compare_api;
 mod output_file;
 mod remote;
 mod run;

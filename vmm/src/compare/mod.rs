@@ -2,6 +2,7 @@
 //! host, one case at a time, in rounds that interleave the VMMs (hosts are noisy). Each case
 //! runs at two iteration counts so that start-up cancels out of the per-exit figures.
 
+pub mod api_start;
 pub mod peer;
 pub mod process;
 pub mod turnaround;

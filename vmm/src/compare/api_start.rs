@@ -1,0 +1,123 @@
+//! Start-up through the API, as Kata Containers starts a VMM: the process with
+//! `--api-socket`, `vmm.ping` until it answers, `vm.create` and `vm.boot`, then the guest's
+//! first serial line. Run for exitless and for Cloud Hypervisor, which speak the same API.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::channel;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::peer::{Vmm, VmmKind};
+use crate::api::client::ApiClient;
+
+/// One start, in milliseconds from the process's spawn (requests in microseconds).
+#[derive(Clone, Debug, Serialize)]
+pub struct ApiStart {
+    /// Until `vmm.ping` first answered.
+    pub ready_ms: f64,
+    /// How long `vm.create` and `vm.boot` took to answer.
+    pub create_us: f64,
+    pub boot_us: f64,
+    /// Until the guest's first serial line reached the VMM's stdout.
+    pub first_line_ms: f64,
+}
+
+/// Whether this VMM speaks the API.
+pub fn speaks_api(kind: VmmKind) -> bool {
+    matches!(kind, VmmKind::Exitless | VmmKind::CloudHypervisor)
+}
+
+fn body(guest: &Path, memory_mib: u64) -> String {
+    serde_json::json!({
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+        "memory": {"size": memory_mib << 20},
+        "payload": {"kernel": guest, "cmdline": "case=pio_out iters=1 hold"},
+        "serial": {"mode": "Tty"},
+        "console": {"mode": "Off"},
+    })
+    .to_string()
+}
+
+/// One start of `vmm` booting `guest`; the process is killed afterwards.
+pub fn measure(
+    vmm: &Vmm,
+    guest: &Path,
+    workdir: &Path,
+    memory_mib: u64,
+) -> Result<ApiStart, String> {
+    let socket = workdir.join(format!("{}-api.sock", vmm.kind.name()));
+    let _ = std::fs::remove_file(&socket);
+    let start = Instant::now();
+    let mut child = Command::new(&vmm.path)
+        .arg("--api-socket")
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", vmm.path.display()))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let (lines, first) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("EXITLESS") && lines.send(Instant::now()).is_err() {
+                return;
+            }
+        }
+    });
+    let result = drive(&socket, start, guest, memory_mib).and_then(|mut s| {
+        let at = first
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|_| "no serial line within 30 s".to_string())?;
+        s.first_line_ms = ms(at - start);
+        Ok(s)
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&socket);
+    result
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Ping until ready, then create and boot; the first line is filled in by the caller.
+fn drive(socket: &Path, start: Instant, guest: &Path, memory_mib: u64) -> Result<ApiStart, String> {
+    let mut client = loop {
+        let ready = ApiClient::connect(socket, Duration::from_secs(10))
+            .ok()
+            .and_then(|mut c| {
+                (c.request("GET", "vmm.ping", None).ok()?.status == 200).then_some(c)
+            });
+        if let Some(c) = ready {
+            break c;
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err("vmm.ping never answered".into());
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    };
+    let ready_ms = ms(start.elapsed());
+    let timed = |c: &mut ApiClient, endpoint: &str, body: Option<&str>| {
+        let t = Instant::now();
+        let r = c
+            .request("PUT", endpoint, body)
+            .map_err(|e| format!("{endpoint}: {e}"))?;
+        if !(200..300).contains(&r.status) {
+            return Err(format!("{endpoint}: {} {}", r.status, r.body.trim()));
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e6)
+    };
+    let create_us = timed(&mut client, "vm.create", Some(&body(guest, memory_mib)))?;
+    let boot_us = timed(&mut client, "vm.boot", None)?;
+    Ok(ApiStart {
+        ready_ms,
+        create_us,
+        boot_us,
+        first_line_ms: 0.0,
+    })
+}
