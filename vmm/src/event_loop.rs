@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 
-use event_manager::{EventManager, MutEventSubscriber, RemoteEndpoint, SubscriberId};
+use event_manager::{
+    EventManager, MutEventSubscriber, RemoteEndpoint, SubscriberId, SubscriberOps,
+};
 use thiserror::Error;
 
 /// What the loop holds: a device's subscriber, locked only while the loop runs its callback.
@@ -51,6 +53,30 @@ impl EventLoopHandle {
     pub fn remove(&self, id: SubscriberId) -> Result<(), EventLoopError> {
         self.endpoint
             .call_blocking(move |ops| ops.remove_subscriber(id).map(drop))
+            .map_err(EventLoopError::Stopped)
+    }
+
+    /// Runs `work` on the loop's thread, after what was asked before it, without waiting:
+    /// what a vCPU thread hands over (a device's start and reset), so that it never blocks on
+    /// the device thread.
+    pub fn fire(
+        &self,
+        work: impl FnOnce(&mut dyn SubscriberOps<Subscriber = Subscriber>) + Send + 'static,
+    ) -> Result<(), EventLoopError> {
+        self.endpoint.fire(work).map_err(EventLoopError::Stopped)
+    }
+
+    /// Runs `work` on the loop's thread and waits for it to finish (not from a vCPU thread,
+    /// nor from the loop's own).
+    pub fn call(
+        &self,
+        work: impl FnOnce(&mut dyn SubscriberOps<Subscriber = Subscriber>) + Send + 'static,
+    ) -> Result<(), EventLoopError> {
+        self.endpoint
+            .call_blocking(move |ops| {
+                work(ops);
+                Ok::<(), event_manager::Error>(())
+            })
             .map_err(EventLoopError::Stopped)
     }
 }

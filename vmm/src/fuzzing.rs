@@ -124,7 +124,7 @@ fn rng_function(mem: &GuestMemoryMmap) -> Option<(Arc<VirtioPciDevice>, EventLoo
         event_loop.handle(),
     )
     .ok()?;
-    Some((Arc::new(dev), event_loop))
+    Some((dev, event_loop))
 }
 
 fn small_memory() -> Option<GuestMemoryMmap> {

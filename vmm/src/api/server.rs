@@ -53,7 +53,13 @@ pub struct ApiServer {
     path: PathBuf,
     stop: Arc<AtomicBool>,
     listener: Option<JoinHandle<()>>,
+    /// Requests handed to the VMM whose replies are not written yet.
+    answering: Arc<AtomicUsize>,
 }
+
+/// How long the end of the server waits for replies still being written (`vmm.shutdown`'s
+/// own, above all).
+const REPLY_GRACE: Duration = Duration::from_secs(1);
 
 /// Binds `path`, replacing a socket file nobody listens on.
 fn bind(path: &Path) -> Result<UnixListener, ApiServerError> {
@@ -76,6 +82,8 @@ impl ApiServer {
         let listener = bind(path)?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let answering = Arc::new(AtomicUsize::new(0));
+        let replies = answering.clone();
         let thread = thread::Builder::new()
             .name("api".into())
             .spawn(move || {
@@ -83,13 +91,14 @@ impl ApiServer {
                     eprintln!("exitless: {e}; the API is not served");
                     return;
                 }
-                accept_loop(&listener, &calls, &flag);
+                accept_loop(&listener, &calls, &flag, &replies);
             })
             .map_err(ApiServerError::Thread)?;
         Ok(ApiServer {
             path: path.to_path_buf(),
             stop,
             listener: Some(thread),
+            answering,
         })
     }
 
@@ -101,6 +110,10 @@ impl ApiServer {
 
 impl Drop for ApiServer {
     fn drop(&mut self) {
+        let start = std::time::Instant::now();
+        while self.answering.load(Ordering::Acquire) > 0 && start.elapsed() < REPLY_GRACE {
+            thread::sleep(Duration::from_millis(1));
+        }
         self.stop.store(true, Ordering::Release);
         // Wakes the listener's accept; it sees the flag and ends.
         let _ = UnixStream::connect(&self.path);
@@ -111,7 +124,12 @@ impl Drop for ApiServer {
     }
 }
 
-fn accept_loop(listener: &UnixListener, calls: &Sender<ApiCall>, stop: &AtomicBool) {
+fn accept_loop(
+    listener: &UnixListener,
+    calls: &Sender<ApiCall>,
+    stop: &AtomicBool,
+    answering: &Arc<AtomicUsize>,
+) {
     let active = Arc::new(AtomicUsize::new(0));
     for stream in listener.incoming() {
         if stop.load(Ordering::Acquire) {
@@ -124,12 +142,12 @@ fn accept_loop(listener: &UnixListener, calls: &Sender<ApiCall>, stop: &AtomicBo
             continue;
         }
         active.fetch_add(1, Ordering::AcqRel);
-        let (calls, done) = (calls.clone(), active.clone());
+        let (calls, done, answering) = (calls.clone(), active.clone(), answering.clone());
         let spawned = thread::Builder::new()
             .name("api-conn".into())
             .stack_size(CONNECTION_STACK)
             .spawn(move || {
-                Connection::new(stream, calls).serve();
+                Connection::new(stream, calls, answering).serve();
                 done.fetch_sub(1, Ordering::AcqRel);
             });
         if spawned.is_err() {
@@ -142,15 +160,17 @@ fn accept_loop(listener: &UnixListener, calls: &Sender<ApiCall>, stop: &AtomicBo
 struct Connection {
     stream: UnixStream,
     calls: Sender<ApiCall>,
+    answering: Arc<AtomicUsize>,
     buf: Vec<u8>,
     fds: Vec<OwnedFd>,
 }
 
 impl Connection {
-    fn new(stream: UnixStream, calls: Sender<ApiCall>) -> Self {
+    fn new(stream: UnixStream, calls: Sender<ApiCall>, answering: Arc<AtomicUsize>) -> Self {
         Connection {
             stream,
             calls,
+            answering,
             buf: Vec::new(),
             fds: Vec::new(),
         }
@@ -163,8 +183,11 @@ impl Connection {
                 Ok(Parsed::Complete(req, used)) => {
                     self.buf.drain(..used);
                     let fds = std::mem::take(&mut self.fds);
+                    self.answering.fetch_add(1, Ordering::AcqRel);
                     let (status, body) = self.answer(&req, fds);
-                    if self.reply(status, &body, !req.keep_alive).is_err() || !req.keep_alive {
+                    let written = self.reply(status, &body, !req.keep_alive);
+                    self.answering.fetch_sub(1, Ordering::AcqRel);
+                    if written.is_err() || !req.keep_alive {
                         return;
                     }
                 }

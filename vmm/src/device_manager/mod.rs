@@ -259,7 +259,7 @@ impl DeviceManager {
         let addr = bar.start();
         let dev = VirtioPciDevice::new(name, device, addr, mem.clone(), event_loop)
             .map_err(|e| DeviceManagerError::Device(name.to_string(), e))?;
-        let dev = Arc::new(dev);
+
         let mut mapped = MappedVirtio {
             device: dev.clone(),
             range: 0,

@@ -8,6 +8,7 @@
 //! vector, and the device event loop, where all queue work runs (never on a vCPU thread).
 
 pub mod blk;
+pub mod health;
 pub mod net;
 pub mod rng;
 pub mod transport;
@@ -22,8 +23,8 @@ use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::event_loop::{EventLoopError, EventLoopHandle, Subscriber};
-use event_manager::SubscriberId;
+use crate::event_loop::Subscriber;
+pub use health::{DeviceHealth, RateLimitedLog};
 
 /// Feature bit every exitless device offers and requires: virtio 1.x (no legacy interface).
 pub const VIRTIO_F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -51,12 +52,6 @@ pub enum VirtioError {
         want: usize,
         got: usize,
     },
-    #[error("{device}: Cannot start queue work: {source}")]
-    EventLoop {
-        device: String,
-        #[source]
-        source: EventLoopError,
-    },
     #[error("{device}: {message}")]
     Backend { device: String, message: String },
 }
@@ -78,8 +73,9 @@ pub struct ActiveQueue {
     pub index: u16,
     /// The queue as the driver configured it (size, ring addresses, ready).
     pub queue: Queue,
-    /// Becomes readable when the driver notifies the queue.
-    pub notify: EventFd,
+    /// Becomes readable when the driver notifies the queue (shared with the transport, which
+    /// registers it as the queue's ioeventfd).
+    pub notify: Arc<EventFd>,
 }
 
 /// Everything a device gets when the driver sets DRIVER_OK.
@@ -90,8 +86,8 @@ pub struct Activation {
     /// The enabled queues, by index.
     pub queues: Vec<ActiveQueue>,
     pub interrupt: Arc<dyn VirtioInterrupt>,
-    /// Where the device's queue work runs.
-    pub event_loop: EventLoopHandle,
+    /// Where the queue work reports a broken ring (the device then needs a reset).
+    pub health: Arc<DeviceHealth>,
 }
 
 /// Counters of one queue, written only by the thread serving the queue (relaxed atomics: no
@@ -115,49 +111,34 @@ impl QueueCounters {
     }
 }
 
-/// A device's queue work on the event loop while the device is active.
-#[derive(Default)]
-pub struct QueueWorker(Option<(EventLoopHandle, SubscriberId)>);
-
-impl QueueWorker {
-    /// Puts `worker` on `event_loop` (it serves what is already queued at once).
-    pub fn start(
-        &mut self,
-        device: &str,
-        event_loop: EventLoopHandle,
-        worker: Subscriber,
-    ) -> Result<(), VirtioError> {
-        let id = event_loop
-            .add(worker)
-            .map_err(|source| VirtioError::EventLoop {
-                device: device.into(),
-                source,
-            })?;
-        self.0 = Some((event_loop, id));
-        Ok(())
-    }
-
-    /// Takes the worker off the event loop (device reset); nothing if none runs.
-    pub fn stop(&mut self) {
-        if let Some((event_loop, id)) = self.0.take() {
-            let _ = event_loop.remove(id);
-        }
-    }
-}
-
-/// Ends a device's serve loop on a ring that announces work it cannot hand out: a guest that
-/// sets the available index past what the ring holds makes `enable_notification` report new
-/// chains forever while `pop_descriptor_chain` yields none. Two rounds in a row that popped
-/// nothing end the loop (one such round is a guest adding a chain just after the last pop),
-/// counted as malformed; the queue is served again at its next notification.
-#[derive(Debug, Default)]
+/// Ends a loop over a ring that announces work it cannot hand out: a guest that sets the
+/// available index past what the ring holds (or puts the ring where nothing can be read) makes
+/// `enable_notification` report new chains forever while `pop_descriptor_chain` yields none.
+/// Two rounds in a row that popped nothing end the loop (one such round is a guest adding a
+/// chain just after the last pop): the ring is broken, the device goes to DEVICE_NEEDS_RESET
+/// ([`DeviceHealth::ring_broken`]) and its queues wait for the driver's reset.
+#[derive(Debug)]
 pub struct StallGuard {
+    queue: u16,
     idle_rounds: u8,
 }
 
 impl StallGuard {
+    /// A guard for queue `queue`'s loop.
+    pub fn new(queue: u16) -> Self {
+        StallGuard {
+            queue,
+            idle_rounds: 0,
+        }
+    }
+
     /// After a round that popped `popped` chains while more were announced: whether to go on.
-    pub fn go_on(&mut self, popped: usize, counters: &QueueCounters) -> bool {
+    pub fn go_on(
+        &mut self,
+        popped: usize,
+        counters: &QueueCounters,
+        health: &DeviceHealth,
+    ) -> bool {
         if popped > 0 {
             self.idle_rounds = 0;
             return true;
@@ -167,23 +148,29 @@ impl StallGuard {
             return true;
         }
         QueueCounters::add(&counters.malformed, 1);
+        health.ring_broken(self.queue);
         false
     }
 }
 
-/// Serves every chain the driver made available on `queue`: `serve` takes one and returns the
-/// length it wrote, or None for a malformed chain (completed empty and counted). Notifications
-/// are off while serving and the ring is checked again after turning them back on (event idx),
-/// under a [`StallGuard`]. Returns whether any chain was completed.
+/// Serves every chain the driver made available on queue `q`: `serve` takes one and returns
+/// the length it wrote, or None for a malformed chain (completed empty and counted).
+/// Notifications are off while serving and the ring is checked again after turning them back
+/// on (event idx), under a [`StallGuard`]; nothing is served while the device needs a reset.
+/// Returns whether any chain was completed.
 pub fn serve_available(
-    queue: &mut Queue,
+    (queue, q): (&mut Queue, u16),
     mem: &GuestMemoryMmap,
     counters: &QueueCounters,
+    health: &DeviceHealth,
     mut serve: impl FnMut(DescriptorChain<&GuestMemoryMmap>) -> Option<u32>,
 ) -> bool {
-    let mut stall = StallGuard::default();
+    let mut stall = StallGuard::new(q);
     let mut completed = false;
     loop {
+        if health.needs_reset() {
+            break;
+        }
         if queue.disable_notification(mem).is_err() {
             break;
         }
@@ -201,7 +188,9 @@ pub fn serve_available(
             QueueCounters::add(&counters.completed, 1);
             completed = true;
         }
-        if !queue.enable_notification(mem).unwrap_or(false) || !stall.go_on(popped, counters) {
+        if !queue.enable_notification(mem).unwrap_or(false)
+            || !stall.go_on(popped, counters, health)
+        {
             break;
         }
     }
@@ -290,10 +279,11 @@ pub trait VirtioDevice: Send {
     fn read_config(&self, offset: u64, data: &mut [u8]);
     /// The driver writes the device-specific configuration space.
     fn write_config(&mut self, offset: u64, data: &[u8]);
-    /// The driver set DRIVER_OK: start serving the queues.
-    fn activate(&mut self, activation: Activation) -> Result<(), VirtioError>;
-    /// The driver reset the device: stop serving the queues and forget them.
-    fn reset(&mut self);
+    /// The driver set DRIVER_OK: the queue work to run on the event loop (the transport adds
+    /// it there, and removes it, which drops it, when the driver resets the device).
+    fn activate(&mut self, activation: Activation) -> Result<Subscriber, VirtioError>;
+    /// The driver reset the device: anything beyond the queue work to forget.
+    fn reset(&mut self) {}
     /// Per-queue counters, by queue index.
     fn counters(&self) -> Arc<[QueueCounters]>;
     /// What the device counts beyond its queues (frames, drops, connections), by name.
@@ -309,9 +299,16 @@ pub mod test_support {
     use std::sync::atomic::{AtomicU64, Ordering};
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 
-    /// Counts the interrupts raised.
+    /// Counts the interrupts raised: queue ones in `.0`, configuration changes in `config`.
     #[derive(Default)]
-    pub struct CountingIrq(pub AtomicU64);
+    pub struct CountingIrq(pub AtomicU64, pub AtomicU64);
+
+    impl CountingIrq {
+        /// Configuration-change interrupts raised.
+        pub fn configs(&self) -> u64 {
+            self.1.load(Ordering::SeqCst)
+        }
+    }
 
     impl VirtioInterrupt for CountingIrq {
         fn signal_queue(&self, _queue: u16) -> std::io::Result<bool> {
@@ -319,8 +316,17 @@ pub mod test_support {
             Ok(true)
         }
         fn signal_config(&self) -> std::io::Result<()> {
+            self.1.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }
+    }
+
+    /// The health of a device under test (its config interrupts counted nowhere).
+    pub fn health() -> std::sync::Arc<super::DeviceHealth> {
+        std::sync::Arc::new(super::DeviceHealth::new(
+            "virtio-test",
+            std::sync::Arc::new(CountingIrq::default()),
+        ))
     }
 
     /// A split-ring descriptor.

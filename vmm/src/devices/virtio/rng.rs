@@ -5,12 +5,14 @@
 use std::sync::{Arc, Mutex};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
+
+use crate::event_loop::Subscriber;
 use virtio_queue::{DescriptorChain, Queue};
 use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    serve_available, signal_used, Activation, QueueCounters, QueueWorker, VirtioDevice,
+    serve_available, signal_used, Activation, DeviceHealth, QueueCounters, VirtioDevice,
     VirtioError, VirtioInterrupt, TYPE_RNG, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
     VIRTIO_RING_F_INDIRECT_DESC,
 };
@@ -22,7 +24,6 @@ const QUEUE_SIZE: u16 = 256;
 /// The virtio-rng device model.
 pub struct Rng {
     counters: Arc<[QueueCounters]>,
-    worker: QueueWorker,
 }
 
 impl Default for Rng {
@@ -35,7 +36,6 @@ impl Rng {
     pub fn new() -> Self {
         Rng {
             counters: Arc::from(vec![QueueCounters::default()]),
-            worker: QueueWorker::default(),
         }
     }
 }
@@ -55,7 +55,7 @@ impl VirtioDevice for Rng {
     }
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
-    fn activate(&mut self, mut a: Activation) -> Result<(), VirtioError> {
+    fn activate(&mut self, mut a: Activation) -> Result<Subscriber, VirtioError> {
         let Some(q) = a.queues.pop().filter(|q| q.index == 0) else {
             return Err(VirtioError::QueueCount {
                 device: "virtio-rng".into(),
@@ -69,13 +69,9 @@ impl VirtioDevice for Rng {
             mem: a.mem,
             interrupt: a.interrupt,
             counters: self.counters.clone(),
+            health: a.health,
         };
-        let worker = Arc::new(Mutex::new(worker));
-        self.worker.start("virtio-rng", a.event_loop, worker)
-    }
-
-    fn reset(&mut self) {
-        self.worker.stop();
+        Ok(Arc::new(Mutex::new(worker)))
     }
 
     fn counters(&self) -> Arc<[QueueCounters]> {
@@ -86,10 +82,11 @@ impl VirtioDevice for Rng {
 /// The queue's work, on the event loop.
 struct RngWorker {
     queue: Queue,
-    notify: EventFd,
+    notify: Arc<EventFd>,
     mem: GuestMemoryMmap,
     interrupt: Arc<dyn VirtioInterrupt>,
     counters: Arc<[QueueCounters]>,
+    health: Arc<DeviceHealth>,
 }
 
 /// Fills the chain's writable buffers; returns the bytes written, or None for a chain that
@@ -135,7 +132,8 @@ impl RngWorker {
     /// idx), then raises the interrupt if the driver asked for one.
     fn serve(&mut self) {
         let (mem, counters) = (&self.mem, &self.counters[0]);
-        let completed = serve_available(&mut self.queue, mem, counters, |chain| {
+        let queue = (&mut self.queue, 0);
+        let completed = serve_available(queue, mem, counters, &self.health, |chain| {
             fill_chain(chain, mem)
         });
         if completed {
@@ -208,11 +206,12 @@ mod tests {
             queues: vec![ActiveQueue {
                 index: 0,
                 queue,
-                notify: notify.try_clone().unwrap(),
+                notify: Arc::new(notify.try_clone().unwrap()),
             }],
             interrupt: irq.clone(),
-            event_loop: el.handle(),
+            health: crate::devices::virtio::test_support::health(),
         })
+        .map(|worker| el.handle().add(worker).unwrap())
         .unwrap();
         let start = Instant::now();
         while dev.counters()[0].completed.load(Ordering::Relaxed) < 3 {

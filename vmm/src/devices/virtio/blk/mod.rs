@@ -18,10 +18,12 @@ use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    Activation, QueueCounters, QueueWorker, StallGuard, VirtioDevice, VirtioError, VirtioInterrupt,
-    TYPE_BLOCK, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+    Activation, DeviceHealth, QueueCounters, StallGuard, VirtioDevice, VirtioError,
+    VirtioInterrupt, TYPE_BLOCK, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
+    VIRTIO_RING_F_INDIRECT_DESC,
 };
 use crate::config::DiskConfig;
+use crate::event_loop::Subscriber;
 use io::{Completion, DiskIo, IoKind, IoOp, Iovecs};
 use request::{DiskShape, Op, Refused, Request, ID_LEN, SECTOR};
 
@@ -51,7 +53,6 @@ pub struct Block {
     config: [u8; 24],
     thread_pool: bool,
     counters: Arc<[QueueCounters]>,
-    worker: QueueWorker,
 }
 
 impl Block {
@@ -94,7 +95,6 @@ impl Block {
             config,
             thread_pool: false,
             counters: Arc::from(vec![QueueCounters::default()]),
-            worker: QueueWorker::default(),
         })
     }
 
@@ -129,7 +129,7 @@ impl VirtioDevice for Block {
     }
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
-    fn activate(&mut self, mut a: Activation) -> Result<(), VirtioError> {
+    fn activate(&mut self, mut a: Activation) -> Result<Subscriber, VirtioError> {
         let got = a.queues.len();
         let Some(q) = a.queues.pop().filter(|q| q.index == 0 && got == 1) else {
             let device = "virtio-blk".into();
@@ -158,13 +158,9 @@ impl VirtioDevice for Block {
             inflight: (0..size).map(|_| None).collect(),
             free: (0..size as u32).rev().collect(),
             warned_io: false,
+            health: a.health,
         };
-        let worker = Arc::new(Mutex::new(worker));
-        self.worker.start("virtio-blk", a.event_loop, worker)
-    }
-
-    fn reset(&mut self) {
-        self.worker.stop();
+        Ok(Arc::new(Mutex::new(worker)))
     }
 
     fn counters(&self) -> Arc<[QueueCounters]> {
@@ -183,7 +179,7 @@ struct InFlight {
 struct BlockWorker {
     io: DiskIo,
     queue: Queue,
-    notify: EventFd,
+    notify: Arc<EventFd>,
     mem: GuestMemoryMmap,
     interrupt: Arc<dyn VirtioInterrupt>,
     counters: Arc<[QueueCounters]>,
@@ -192,6 +188,7 @@ struct BlockWorker {
     inflight: Vec<Option<InFlight>>,
     free: Vec<u32>,
     warned_io: bool,
+    health: Arc<DeviceHealth>,
 }
 
 #[cfg(test)]

@@ -100,9 +100,9 @@ impl BlockWorker {
     /// idx), starts their I/O in one batch, and signals for the ones answered at once.
     pub(super) fn serve_queue(&mut self) {
         let mut answered = false;
-        let mut stall = StallGuard::default();
+        let mut stall = StallGuard::new(0);
         loop {
-            if self.queue.disable_notification(&self.mem).is_err() {
+            if self.health.needs_reset() || self.queue.disable_notification(&self.mem).is_err() {
                 break;
             }
             let mut popped = 0;
@@ -121,7 +121,7 @@ impl BlockWorker {
                 }
             }
             if !self.queue.enable_notification(&self.mem).unwrap_or(false)
-                || !stall.go_on(popped, &self.counters[0])
+                || !stall.go_on(popped, &self.counters[0], &self.health)
             {
                 break;
             }

@@ -20,10 +20,11 @@ use std::sync::{Arc, Mutex};
 use virtio_bindings::virtio_net as vn;
 
 use super::{
-    Activation, QueueCounters, QueueWorker, VirtioDevice, VirtioError, TYPE_NET,
-    VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+    Activation, QueueCounters, VirtioDevice, VirtioError, TYPE_NET, VIRTIO_F_VERSION_1,
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use crate::config::NetConfig;
+use crate::event_loop::Subscriber;
 use tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, TUN_F_TSO_ECN};
 use worker::NetWorker;
 
@@ -85,7 +86,6 @@ pub struct Net {
     mac: [u8; 6],
     counters: Arc<[QueueCounters]>,
     net: Arc<NetCounters>,
-    worker: QueueWorker,
 }
 
 /// A locally administered unicast MAC derived from the tap's name (stable across runs).
@@ -117,7 +117,6 @@ impl Net {
             mac,
             counters: Arc::from(vec![QueueCounters::default(), QueueCounters::default()]),
             net: Arc::default(),
-            worker: QueueWorker::default(),
         }
     }
 
@@ -184,7 +183,7 @@ impl VirtioDevice for Net {
         // The MAC is read-only without VIRTIO_NET_F_CTRL_MAC_ADDR.
     }
 
-    fn activate(&mut self, a: Activation) -> Result<(), VirtioError> {
+    fn activate(&mut self, a: Activation) -> Result<Subscriber, VirtioError> {
         let mut queues = a.queues;
         queues.sort_by_key(|q| q.index);
         let got = queues.len();
@@ -213,13 +212,9 @@ impl VirtioDevice for Net {
             self.counters.clone(),
             self.net.clone(),
             a.features & F_MRG_RXBUF != 0,
+            a.health,
         );
-        self.worker
-            .start("virtio-net", a.event_loop, Arc::new(Mutex::new(worker)))
-    }
-
-    fn reset(&mut self) {
-        self.worker.stop();
+        Ok(Arc::new(Mutex::new(worker)))
     }
 
     fn counters(&self) -> Arc<[QueueCounters]> {

@@ -57,7 +57,7 @@ fn rig(rx: &[RawDescriptor], tx: &[RawDescriptor], features: u64, pending: &[&[u
         queues.push(ActiveQueue {
             index,
             queue,
-            notify,
+            notify: Arc::new(notify),
         });
     }
     let el = EventLoop::start().unwrap();
@@ -67,8 +67,9 @@ fn rig(rx: &[RawDescriptor], tx: &[RawDescriptor], features: u64, pending: &[&[u
         features,
         queues,
         interrupt: Arc::new(Irq::default()),
-        event_loop: el.handle(),
+        health: crate::devices::virtio::test_support::health(),
     })
+    .map(|worker| el.handle().add(worker).unwrap())
     .unwrap();
     Rig {
         mem,

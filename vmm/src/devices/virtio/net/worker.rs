@@ -15,7 +15,8 @@ use vmm_sys_util::eventfd::EventFd;
 use super::tap::{Tap, VNET_HDR_LEN};
 use super::{NetCounters, RX, TX};
 use crate::devices::virtio::{
-    serve_available, signal_used, ActiveQueue, QueueCounters, VirtioInterrupt, WritableChain,
+    serve_available, signal_used, ActiveQueue, DeviceHealth, QueueCounters, VirtioInterrupt,
+    WritableChain,
 };
 
 /// The largest frame with its header: 64 KiB of segmentation-offloaded payload plus headers.
@@ -25,9 +26,9 @@ const RX_BATCH: usize = 64;
 
 pub(super) struct NetWorker {
     rx: Queue,
-    rx_notify: EventFd,
+    rx_notify: Arc<EventFd>,
     tx: Queue,
-    tx_notify: EventFd,
+    tx_notify: Arc<EventFd>,
     tap: Arc<Tap>,
     mem: GuestMemoryMmap,
     interrupt: Arc<dyn VirtioInterrupt>,
@@ -38,6 +39,7 @@ pub(super) struct NetWorker {
     spare: VecDeque<WritableChain>,
     frame: Vec<u8>,
     warned: bool,
+    health: Arc<DeviceHealth>,
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -55,6 +57,7 @@ impl NetWorker {
         counters: Arc<[QueueCounters]>,
         net: Arc<NetCounters>,
         mrg_rxbuf: bool,
+        health: Arc<DeviceHealth>,
     ) -> Self {
         NetWorker {
             rx: rx.queue,
@@ -70,6 +73,7 @@ impl NetWorker {
             spare: VecDeque::new(),
             frame: vec![0; MAX_FRAME],
             warned: false,
+            health,
         }
     }
 
@@ -97,9 +101,10 @@ impl NetWorker {
         let (tap, net) = (&self.tap, &self.net);
         let mut refused = None;
         let completed = serve_available(
-            &mut self.tx,
+            (&mut self.tx, TX),
             mem,
             &self.counters[usize::from(TX)],
+            &self.health,
             |chain| {
                 let len = gather(chain, mem, frame)?;
                 if let Err(e) = send(tap, net, &frame[..len]) {

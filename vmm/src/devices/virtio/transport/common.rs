@@ -52,6 +52,8 @@ pub enum CommonEvent {
     Vector(Option<u16>, u16),
     /// The write was not a valid access to a register (counted by the transport).
     Fault,
+    /// A status write that would clear a bit: only a reset (0) may; the status stays.
+    StatusRefused,
 }
 
 /// The common configuration of one device.
@@ -183,6 +185,11 @@ impl CommonCfg {
     fn write_status(&mut self, v: u8) -> CommonEvent {
         if v == 0 {
             return CommonEvent::Reset;
+        }
+        // The driver must not clear a status bit (virtio 1.x, 2.1.2): clearing DRIVER_OK and
+        // setting it again would start the device a second time without a reset.
+        if self.status & !v & !STATUS_NEEDS_RESET != 0 {
+            return CommonEvent::StatusRefused;
         }
         let newly = v & !self.status;
         let mut status = v;

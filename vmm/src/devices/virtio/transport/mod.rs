@@ -16,8 +16,10 @@
 pub mod common;
 pub mod interrupt;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use event_manager::{SubscriberId, SubscriberOps};
 
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
@@ -26,9 +28,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::devices::pci::config::{PciConfig, PciIds};
 use crate::devices::pci::{msix, BarChange, BarKind, PciDevice};
 use crate::devices::virtio::{
-    Activation, ActiveQueue, VirtioDevice, VirtioInterrupt, TYPE_BLOCK, VIRTIO_RING_F_EVENT_IDX,
+    Activation, ActiveQueue, DeviceHealth, QueueCounters, VirtioDevice, TYPE_BLOCK,
+    VIRTIO_RING_F_EVENT_IDX,
 };
-use crate::event_loop::EventLoopHandle;
+use crate::event_loop::{EventLoopHandle, Subscriber};
 use crate::kvm::IoEvent;
 use common::{CommonCfg, CommonEvent, COMMON_LEN, STATUS_NEEDS_RESET};
 pub use interrupt::{MsiRoutes, MsixInterrupt};
@@ -47,11 +50,28 @@ const REGION: u64 = 0x1000;
 pub const VIRTIO_VENDOR: u16 = 0x1af4;
 const VIRTIO_CAP_ID: u8 = 0x09;
 
-/// The driver-facing state, locked for a register access (never across device work).
+/// Where the device is in its life, as the transport drives it. Starting and resetting are
+/// handed to the device event loop (as work that runs there in order), so that the vCPU
+/// thread that wrote DRIVER_OK or 0 to the status register returns at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Not started: after power-on, or a reset that completed.
+    Idle,
+    /// DRIVER_OK was written; the start runs on the event loop.
+    Starting,
+    /// The queue work runs on the event loop under this id.
+    Running(SubscriberId),
+    /// 0 was written; the reset runs on the event loop. The status register reads as before
+    /// until it has (a driver waits for it to read 0).
+    Resetting,
+}
+
+/// The driver-facing state, locked for a register access and for starting or resetting the
+/// device on the event loop (never across anything slow).
 struct Transport {
     common: CommonCfg,
     device: Box<dyn VirtioDevice>,
-    active: bool,
+    phase: Phase,
 }
 
 /// A virtio device on PCI.
@@ -61,10 +81,14 @@ pub struct VirtioPciDevice {
     msix_cap: usize,
     transport: Mutex<Transport>,
     irq: Arc<MsixInterrupt>,
-    notify: Vec<EventFd>,
+    notify: Vec<Arc<EventFd>>,
     mem: GuestMemoryMmap,
     event_loop: EventLoopHandle,
-    faults: AtomicU64,
+    health: Arc<DeviceHealth>,
+    /// The device's queue counters (read by the profile without the transport's lock).
+    counters: Arc<[QueueCounters]>,
+    /// This device, for the work it hands to the event loop.
+    me: Weak<VirtioPciDevice>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -83,6 +107,42 @@ fn virtio_cap(cfg_type: u8, offset: u64, length: u64, extra: Option<u32>) -> Vec
     b
 }
 
+/// The PCI configuration space of a virtio-pci function for `device` with `vectors` MSI-X
+/// vectors; returns it and the MSI-X capability's offset.
+fn pci_config(device: &dyn VirtioDevice, bar_addr: u64, vectors: u16) -> (PciConfig, usize) {
+    let queues = device.queue_max_sizes().len();
+    let kind = device.device_type();
+    let class = if kind == TYPE_BLOCK {
+        (0x01, 0x80, 0)
+    } else {
+        (0xff, 0, 0)
+    };
+    let mut config = PciConfig::new(PciIds {
+        vendor: VIRTIO_VENDOR,
+        device: 0x1040 + kind as u16,
+        revision: 1,
+        class,
+        subsystem_vendor: VIRTIO_VENDOR,
+        subsystem: 0x40,
+    });
+    config.set_bar(0, BarKind::Mem64, BAR_SIZE, bar_addr);
+    config.add_capability(VIRTIO_CAP_ID, &virtio_cap(1, COMMON, COMMON_LEN, None));
+    let notify_len = (queues as u64 * u64::from(NOTIFY_MULTIPLIER)).max(4);
+    let notify_cap = virtio_cap(2, NOTIFY, notify_len, Some(NOTIFY_MULTIPLIER));
+    config.add_capability(VIRTIO_CAP_ID, &notify_cap);
+    config.add_capability(VIRTIO_CAP_ID, &virtio_cap(3, ISR, 1, None));
+    config.add_capability(VIRTIO_CAP_ID, &virtio_cap(4, DEVICE_CFG, REGION, None));
+    // The PCI configuration access capability is presented as the spec asks; exitless
+    // does not serve accesses through its window (drivers use the BAR).
+    config.add_capability(
+        VIRTIO_CAP_ID,
+        &[virtio_cap(5, 0, 0, None), vec![0; 4]].concat(),
+    );
+    let body = msix::Msix::capability_body(vectors, 0, MSIX_TABLE as u32, MSIX_PBA as u32);
+    let msix_cap = config.add_capability(msix::CAP_ID, &body);
+    (config, msix_cap)
+}
+
 impl VirtioPciDevice {
     /// Wraps `device`, BAR 0 placed at `bar_addr` (the guest may move it).
     pub fn new(
@@ -91,57 +151,34 @@ impl VirtioPciDevice {
         bar_addr: u64,
         mem: GuestMemoryMmap,
         event_loop: EventLoopHandle,
-    ) -> std::io::Result<Self> {
+    ) -> std::io::Result<Arc<Self>> {
         let queues = device.queue_max_sizes().len();
         let vectors = queues as u16 + 1;
-        let kind = device.device_type();
-        let class = if kind == TYPE_BLOCK {
-            (0x01, 0x80, 0)
-        } else {
-            (0xff, 0, 0)
-        };
-        let mut config = PciConfig::new(PciIds {
-            vendor: VIRTIO_VENDOR,
-            device: 0x1040 + kind as u16,
-            revision: 1,
-            class,
-            subsystem_vendor: VIRTIO_VENDOR,
-            subsystem: 0x40,
-        });
-        config.set_bar(0, BarKind::Mem64, BAR_SIZE, bar_addr);
-        config.add_capability(VIRTIO_CAP_ID, &virtio_cap(1, COMMON, COMMON_LEN, None));
-        let notify_len = (queues as u64 * u64::from(NOTIFY_MULTIPLIER)).max(4);
-        let notify_cap = virtio_cap(2, NOTIFY, notify_len, Some(NOTIFY_MULTIPLIER));
-        config.add_capability(VIRTIO_CAP_ID, &notify_cap);
-        config.add_capability(VIRTIO_CAP_ID, &virtio_cap(3, ISR, 1, None));
-        config.add_capability(VIRTIO_CAP_ID, &virtio_cap(4, DEVICE_CFG, REGION, None));
-        // The PCI configuration access capability is presented as the spec asks; exitless
-        // does not serve accesses through its window (drivers use the BAR).
-        config.add_capability(
-            VIRTIO_CAP_ID,
-            &[virtio_cap(5, 0, 0, None), vec![0; 4]].concat(),
-        );
-        let body = msix::Msix::capability_body(vectors, 0, MSIX_TABLE as u32, MSIX_PBA as u32);
-        let msix_cap = config.add_capability(msix::CAP_ID, &body);
+        let (config, msix_cap) = pci_config(device.as_ref(), bar_addr, vectors);
         let common = CommonCfg::new(device.features(), device.queue_max_sizes(), vectors);
         let notify = (0..queues)
-            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .map(|_| EventFd::new(EFD_NONBLOCK).map(Arc::new))
             .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(VirtioPciDevice {
+        let irq = Arc::new(MsixInterrupt::new(vectors, queues)?);
+        let health = Arc::new(DeviceHealth::new(name, irq.clone()));
+        let counters = device.counters();
+        Ok(Arc::new_cyclic(|me| VirtioPciDevice {
             name: name.to_string(),
             config: Mutex::new(config),
             msix_cap,
             transport: Mutex::new(Transport {
                 common,
                 device,
-                active: false,
+                phase: Phase::Idle,
             }),
-            irq: Arc::new(MsixInterrupt::new(vectors, queues)?),
+            irq,
             notify,
             mem,
             event_loop,
-            faults: AtomicU64::new(0),
-        })
+            health,
+            counters,
+            me: me.clone(),
+        }))
     }
 
     pub fn name(&self) -> &str {
@@ -172,34 +209,56 @@ impl VirtioPciDevice {
                     len: 0,
                     datamatch: None,
                 };
-                (event, evt)
+                (event, evt.as_ref())
             })
             .collect()
     }
 
     /// Guest accesses that were not valid register accesses.
     pub fn faults(&self) -> u64 {
-        self.faults.load(Ordering::Relaxed)
+        self.health.faults.load(Ordering::Relaxed)
+    }
+
+    /// Whether the device's queue work runs.
+    pub fn is_running(&self) -> bool {
+        matches!(lock(&self.transport).phase, Phase::Running(_))
+    }
+
+    /// The device's health: broken rings, refused starts and status writes, faults.
+    pub fn health(&self) -> &Arc<DeviceHealth> {
+        &self.health
     }
 
     /// The device's per-queue counters.
     pub fn counters(&self) -> Arc<[crate::devices::virtio::QueueCounters]> {
-        lock(&self.transport).device.counters()
+        self.counters.clone()
     }
 
-    /// What the device counts beyond its queues.
+    /// What the device counts beyond its queues, and what its driver did wrong.
     pub fn device_counters(&self) -> Vec<(&'static str, u64)> {
-        lock(&self.transport).device.device_counters()
+        let mut all = lock(&self.transport).device.device_counters();
+        all.extend(self.health.counters());
+        all
     }
 
     fn fault(&self) {
-        let n = self.faults.fetch_add(1, Ordering::Relaxed);
+        let n = self.health.faults.fetch_add(1, Ordering::Relaxed);
         if n == 0 {
-            eprintln!(
-                "{}: guest access to no register ignored (further ones are only counted)",
-                self.name
-            );
+            self.health.log.log(|| {
+                format!(
+                    "{}: guest access to no register ignored (further ones are only counted)",
+                    self.name
+                )
+            });
         }
+    }
+
+    fn common_read(&self, offset: u64, data: &mut [u8]) {
+        let mut t = lock(&self.transport);
+        if self.health.needs_reset() {
+            t.common.status |= STATUS_NEEDS_RESET;
+        }
+        t.common.read(offset, data);
     }
 
     fn common_write(&self, offset: u64, data: &[u8]) {
@@ -209,66 +268,147 @@ impl VirtioPciDevice {
             CommonEvent::Fault => self.fault(),
             CommonEvent::Vector(queue, vector) => self.irq.set_vector(queue, vector),
             CommonEvent::Reset => self.reset(&mut t),
-            CommonEvent::DriverOk => self.activate(&mut t),
+            CommonEvent::DriverOk => self.start(&mut t),
+            CommonEvent::StatusRefused => {
+                self.health.refused_status.fetch_add(1, Ordering::Relaxed);
+                self.health.log.log(|| {
+                    format!(
+                        "{}: the driver tried to clear a status bit without a reset; refused",
+                        self.name
+                    )
+                });
+            }
         }
     }
 
-    /// Back to the state after power-on: the device stops serving its queues.
-    fn reset(&self, t: &mut Transport) {
-        if t.active {
-            t.device.reset();
+    /// DRIVER_OK: the start is handed to the event loop (the vCPU returns at once). A start
+    /// while the device runs, starts or resets is refused.
+    fn start(&self, t: &mut Transport) {
+        if t.phase != Phase::Idle {
+            self.health.refused_starts.fetch_add(1, Ordering::Relaxed);
+            let name = &self.name;
+            self.health
+                .log
+                .log(|| format!("{name}: a start while the device is not idle; refused"));
+            return;
         }
-        t.active = false;
-        t.common.reset();
-        self.irq.reset();
+        t.phase = Phase::Starting;
+        let me = self.me.clone();
+        let handed = self.event_loop.fire(move |ops| {
+            if let Some(dev) = me.upgrade() {
+                dev.finish_start(ops);
+            }
+        });
+        if handed.is_err() {
+            t.phase = Phase::Idle;
+            self.health.fail("the device event loop is gone");
+        }
     }
 
-    /// Stops the device for good (it is being taken off the VM): as a reset.
-    pub fn shut_down(&self) {
-        self.reset(&mut lock(&self.transport));
+    /// On the event loop: the queues as the driver programmed them, resumed from the ring's
+    /// state, handed to the device; its queue work joins the loop.
+    fn finish_start(&self, ops: &mut dyn SubscriberOps<Subscriber = Subscriber>) {
+        let mut t = lock(&self.transport);
+        if t.phase != Phase::Starting {
+            return; // reset meanwhile
+        }
+        let started = self
+            .activation(&t)
+            .and_then(|a| t.device.activate(a).map_err(|e| e.to_string()));
+        match started {
+            Ok(worker) => t.phase = Phase::Running(ops.add_subscriber(worker)),
+            Err(why) => {
+                t.phase = Phase::Idle;
+                self.health.refused_starts.fetch_add(1, Ordering::Relaxed);
+                self.health.fail(&format!("cannot start the device: {why}"));
+            }
+        }
     }
 
-    /// Hands the enabled queues to the device; a queue the guest placed outside its memory
-    /// sets DEVICE_NEEDS_RESET instead.
-    fn activate(&self, t: &mut Transport) {
+    /// The enabled queues, each built from the driver's registers and checked in guest memory.
+    fn activation(&self, t: &Transport) -> Result<Activation, String> {
         let event_idx = t.common.driver_features & VIRTIO_RING_F_EVENT_IDX != 0;
         let mut queues = Vec::new();
         for (index, regs) in t.common.queues.iter().enumerate() {
             if !regs.enabled {
                 continue;
             }
-            let built = build_queue(regs, event_idx, &self.mem);
-            let notify = self.notify[index].try_clone();
-            match (built, notify) {
-                (Some(queue), Ok(notify)) => queues.push(ActiveQueue {
-                    index: index as u16,
-                    queue,
-                    notify,
-                }),
-                _ => return self.needs_reset(t, &format!("queue {index} is not usable")),
-            }
+            let queue = build_queue(regs, event_idx, &self.mem)
+                .ok_or_else(|| format!("queue {index} is not usable"))?;
+            queues.push(ActiveQueue {
+                index: index as u16,
+                queue,
+                notify: self.notify[index].clone(),
+            });
         }
-        let activation = Activation {
+        Ok(Activation {
             mem: self.mem.clone(),
             features: t.common.driver_features,
             queues,
             interrupt: self.irq.clone(),
-            event_loop: self.event_loop.clone(),
+            health: self.health.clone(),
+        })
+    }
+
+    /// Status 0: a device that runs or starts is reset on the event loop (its queue work
+    /// removed, which drops it and its descriptors); an idle one at once.
+    fn reset(&self, t: &mut Transport) {
+        let id = match std::mem::replace(&mut t.phase, Phase::Resetting) {
+            Phase::Idle => return self.finish_reset(t),
+            Phase::Resetting => return,
+            Phase::Starting => None,
+            Phase::Running(id) => Some(id),
         };
-        match t.device.activate(activation) {
-            Ok(()) => t.active = true,
-            Err(e) => self.needs_reset(t, &e.to_string()),
+        let me = self.me.clone();
+        let handed = self.event_loop.fire(move |ops| {
+            if let Some(dev) = me.upgrade() {
+                dev.reset_on_loop(ops, id);
+            }
+        });
+        if handed.is_err() {
+            self.finish_reset(t);
         }
     }
 
-    fn needs_reset(&self, t: &mut Transport, why: &str) {
-        eprintln!(
-            "{}: cannot start the device: {why}; it needs a reset",
-            self.name
-        );
-        t.common.status |= STATUS_NEEDS_RESET;
-        t.common.generation = t.common.generation.wrapping_add(1);
-        let _ = self.irq.signal_config();
+    fn reset_on_loop(
+        &self,
+        ops: &mut dyn SubscriberOps<Subscriber = Subscriber>,
+        id: Option<SubscriberId>,
+    ) {
+        if let Some(id) = id {
+            let _ = ops.remove_subscriber(id);
+        }
+        self.finish_reset(&mut lock(&self.transport));
+    }
+
+    /// Back to the state after power-on.
+    fn finish_reset(&self, t: &mut Transport) {
+        t.device.reset();
+        t.common.reset();
+        self.irq.reset();
+        self.health.reset();
+        t.phase = Phase::Idle;
+    }
+
+    /// Stops the device for good (it is being taken off the VM) and waits until it has: its
+    /// queue work leaves the event loop. Not for a vCPU thread.
+    pub fn shut_down(&self) {
+        let id = {
+            let mut t = lock(&self.transport);
+            match std::mem::replace(&mut t.phase, Phase::Resetting) {
+                Phase::Running(id) => Some(id),
+                _ => None,
+            }
+        };
+        let me = self.me.clone();
+        let done = self.event_loop.call(move |ops| {
+            if let Some(dev) = me.upgrade() {
+                dev.reset_on_loop(ops, id);
+            }
+        });
+        if done.is_err() {
+            self.finish_reset(&mut lock(&self.transport));
+        }
     }
 
     fn notify_write(&self, offset: u64) {
@@ -287,7 +427,9 @@ fn aligned(offset: usize, len: usize) -> bool {
     matches!(len, 1 | 2 | 4) && offset % len == 0
 }
 
-/// A `virtio_queue::Queue` as the driver programmed it, if it is valid in `mem`.
+/// A `virtio_queue::Queue` as the driver programmed it, if it is valid in `mem`. It resumes
+/// where the used ring says the device left off: a driver that resets the device and sets the
+/// same ring up again never gets a completed request executed twice.
 fn build_queue(regs: &common::QueueRegs, event_idx: bool, mem: &GuestMemoryMmap) -> Option<Queue> {
     let mut q = Queue::new(regs.max_size).ok()?;
     q.set_size(regs.size);
@@ -300,7 +442,16 @@ fn build_queue(regs: &common::QueueRegs, event_idx: bool, mem: &GuestMemoryMmap)
     q.set_used_ring_address(lo, hi);
     q.set_event_idx(event_idx);
     q.set_ready(true);
-    q.is_valid(mem).then_some(q)
+    if !q.is_valid(mem) {
+        return None;
+    }
+    let done = q
+        .used_idx(mem, std::sync::atomic::Ordering::Acquire)
+        .ok()?
+        .0;
+    q.set_next_avail(done);
+    q.set_next_used(done);
+    Some(q)
 }
 
 impl PciDevice for VirtioPciDevice {
@@ -343,7 +494,7 @@ impl PciDevice for VirtioPciDevice {
             return self.fault();
         }
         match offset {
-            o if o < COMMON_LEN => lock(&self.transport).common.read(o, data),
+            o if o < COMMON_LEN => self.common_read(o, data),
             ISR => data[0] = self.irq.take_isr(),
             o if (DEVICE_CFG..DEVICE_CFG + REGION).contains(&o) => lock(&self.transport)
                 .device

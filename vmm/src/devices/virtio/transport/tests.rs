@@ -2,20 +2,37 @@
 
 use std::sync::{Arc, Mutex};
 
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use event_manager::{EventOps, Events, MutEventSubscriber};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::common::*;
 use super::*;
 use crate::devices::virtio::{QueueCounters, VirtioError, VIRTIO_F_VERSION_1};
 use crate::event_loop::EventLoop;
 
-/// (queue index, size, descriptor table address) of an activated queue.
-type QueueSeen = (u16, u16, u64);
+/// (queue index, size, descriptor table address, next available index) of an activated queue.
+type QueueSeen = (u16, u16, u64, u16);
 
 #[derive(Default)]
 struct Seen {
     activations: Vec<(u64, Vec<QueueSeen>)>,
     resets: usize,
+    /// Queue workers alive now (made at activation, dropped when the loop lets them go).
+    workers: usize,
+}
+
+/// The fake's queue work: nothing to do, but it says when it is dropped.
+struct Worker(Arc<Mutex<Seen>>);
+
+impl MutEventSubscriber for Worker {
+    fn process(&mut self, _: Events, _: &mut EventOps) {}
+    fn init(&mut self, _: &mut EventOps) {}
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().workers -= 1;
+    }
 }
 
 struct Fake(Arc<Mutex<Seen>>, Arc<[QueueCounters]>);
@@ -34,18 +51,23 @@ impl VirtioDevice for Fake {
         data.fill(offset as u8 + 0x10);
     }
     fn write_config(&mut self, _: u64, _: &[u8]) {}
-    fn activate(&mut self, a: Activation) -> Result<(), VirtioError> {
+    fn activate(&mut self, a: Activation) -> Result<Subscriber, VirtioError> {
         let queues = a
             .queues
             .iter()
-            .map(|q| (q.index, q.queue.size(), q.queue.desc_table()))
+            .map(|q| {
+                (
+                    q.index,
+                    q.queue.size(),
+                    q.queue.desc_table(),
+                    q.queue.next_avail(),
+                )
+            })
             .collect();
-        self.0
-            .lock()
-            .unwrap()
-            .activations
-            .push((a.features, queues));
-        Ok(())
+        let mut seen = self.0.lock().unwrap();
+        seen.activations.push((a.features, queues));
+        seen.workers += 1;
+        Ok(Arc::new(Mutex::new(Worker(self.0.clone()))))
     }
     fn reset(&mut self) {
         self.0.lock().unwrap().resets += 1;
@@ -55,7 +77,7 @@ impl VirtioDevice for Fake {
     }
 }
 
-fn device() -> (VirtioPciDevice, Arc<Mutex<Seen>>, EventLoop) {
+fn device() -> (Arc<VirtioPciDevice>, Arc<Mutex<Seen>>, EventLoop) {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let el = EventLoop::start().unwrap();
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -67,6 +89,11 @@ fn device() -> (VirtioPciDevice, Arc<Mutex<Seen>>, EventLoop) {
 
 fn w(dev: &VirtioPciDevice, offset: u64, data: &[u8]) {
     dev.bar_write(0, offset, data);
+}
+
+/// Waits until the event loop did everything handed to it so far (starts, resets).
+fn settle(el: &EventLoop) {
+    el.handle().call(|_| {}).unwrap();
 }
 
 fn status(dev: &VirtioPciDevice) -> u8 {
@@ -101,11 +128,13 @@ fn a_driver_init_sequence_activates_the_device_with_its_queues() {
     setup_queue(&dev, 0, 32, 0x10000);
     setup_queue(&dev, 1, 16, 0x20000);
     w(&dev, 0x14, &[0xf]);
+    settle(&_el);
     let s = seen.lock().unwrap();
     assert_eq!(s.activations.len(), 1);
     let (features, queues) = &s.activations[0];
     assert_eq!(*features, VIRTIO_F_VERSION_1 | VIRTIO_RING_F_EVENT_IDX);
-    assert_eq!(queues, &[(0, 32, 0x10000), (1, 16, 0x20000)]);
+    assert_eq!(queues, &[(0, 32, 0x10000, 0), (1, 16, 0x20000, 0)]);
+    assert!(dev.is_running());
 }
 
 #[test]
@@ -118,8 +147,9 @@ fn features_ok_needs_version_1_and_reset_clears_everything() {
     setup_queue(&dev, 0, 32, 0x10000);
     w(&dev, 0x14, &[0xf]);
     w(&dev, 0x14, &[0]);
+    settle(&_el);
     assert_eq!(status(&dev), 0);
-    assert_eq!(seen.lock().unwrap().resets, 1);
+    assert_eq!(seen.lock().unwrap().resets, 2);
     let mut size = [0u8; 2];
     w(&dev, 0x16, &0u16.to_le_bytes());
     dev.bar_read(0, 0x18, &mut size);
@@ -132,7 +162,9 @@ fn a_queue_outside_guest_memory_needs_a_reset_instead_of_a_panic() {
     negotiate(&dev, 1);
     setup_queue(&dev, 0, 32, 0xfff0_0000);
     w(&dev, 0x14, &[0xf]);
+    settle(&_el);
     assert_eq!(status(&dev) & STATUS_NEEDS_RESET, STATUS_NEEDS_RESET);
+    assert_eq!(dev.health().refused_starts.load(Ordering::Relaxed), 1);
     assert!(seen.lock().unwrap().activations.is_empty());
 }
 
@@ -192,4 +224,64 @@ fn accesses_of_zero_or_more_than_eight_bytes_are_counted_faults() {
     dev.bar_read(0, 0, &mut wide);
     assert_eq!(dev.faults(), 3);
     assert_eq!(wide, [0; 16]);
+}
+
+/// The driver cannot clear DRIVER_OK (or any bit) except by a reset: toggling it a thousand
+/// times leaves one start and one queue worker.
+#[test]
+fn clearing_driver_ok_is_refused_and_never_starts_a_second_worker() {
+    let (dev, seen, el) = device();
+    negotiate(&dev, 1);
+    setup_queue(&dev, 0, 32, 0x10000);
+    w(&dev, 0x14, &[0xf]);
+    for _ in 0..1000 {
+        w(&dev, 0x14, &[0xb]); // DRIVER_OK cleared
+        w(&dev, 0x14, &[0xf]);
+    }
+    settle(&el);
+    let s = seen.lock().unwrap();
+    assert_eq!((s.activations.len(), s.workers), (1, 1));
+    assert_eq!(status(&dev), 0xf);
+    assert_eq!(dev.health().refused_status.load(Ordering::Relaxed), 1000);
+}
+
+/// A reset is done on the event loop: the status reads as before until it is, then 0; the
+/// queue worker is dropped (its descriptors with it).
+#[test]
+fn a_reset_completes_on_the_event_loop_and_drops_the_worker() {
+    let (dev, seen, el) = device();
+    negotiate(&dev, 1);
+    setup_queue(&dev, 0, 32, 0x10000);
+    w(&dev, 0x14, &[0xf]);
+    settle(&el);
+    assert_eq!(seen.lock().unwrap().workers, 1);
+    // Hold the loop so the reset cannot run yet.
+    let (hold, release) = std::sync::mpsc::channel::<()>();
+    el.handle()
+        .fire(move |_| {
+            let _ = release.recv();
+        })
+        .unwrap();
+    w(&dev, 0x14, &[0]);
+    assert_eq!(status(&dev), 0xf, "still resetting");
+    w(&dev, 0x14, &[0xf]);
+    hold.send(()).unwrap();
+    settle(&el);
+    assert_eq!(status(&dev), 0);
+    let s = seen.lock().unwrap();
+    assert_eq!((s.activations.len(), s.workers), (1, 0));
+}
+
+/// A driver that resets the device and sets the same ring up again resumes where the used
+/// ring says the device left off: completed requests are not served twice.
+#[test]
+fn a_restart_resumes_from_the_used_ring() {
+    let (dev, seen, el) = device();
+    negotiate(&dev, 1);
+    setup_queue(&dev, 0, 32, 0x10000);
+    // The used ring (at base + 0x2000) says 5 requests were completed.
+    dev.mem.write_obj(5u16, GuestAddress(0x12002)).unwrap();
+    w(&dev, 0x14, &[0xf]);
+    settle(&el);
+    assert_eq!(seen.lock().unwrap().activations[0].1[0].3, 5);
 }

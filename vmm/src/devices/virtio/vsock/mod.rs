@@ -20,10 +20,11 @@ use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
 use super::{
-    Activation, QueueCounters, QueueWorker, VirtioDevice, VirtioError, TYPE_VSOCK,
-    VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+    Activation, QueueCounters, VirtioDevice, VirtioError, TYPE_VSOCK, VIRTIO_F_VERSION_1,
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use crate::config::VsockConfig;
+use crate::event_loop::Subscriber;
 use muxer::Muxer;
 use worker::VsockWorker;
 
@@ -85,7 +86,6 @@ pub struct Vsock {
     muxer: Arc<Mutex<Muxer>>,
     counters: Arc<[QueueCounters]>,
     vsock: Arc<VsockCounters>,
-    worker: QueueWorker,
 }
 
 /// Binds `path`, replacing a socket file no program listens on any more.
@@ -132,7 +132,6 @@ impl Vsock {
             muxer: Arc::new(Mutex::new(muxer)),
             counters: Arc::from((0..3).map(|_| QueueCounters::default()).collect::<Vec<_>>()),
             vsock,
-            worker: QueueWorker::default(),
         };
         Ok((device, SocketFile(config.socket.clone())))
     }
@@ -161,7 +160,7 @@ impl VirtioDevice for Vsock {
     }
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
-    fn activate(&mut self, a: Activation) -> Result<(), VirtioError> {
+    fn activate(&mut self, a: Activation) -> Result<Subscriber, VirtioError> {
         let mut queues = a.queues;
         queues.sort_by_key(|q| q.index);
         let indexes: Vec<u16> = queues.iter().map(|q| q.index).collect();
@@ -187,13 +186,12 @@ impl VirtioDevice for Vsock {
             a.mem,
             a.interrupt,
             self.counters.clone(),
+            a.health,
         );
-        self.worker
-            .start("virtio-vsock", a.event_loop, Arc::new(Mutex::new(worker)))
+        Ok(Arc::new(Mutex::new(worker)))
     }
 
     fn reset(&mut self) {
-        self.worker.stop();
         self.muxer
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -82,7 +82,7 @@ fn rig(tag: &str) -> Rig {
         queues.push(ActiveQueue {
             index,
             queue,
-            notify,
+            notify: Arc::new(notify),
         });
     }
     let el = EventLoop::start().unwrap();
@@ -92,8 +92,9 @@ fn rig(tag: &str) -> Rig {
         features: dev.features(),
         queues,
         interrupt: Arc::new(Irq::default()),
-        event_loop: el.handle(),
+        health: crate::devices::virtio::test_support::health(),
     })
+    .map(|worker| el.handle().add(worker).unwrap())
     .unwrap();
     Rig {
         mem,

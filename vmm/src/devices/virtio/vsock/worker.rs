@@ -13,20 +13,22 @@ use super::muxer::{FdChange, Muxer};
 use super::packet::{Header, HDR_LEN, MAX_PAYLOAD};
 use super::{RX, TX};
 use crate::devices::virtio::{
-    serve_available, signal_used, ActiveQueue, QueueCounters, VirtioInterrupt, WritableChain,
+    serve_available, signal_used, ActiveQueue, DeviceHealth, QueueCounters, StallGuard,
+    VirtioInterrupt, WritableChain,
 };
 
 pub(super) struct VsockWorker {
     rx: Queue,
-    rx_notify: EventFd,
+    rx_notify: Arc<EventFd>,
     tx: Queue,
-    tx_notify: EventFd,
+    tx_notify: Arc<EventFd>,
     muxer: Arc<Mutex<Muxer>>,
     mem: GuestMemoryMmap,
     interrupt: Arc<dyn VirtioInterrupt>,
     counters: Arc<[QueueCounters]>,
     spare: Option<WritableChain>,
     buf: Vec<u8>,
+    health: Arc<DeviceHealth>,
 }
 
 fn lock(m: &Mutex<Muxer>) -> MutexGuard<'_, Muxer> {
@@ -68,6 +70,7 @@ impl VsockWorker {
         mem: GuestMemoryMmap,
         interrupt: Arc<dyn VirtioInterrupt>,
         counters: Arc<[QueueCounters]>,
+        health: Arc<DeviceHealth>,
     ) -> Self {
         VsockWorker {
             rx: rx.queue,
@@ -80,6 +83,7 @@ impl VsockWorker {
             counters,
             spare: None,
             buf: Vec::with_capacity(HDR_LEN + MAX_PAYLOAD as usize),
+            health,
         }
     }
 
@@ -97,7 +101,7 @@ impl VsockWorker {
     fn serve_tx(&mut self) {
         let (mem, buf, muxer) = (&self.mem, &mut self.buf, &self.muxer);
         let counters = &self.counters[usize::from(TX)];
-        let completed = serve_available(&mut self.tx, mem, counters, |chain| {
+        let completed = serve_available((&mut self.tx, TX), mem, counters, &self.health, |chain| {
             let (h, len) = read_packet(chain, mem, buf)?;
             lock(muxer).guest_packet(&h, &buf[HDR_LEN..HDR_LEN + len]);
             Some(0)
@@ -108,13 +112,20 @@ impl VsockWorker {
     }
 
     /// A receive chain: the one held back, or the next on the ring. With none, the guest is
-    /// asked to notify when it adds one (re-checked, as it may have just added one).
+    /// asked to notify when it adds one (re-checked, as it may have just added one), under a
+    /// [`StallGuard`]: a ring that announces chains it cannot hand out is broken.
     fn take_rx_chain(&mut self) -> Option<WritableChain> {
         if let Some(c) = self.spare.take() {
             return Some(c);
         }
+        let mut stall = StallGuard::new(RX);
         loop {
+            if self.health.needs_reset() {
+                return None;
+            }
+            let mut popped = 0;
             while let Some(chain) = self.rx.pop_descriptor_chain(&self.mem) {
+                popped += 1;
                 let head = chain.head_index();
                 if let Some(c) = WritableChain::take(chain, &self.mem, 64, HDR_LEN) {
                     let _ = self.rx.disable_notification(&self.mem);
@@ -123,7 +134,9 @@ impl VsockWorker {
                 QueueCounters::add(&self.counter(RX).malformed, 1);
                 let _ = self.rx.add_used(&self.mem, head, 0);
             }
-            if !self.rx.enable_notification(&self.mem).unwrap_or(false) {
+            if !self.rx.enable_notification(&self.mem).unwrap_or(false)
+                || !stall.go_on(popped, &self.counters[usize::from(RX)], &self.health)
+            {
                 return None;
             }
         }
