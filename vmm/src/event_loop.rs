@@ -125,12 +125,27 @@ impl EventLoop {
     }
 }
 
+/// How long dropping the loop waits for its thread; one still busy after that is left behind
+/// (the process is ending), so that no device can keep the VMM from stopping.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(300);
+
 impl Drop for EventLoop {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         let _ = self.handle.endpoint.kick();
-        if let Some(t) = self.thread.take() {
+        let Some(t) = self.thread.take() else {
+            return;
+        };
+        let start = std::time::Instant::now();
+        while !t.is_finished() && start.elapsed() < STOP_GRACE {
+            thread::sleep(std::time::Duration::from_millis(2));
+        }
+        if t.is_finished() {
             let _ = t.join();
+        } else {
+            eprintln!(
+                "exitless: the device thread did not stop within {STOP_GRACE:?}; left behind"
+            );
         }
     }
 }

@@ -299,6 +299,7 @@ impl DeviceManager {
             let routes = RouteUpdater {
                 routing: self.routing.clone(),
                 vm: self.vm.clone(),
+                log: m.device.health().clone(),
             };
             irq.connect(m.gsis.clone(), Box::new(routes));
             if let Layout::Running(_) = self.layout {

@@ -41,6 +41,8 @@ impl BusDevice for BarRange {
 pub struct RouteUpdater {
     pub routing: Arc<Mutex<GsiRouting>>,
     pub vm: Arc<VmFd>,
+    /// The device's log (a guest reprograms vectors as often as it likes).
+    pub log: Arc<crate::devices::virtio::DeviceHealth>,
 }
 
 impl MsiRoutes for RouteUpdater {
@@ -49,11 +51,19 @@ impl MsiRoutes for RouteUpdater {
         match routing.set_msi(gsi, message) {
             Ok(true) => {
                 if let Err(e) = routing.apply(&self.vm) {
-                    eprintln!("exitless: MSI route for GSI {gsi} not applied: {e}");
+                    let line = || {
+                        format!(
+                            "{}: MSI route for GSI {gsi} not applied: {e}",
+                            self.log.name()
+                        )
+                    };
+                    self.log.log.log(line);
                 }
             }
             Ok(false) => {}
-            Err(e) => eprintln!("exitless: {e}"),
+            Err(e) => {
+                self.log.log.log(|| format!("{}: {e}", self.log.name()));
+            }
         }
     }
 }
@@ -158,11 +168,14 @@ impl BarMapper for PciMapper {
             return;
         }
         if let Err(e) = self.move_bar(m, to) {
-            eprintln!(
-                "exitless: {}: BAR 0 not moved to {to:#x} ({e}); it stays at {:#x}",
-                m.device.name(),
-                m.addr
-            );
+            let health = m.device.health().clone();
+            health
+                .refused_bar_moves
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (name, at) = (m.device.name(), m.addr);
+            health
+                .log
+                .log(|| format!("{name}: BAR 0 not moved to {to:#x} ({e}); it stays at {at:#x}"));
         }
     }
 }

@@ -86,6 +86,8 @@ pub struct DeviceHealth {
     pub refused_starts: AtomicU64,
     /// Status writes refused because they cleared a bit (only a reset may).
     pub refused_status: AtomicU64,
+    /// BAR moves refused (the new place overlaps another device).
+    pub refused_bar_moves: AtomicU64,
     interrupt: Arc<dyn VirtioInterrupt>,
     pub log: RateLimitedLog,
 }
@@ -99,6 +101,7 @@ impl DeviceHealth {
             faults: AtomicU64::new(0),
             refused_starts: AtomicU64::new(0),
             refused_status: AtomicU64::new(0),
+            refused_bar_moves: AtomicU64::new(0),
             interrupt,
             log: RateLimitedLog::default(),
         }
@@ -146,6 +149,7 @@ impl DeviceHealth {
             ("register_faults", l(&self.faults)),
             ("refused_starts", l(&self.refused_starts)),
             ("refused_status_writes", l(&self.refused_status)),
+            ("refused_bar_moves", l(&self.refused_bar_moves)),
             ("log_lines_held_back", self.log.held_back()),
         ]
     }
