@@ -125,6 +125,7 @@ fn redirect_stderr(path: &std::path::Path) -> anyhow::Result<()> {
 }
 
 fn main() {
+    vmm::startup::main_started();
     let cli = parse_args();
     if cli.seccomp == Seccomp::Off {
         vmm::seccomp::disable();

@@ -115,6 +115,11 @@ pub struct RunOptions {
     /// Stop the VM after SECS seconds and exit with code 124 [default: no timeout]
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
+    /// Print where start-up time went (from main to the guest's first serial line: KVM, memory,
+    /// devices, loading, vCPU threads, seccomp, first KVM_RUN) on stderr when the VM ends
+    /// [default: off]
+    #[arg(long)]
+    timing: bool,
 }
 
 fn seconds(name: &str, value: Option<f64>) -> anyhow::Result<Option<Duration>> {
@@ -183,6 +188,9 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
         ensure_writable("--profile-json", path)?;
     }
     launch::install_signal_handlers()?;
+    if args.timing {
+        vmm::startup::enable();
+    }
     // Launch errors already include their causes in their messages: keep them one line.
     let mut vm =
         launch::launch(&config, LaunchOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -192,6 +200,7 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
     let mut terminal = RawTerminal::enter();
     // From here the main thread only waits, reports and stops the VM.
     vmm::seccomp::apply(vmm::seccomp::ThreadKind::Main)?;
+    vmm::startup::mark(vmm::startup::moment::MAIN_SECCOMP);
     let end = wait(&args, &mut vm, timeout, interval);
     if let Ok(t) = terminal.as_mut() {
         t.restore();
@@ -273,6 +282,9 @@ fn crlf(text: &str) -> String {
 }
 
 fn output_profile(args: &RunOptions, report: &ProfileReport) -> anyhow::Result<()> {
+    if let Some(timeline) = vmm::startup::timeline() {
+        eprint!("{}", timeline.render());
+    }
     if let Some(path) = &args.profile_json {
         write_json(path, report)?;
     }

@@ -538,3 +538,58 @@ fn linux_sees_the_virtio_disk_hwrng_network_card_and_vsock() {
     errs.read_to_end(Duration::from_secs(30));
     assert_eq!(code, Some(130), "{}", errs.text);
 }
+
+#[test]
+fn timing_lists_every_start_up_moment_in_order_up_to_the_first_line() {
+    if !have_kvm("timing_lists_every_start_up_moment") {
+        return;
+    }
+    let elf = common::export_guest("timing");
+    let out = exitless()
+        .arg("--kernel")
+        .arg(&elf)
+        .args([
+            "--cmdline",
+            "case=pio_out iters=100",
+            "--timing",
+            "--timeout",
+            "30",
+        ])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&elf);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let table: Vec<&str> = stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("start-up"))
+        .collect();
+    use vmm::startup::moment;
+    let moments = [
+        moment::KVM_OPEN,
+        moment::VM_CREATED,
+        moment::DEVICES,
+        moment::LOADED,
+        moment::VCPUS_CREATED,
+        moment::THREADS,
+        moment::MAIN_SECCOMP,
+        moment::FIRST_RUN,
+        moment::FIRST_LINE,
+    ];
+    let mut last = 0.0;
+    for what in moments {
+        let line = table.iter().find(|l| l.ends_with(what));
+        let line = line.unwrap_or_else(|| panic!("no {what:?} in {stderr}"));
+        let since: f64 = line.split_whitespace().next().unwrap().parse().unwrap();
+        assert!(since >= 0.0, "{line}");
+        last = f64::max(last, since);
+    }
+    // The first line comes after the vCPU first ran: the table is sorted by time.
+    let pos = |what: &str| table.iter().position(|l| l.ends_with(what)).unwrap();
+    assert!(pos(moment::FIRST_RUN) < pos(moment::FIRST_LINE), "{stderr}");
+    assert!(
+        pos(moment::KVM_OPEN) < pos(moment::VCPUS_CREATED),
+        "{stderr}"
+    );
+    assert!(last > 0.0, "{stderr}");
+}

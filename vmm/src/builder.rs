@@ -34,6 +34,7 @@ use crate::event_loop::{EventLoop, EventLoopError};
 use crate::kvm::ring::CoalescedRing;
 use crate::kvm::{self, KvmError};
 use crate::profile::{self, VcpuProfile};
+use crate::startup::{self, moment};
 use crate::vcpu::{regs, RegsAccess, Vcpu, VcpuError};
 use crate::vm::{Vm, VmError};
 
@@ -309,6 +310,7 @@ impl VmBuilder {
             .collect();
         let coalesced = devices.has_coalesced_zones();
         let entry = load_kernel(&vm, &spec, &devices.acpi_platform())?;
+        startup::mark(moment::LOADED);
         let buses = devices.finish()?;
         let layout = buses.snapshot();
         let io_names = layout.buses().pio.names_by_id();
@@ -341,6 +343,7 @@ impl VmBuilder {
             built.profiles.push(profile);
             built.vcpus.push(vcpu);
         }
+        startup::mark(moment::VCPUS_CREATED);
         let mut template = template;
         if coalesced {
             template.coalesced_ring = share_coalesced_ring(&mut built.vcpus)?;

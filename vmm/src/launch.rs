@@ -31,6 +31,7 @@ use crate::event_loop::EventLoop;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
 use crate::profile::virtio::VirtioStats;
 use crate::profile::{KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
+use crate::startup::{self, moment};
 use crate::vcpu::{Vcpu, VcpuOutcome, VmEnd};
 use crate::vm::{self, RunningVm, Vm, VmError};
 
@@ -136,6 +137,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         error,
     })?;
     let kvm = kvm::open()?;
+    startup::mark(moment::KVM_OPEN);
     let caps = kvm::Capabilities::probe(&kvm);
     config.validate(caps.max_vcpus)?;
     let spec = VmSpec {
@@ -148,10 +150,12 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         irqchip: config.irqchip,
     };
     let mut builder = VmBuilder::new(kvm, spec)?;
+    startup::mark(moment::VM_CREATED);
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
     builder.enable_hotplug()?;
     let socket_files = add_virtio_devices(&mut builder, config)?;
+    startup::mark(moment::DEVICES);
     let vcpu_opts = VcpuOptions {
         affinity: config.cpu_affinity.clone(),
         ..VcpuOptions::default()
@@ -179,6 +183,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     }
     launched.started = Instant::now();
     launched.running = Some(launched.vm.start(built.vcpus)?);
+    startup::mark(moment::THREADS);
     Ok(launched)
 }
 

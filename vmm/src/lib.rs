@@ -18,6 +18,7 @@ pub mod launch;
 pub mod memory;
 pub mod profile;
 pub mod seccomp;
+pub mod startup;
 pub mod terminal;
 pub mod test_skip;
 pub mod vcpu;

@@ -6,6 +6,7 @@
 //! interrupt is an [`EventFd`] that the VMM registers as irqfd for [`COM1_IRQ`].
 
 use super::GuestFaults;
+use crate::startup;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
@@ -309,6 +310,9 @@ impl SerialOutput {
             log.put(&self.pending);
         }
         self.sink.put(&self.pending);
+        if startup::enabled() && self.pending.contains(&b'\n') {
+            startup::mark(startup::moment::FIRST_LINE);
+        }
         self.pending.clear();
     }
 }

@@ -178,6 +178,7 @@ impl Vcpu {
         }
         kvm::kick::arm(&mut self.fd);
         crate::seccomp::apply(crate::seccomp::ThreadKind::Vcpu)?;
+        crate::startup::mark(crate::startup::moment::FIRST_RUN);
         let result = self.run_loop();
         kvm::kick::disarm();
         Ok(VcpuOutcome {
