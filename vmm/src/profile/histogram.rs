@@ -59,7 +59,9 @@ pub fn bucket_upper_bound(index: usize) -> u64 {
 /// Single-writer atomic latency histogram (see the module documentation).
 pub struct Histogram {
     buckets: [AtomicU64; BUCKET_COUNT],
-    min: AtomicU64,
+    /// The smallest value, bit-inverted: an empty histogram is all zero bytes, so tables of
+    /// them can live in untouched zero pages until a vCPU records into them.
+    min_inverted: AtomicU64,
     max: AtomicU64,
 }
 
@@ -74,7 +76,7 @@ impl Histogram {
     pub const fn new() -> Self {
         Self {
             buckets: [const { AtomicU64::new(0) }; BUCKET_COUNT],
-            min: AtomicU64::new(u64::MAX),
+            min_inverted: AtomicU64::new(0),
             max: AtomicU64::new(0),
         }
     }
@@ -84,8 +86,8 @@ impl Histogram {
     pub fn record(&self, value: u64) {
         let bucket = &self.buckets[bucket_index(value)];
         bucket.store(bucket.load(Relaxed) + 1, Relaxed);
-        if value < self.min.load(Relaxed) {
-            self.min.store(value, Relaxed);
+        if value < !self.min_inverted.load(Relaxed) {
+            self.min_inverted.store(!value, Relaxed);
         }
         if value > self.max.load(Relaxed) {
             self.max.store(value, Relaxed);
@@ -98,7 +100,11 @@ impl Histogram {
         let empty = buckets.iter().all(|&count| count == 0);
         HistogramSnapshot {
             buckets,
-            min: if empty { 0 } else { self.min.load(Relaxed) },
+            min: if empty {
+                0
+            } else {
+                !self.min_inverted.load(Relaxed)
+            },
             max: if empty { 0 } else { self.max.load(Relaxed) },
         }
     }

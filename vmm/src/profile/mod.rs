@@ -30,6 +30,7 @@ pub mod histogram;
 pub mod report;
 mod vcpu_profile;
 pub mod virtio;
+mod zeroed_table;
 
 pub use false_sharing::{run_false_sharing_benchmark, FalseSharingResult};
 pub use histogram::{Histogram, HistogramSnapshot};

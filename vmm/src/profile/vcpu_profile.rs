@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use serde::{Deserialize, Serialize};
 
 use super::histogram::{Histogram, HistogramSnapshot};
+use super::zeroed_table::{ZeroIsEmpty, ZeroedTable};
 use super::ExitReason;
 
 /// Number of host CPUs tracked by the CPU bitmask.
@@ -34,6 +35,10 @@ pub struct ExitStats {
     total_cycles: AtomicU64,
     histogram: Histogram,
 }
+
+// SAFETY: counters and a histogram of atomics, empty when zeroed (the histogram keeps its
+// minimum inverted for that); no Drop.
+unsafe impl ZeroIsEmpty for ExitStats {}
 
 impl ExitStats {
     /// Records one sample of `cycles`. Single writer only.
@@ -118,10 +123,8 @@ impl ExitStatsSnapshot {
 #[derive(Default)]
 struct CoalescedSlot(AtomicU64);
 
-/// `len` zeroed coalesced-write slots.
-fn coalesced_table(len: usize) -> Box<[CoalescedSlot]> {
-    (0..len).map(|_| CoalescedSlot::default()).collect()
-}
+// SAFETY: one atomic counter, zero when empty; no Drop.
+unsafe impl ZeroIsEmpty for CoalescedSlot {}
 
 /// Slot for `device` in a table of `len` slots whose last slot is "unmapped".
 #[inline]
@@ -139,19 +142,23 @@ pub struct VcpuProfile {
     kvm_run_cycles: AtomicU64,
     host_cpu_mask: [AtomicU64; CPU_MASK_WORDS],
     /// Indexed by `ExitReason as usize`.
-    by_reason: Box<[ExitStats]>,
+    by_reason: ZeroedTable<ExitStats>,
     /// Per device, for `IoIn`, `IoOut`, `MmioRead`, `MmioWrite` (in that
     /// order); each has one slot per bus device plus a last "unmapped" slot.
-    by_device: [Box<[ExitStats]>; 4],
+    by_device: [ZeroedTable<ExitStats>; 4],
     /// Writes delivered from the coalesced ring to the PIO bus: one slot per
     /// bus device plus a last "unmapped" slot.
-    coalesced_pio: Box<[CoalescedSlot]>,
+    coalesced_pio: ZeroedTable<CoalescedSlot>,
     /// The same for the MMIO bus.
-    coalesced_mmio: Box<[CoalescedSlot]>,
+    coalesced_mmio: ZeroedTable<CoalescedSlot>,
 }
 
-fn stats_table(len: usize) -> Box<[ExitStats]> {
-    (0..len).map(|_| ExitStats::default()).collect()
+fn stats_table(len: usize) -> ZeroedTable<ExitStats> {
+    ZeroedTable::new(len)
+}
+
+fn coalesced_table(len: usize) -> ZeroedTable<CoalescedSlot> {
+    ZeroedTable::new(len)
 }
 
 /// Position of `reason` in `VcpuProfile::by_device`, if it has devices.
