@@ -1,8 +1,11 @@
 //! exitless: a KVM VMM that keeps exits few and cheap and shows where exit cycles go.
 
 mod api;
+#[cfg(feature = "lab")]
 mod bench;
+#[cfg(feature = "lab")]
 mod compare;
+#[cfg(feature = "lab")]
 mod compare_api;
 mod output_file;
 mod remote;
@@ -56,10 +59,12 @@ enum Seccomp {
 #[derive(Subcommand)]
 enum Command {
     /// Measure what each kind of VM exit costs on this host (the exit lab).
+    #[cfg(feature = "lab")]
     Bench(bench::BenchArgs),
     /// Boot a Linux guest.
     Run(run::RunArgs),
     /// Run the bench guest under exitless and the peer VMMs found here, side by side.
+    #[cfg(feature = "lab")]
     Compare(compare::CompareArgs),
     /// Send one request to a VMM started with --api-socket (like ch-remote).
     Remote(remote::RemoteArgs),
@@ -96,10 +101,13 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match (cli.command, cli.api_socket) {
         (Some(Command::Run(args)), socket) => run::main(args, socket.as_deref(), verbose),
         (Some(Command::Remote(args)), _) => remote::main(args),
+        #[cfg(feature = "lab")]
         (Some(Command::Bench(_) | Command::Compare(_)), Some(_)) => {
             anyhow::bail!("--api-socket goes alone (an empty VMM) or with `run`")
         }
+        #[cfg(feature = "lab")]
         (Some(Command::Bench(args)), None) => bench::main(args),
+        #[cfg(feature = "lab")]
         (Some(Command::Compare(args)), None) => compare::main(args),
         (None, Some(socket)) => api::main(&socket, verbose),
         (None, None) => {

@@ -8,20 +8,15 @@
 //! let built = b.build(&VcpuOptions::default())?; // kernel, boot tables, vCPUs
 //! ```
 
-use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvm_bindings::{kvm_pit_config, Msrs, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VcpuFd};
-use linux_loader::loader::elf::{Elf, PvhBootCapability};
-use linux_loader::loader::KernelLoader;
 use thiserror::Error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::boot::linux::{write_cmdline, CMDLINE_MAX_SIZE};
-use crate::boot::params::write_pvh_start_info;
 use crate::boot::{self, cpuid, mptable, msrs, BootError, LinuxBoot};
 use crate::bus::SharedBuses;
 use crate::config::{CpuAffinity, IrqchipMode};
@@ -70,6 +65,7 @@ pub enum KernelImage {
     File(PathBuf),
     /// A PVH ELF held in memory (the bench guest): loaded, command line and PVH start info
     /// with the memory map, nothing else.
+    #[cfg(feature = "lab")]
     Embedded(&'static [u8]),
 }
 
@@ -114,7 +110,11 @@ impl Default for VcpuOptions {
 /// Where vCPU 0 starts.
 enum BootEntry {
     Linux(Box<LinuxBoot>),
-    Pvh { entry: u64, start_info: u64 },
+    #[cfg_attr(not(feature = "lab"), allow(dead_code))]
+    Pvh {
+        entry: u64,
+        start_info: u64,
+    },
 }
 
 /// A VM being built: devices may still be added.
@@ -394,21 +394,32 @@ fn load_kernel(
             }
             Ok(BootEntry::Linux(Box::new(boot)))
         }
-        KernelImage::Embedded(image) => {
-            let loaded = Elf::load(&vm.mem, None, &mut Cursor::new(image), None)
-                .map_err(BuildError::Embedded)?;
-            let PvhBootCapability::PvhEntryPresent(entry) = loaded.pvh_boot_cap else {
-                return Err(BuildError::NoPvhEntry);
-            };
-            write_cmdline(&vm.mem, &spec.cmdline, CMDLINE_MAX_SIZE)?;
-            let e820 = boot::e820_map(spec.memory);
-            let start_info = write_pvh_start_info(&vm.mem, None, &e820, None)?;
-            Ok(BootEntry::Pvh {
-                entry: entry.0,
-                start_info: start_info.0,
-            })
-        }
+        #[cfg(feature = "lab")]
+        KernelImage::Embedded(image) => load_embedded(vm, spec, image),
     }
+}
+
+/// Loads a PVH ELF held in memory (the bench guest): command line and PVH start info with
+/// the memory map, nothing else.
+#[cfg(feature = "lab")]
+fn load_embedded(vm: &Vm, spec: &VmSpec, image: &[u8]) -> Result<BootEntry, BuildError> {
+    use crate::boot::linux::{write_cmdline, CMDLINE_MAX_SIZE};
+    use crate::boot::params::write_pvh_start_info;
+    use linux_loader::loader::elf::{Elf, PvhBootCapability};
+    use linux_loader::loader::KernelLoader;
+
+    let loaded = Elf::load(&vm.mem, None, &mut std::io::Cursor::new(image), None)
+        .map_err(BuildError::Embedded)?;
+    let PvhBootCapability::PvhEntryPresent(entry) = loaded.pvh_boot_cap else {
+        return Err(BuildError::NoPvhEntry);
+    };
+    write_cmdline(&vm.mem, &spec.cmdline, CMDLINE_MAX_SIZE)?;
+    let e820 = boot::e820_map(spec.memory);
+    let start_info = write_pvh_start_info(&vm.mem, None, &e820, None)?;
+    Ok(BootEntry::Pvh {
+        entry: entry.0,
+        start_info: start_info.0,
+    })
 }
 
 fn lapic_set_delivery_mode(regs: &mut [std::os::raw::c_char; 1024], offset: usize, mode: u32) {

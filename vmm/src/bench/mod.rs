@@ -6,6 +6,7 @@ pub mod cases;
 pub mod guest;
 pub mod host;
 pub mod net;
+pub mod ports;
 pub mod report;
 pub mod result;
 pub mod runner;

@@ -11,11 +11,11 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::cases::{BenchCase, CaseConfig, Expect, Target};
 use super::guest;
+use super::ports::{ExitPort, MarkerPort};
 use super::result::{parse_line, GuestLine, GuestResult, ParseError};
 use super::virtio::{self, AttachedVirtio};
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use crate::device_manager::{BusKind, DeviceManager, DeviceManagerError};
-use crate::devices::bench_ports::{ExitPort, MarkerPort};
 use crate::devices::serial::{LineCapture, SerialOutput};
 use crate::kvm::{self, IoEvent, KvmError};
 use crate::profile::VcpuProfileSnapshot;

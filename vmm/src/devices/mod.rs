@@ -1,7 +1,6 @@
 //! Device models: state machines behind the bus, testable without KVM.
 
 pub mod acpi;
-pub mod bench_ports;
 pub mod console_input;
 pub mod i8042;
 pub mod pci;
