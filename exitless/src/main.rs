@@ -134,6 +134,8 @@ fn redirect_stderr(path: &std::path::Path) -> anyhow::Result<()> {
 
 fn main() {
     vmm::startup::main_started();
+    // Before any thread: one malloc arena for all (see vmm::seccomp).
+    vmm::seccomp::prepare_malloc();
     let cli = parse_args();
     if cli.seccomp == Seccomp::Off {
         vmm::seccomp::disable();
