@@ -22,6 +22,7 @@ use crate::config::{ConfigError, DiskConfig, SerialOutputMode, VmConfig, MAX_VCP
 use crate::device_manager::{DeviceManager, Notify};
 use crate::devices::console_input::ConsoleInput;
 use crate::devices::serial::{FlushPolicy, SerialDevice, SerialError, SerialOutput};
+use crate::devices::serial_idle_flush::SerialIdleFlush;
 use crate::devices::virtio::blk::Block;
 use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
@@ -183,6 +184,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     if opts.stdin_to_serial {
         attach_stdin(&launched.event_loop, launched.serial.clone());
     }
+    attach_idle_flush(&launched.event_loop, &launched.serial);
     launched.started = Instant::now();
     launched.running = Some(launched.vm.start(built.vcpus)?);
     startup::mark(moment::THREADS);
@@ -289,6 +291,26 @@ fn console_output(config: &VmConfig) -> Result<SerialOutput, LaunchError> {
         out = out.with_log_file(path)?;
     }
     Ok(out)
+}
+
+/// Flushes partial console lines on a timer when the console takes whole lines.
+fn attach_idle_flush(events: &EventLoop, serial: &Arc<Mutex<SerialDevice>>) {
+    let holds = serial
+        .lock()
+        .map(|s| s.output().holds_partial_lines())
+        .unwrap_or(false);
+    if !holds {
+        return;
+    }
+    let added = SerialIdleFlush::new(serial.clone())
+        .map_err(|e| e.to_string())
+        .and_then(|f| {
+            let f = Arc::new(Mutex::new(f));
+            events.handle().add(f).map_err(|e| e.to_string())
+        });
+    if let Err(e) = added {
+        eprintln!("exitless: partial console lines wait for their newline: {e}");
+    }
 }
 
 /// Feeds stdin to COM1 from the device event loop until stdin ends (the VM keeps running).

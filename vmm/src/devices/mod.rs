@@ -5,6 +5,7 @@ pub mod console_input;
 pub mod i8042;
 pub mod pci;
 pub mod serial;
+pub mod serial_idle_flush;
 pub mod virtio;
 
 /// Counts guest-caused faults of one device (bad offsets, wrong access widths) and logs the

@@ -288,6 +288,11 @@ impl SerialOutput {
         self
     }
 
+    /// Whether output may wait for its newline (then a timer should flush partial lines).
+    pub fn holds_partial_lines(&self) -> bool {
+        self.policy == FlushPolicy::Newline
+    }
+
     /// The capture, if one was added.
     pub fn capture(&self) -> Option<&LineCapture> {
         self.capture.as_ref()
