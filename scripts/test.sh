@@ -30,14 +30,14 @@ if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && [ "$(id -u)" -eq 
 fi
 bash scripts/fetch-guest.sh guest
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --release -- -D warnings
+cargo clippy --workspace --all-targets --profile ci -- -D warnings
 # The VMM without the lab (no bench, compare, bench guest): the core must build on its own.
-cargo clippy -p exitless --no-default-features --release -- -D warnings
+cargo clippy -p exitless --no-default-features --profile ci -- -D warnings
 # Tests that cannot run here say why (vmm::test_skip); cargo hides it, so count them here.
 skips=$(mktemp)
 results=$(mktemp)
 trap 'rm -f "$skips" "$results"' EXIT
-EXITLESS_SKIP_LOG=$skips cargo test --workspace --release 2>&1 | tee "$results"
+EXITLESS_SKIP_LOG=$skips cargo test --workspace --profile ci 2>&1 | tee "$results"
 if [ -s "$skips" ]; then
     echo "test.sh: tests that skipped (they passed without doing their work here):"
     sort "$skips" | uniq -c | sed 's/^/  /'
