@@ -41,8 +41,18 @@ impl BusDevice for BarRange {
 pub struct RouteUpdater {
     pub routing: Arc<Mutex<GsiRouting>>,
     pub vm: Arc<VmFd>,
-    /// The device's log (a guest reprograms vectors as often as it likes).
-    pub log: Arc<crate::devices::virtio::DeviceHealth>,
+    /// The device's log (a guest reprograms vectors as often as it likes). Weak: the device's
+    /// health holds its interrupt, which holds this; a strong reference would keep the
+    /// interrupt and its irqfds alive after the device is removed.
+    pub log: std::sync::Weak<crate::devices::virtio::DeviceHealth>,
+}
+
+impl RouteUpdater {
+    fn log(&self, line: impl FnOnce(&str) -> String) {
+        if let Some(health) = self.log.upgrade() {
+            health.log.log(|| line(health.name()));
+        }
+    }
 }
 
 impl MsiRoutes for RouteUpdater {
@@ -51,19 +61,11 @@ impl MsiRoutes for RouteUpdater {
         match routing.set_msi(gsi, message) {
             Ok(true) => {
                 if let Err(e) = routing.apply(&self.vm) {
-                    let line = || {
-                        format!(
-                            "{}: MSI route for GSI {gsi} not applied: {e}",
-                            self.log.name()
-                        )
-                    };
-                    self.log.log.log(line);
+                    self.log(|name| format!("{name}: MSI route for GSI {gsi} not applied: {e}"));
                 }
             }
             Ok(false) => {}
-            Err(e) => {
-                self.log.log.log(|| format!("{}: {e}", self.log.name()));
-            }
+            Err(e) => self.log(|name| format!("{name}: {e}")),
         }
     }
 }
