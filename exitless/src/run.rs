@@ -96,7 +96,7 @@ pub struct RunOptions {
     profile_interval: Option<f64>,
     /// A raw disk image as a virtio-blk device (repeatable; readonly=on refuses the guest's
     /// writes) [default: none]
-    #[arg(long, value_name = "path=FILE[,readonly=on]")]
+    #[arg(long, value_name = "path=FILE[,readonly=on][,direct=on]")]
     disk: Vec<String>,
     /// A virtio-rng device fed from the host's getrandom(2) [default: off]
     #[arg(long)]

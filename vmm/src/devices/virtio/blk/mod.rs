@@ -73,6 +73,21 @@ pub struct BlockStats {
     pub too_long: AtomicU64,
 }
 
+impl BlockStats {
+    /// The counters by name, for the profile.
+    pub fn list(&self) -> Vec<(&'static str, u64)> {
+        let get = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        vec![
+            ("writes_durable", get(&self.writes_durable)),
+            ("writes_cached", get(&self.writes_cached)),
+            ("flushes", get(&self.flushes)),
+            ("bounced", get(&self.bounced)),
+            ("deferred", get(&self.deferred)),
+            ("too_long", get(&self.too_long)),
+        ]
+    }
+}
+
 /// The virtio-blk device model.
 pub struct Block {
     file: Arc<File>,
@@ -213,6 +228,10 @@ impl VirtioDevice for Block {
 
     fn counters(&self) -> Arc<[QueueCounters]> {
         self.counters.clone()
+    }
+
+    fn device_counters(&self) -> Vec<(&'static str, u64)> {
+        self.stats.list()
     }
 }
 
