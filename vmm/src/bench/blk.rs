@@ -52,6 +52,7 @@ pub fn attach(
         .map_err(|e| RunError::Device(format!("Cannot create the scratch disk: {e}")))?;
     let config = DiskConfig {
         path: disk.path.clone(),
+        direct: setup.direct,
         ..DiskConfig::default()
     };
     let block = Block::open(&config).map_err(|e| RunError::Device(e.to_string()))?;
@@ -64,6 +65,9 @@ pub fn guest_args(setup: &BlkSetup) -> String {
     let mut args = format!(" qd={}", setup.queue_depth);
     if !setup.msix {
         args.push_str(" irq=poll");
+    }
+    if !setup.flush {
+        args.push_str(" flush=off");
     }
     args
 }
@@ -137,6 +141,9 @@ mod tests {
         assert_eq!(guest_args(&VirtioSetup::Blk(polled)), " qd=32 irq=poll");
         let (_, no_idx, _) = blk_run("qd32-no-event-idx", 0, 0);
         assert_eq!(guest_args(&VirtioSetup::Blk(no_idx)), " qd=32 evidx=off");
+        let (_, wt, _) = blk_run("qd32-direct-write-through", 0, 0);
+        assert!(wt.direct);
+        assert_eq!(guest_args(&VirtioSetup::Blk(wt)), " qd=32 flush=off");
     }
 
     #[test]

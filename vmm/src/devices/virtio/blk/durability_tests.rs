@@ -26,7 +26,21 @@ fn synced(disk: &Disk) -> File {
 
 /// `n` 4 KiB writes of `0x5a` (then optionally a flush), the driver accepting `features`.
 fn writes(disk: &Disk, thread_pool: bool, features: u64, n: u16, flush: bool) -> Rig {
-    let mut block = Block::open(&disk.config(false)).unwrap();
+    writes_through(disk, thread_pool, WriteThrough::GroupSync, features, n, flush)
+}
+
+/// `writes`, write-through made durable `how`.
+fn writes_through(
+    disk: &Disk,
+    thread_pool: bool,
+    how: WriteThrough,
+    features: u64,
+    n: u16,
+    flush: bool,
+) -> Rig {
+    let mut block = Block::open(&disk.config(false))
+        .unwrap()
+        .with_write_through(how);
     if thread_pool {
         block = block.with_thread_pool();
     }
@@ -57,17 +71,23 @@ fn writes(disk: &Disk, thread_pool: bool, features: u64, n: u16, flush: bool) ->
     r
 }
 
-fn write_through_without_flush(thread_pool: bool) {
-    let disk = Disk::new(if thread_pool { "wt-pool" } else { "wt-uring" }, 256);
+fn write_through_without_flush(thread_pool: bool, how: WriteThrough) {
+    let disk = Disk::new(&format!("wt-{thread_pool}-{how:?}"), 256);
     let file = synced(&disk);
     let features = Block::open(&disk.config(false)).unwrap().features() & !F_FLUSH;
-    let r = writes(&disk, thread_pool, features, 8, false);
+    let r = writes_through(&disk, thread_pool, how, features, 8, false);
     let stats = r.dev.stats();
-    // Every completed write was submitted durable (RWF_DSYNC), none to the cache only...
+    // Every completed write was made durable (RWF_DSYNC, or the device's fdatasync after
+    // it), none left to the cache only...
     assert_eq!(
         (load(&stats.writes_durable), load(&stats.writes_cached)),
         (8, 0)
     );
+    let syncs = load(&stats.write_syncs);
+    match how {
+        WriteThrough::Dsync => assert_eq!(syncs, 0),
+        WriteThrough::GroupSync => assert!((1..=8).contains(&syncs), "{syncs} syncs"),
+    }
     // ...and the host's page cache holds nothing of the file not yet on disk.
     assert_eq!(dirty_pages(&file).unwrap(), 0, "a completed write is not durable");
     let data = std::fs::read(&disk.path).unwrap();
@@ -76,12 +96,14 @@ fn write_through_without_flush(thread_pool: bool) {
 
 #[test]
 fn without_flush_every_write_completes_durable_through_io_uring() {
-    write_through_without_flush(false);
+    write_through_without_flush(false, WriteThrough::GroupSync);
+    write_through_without_flush(false, WriteThrough::Dsync);
 }
 
 #[test]
 fn without_flush_every_write_completes_durable_through_the_thread_pool() {
-    write_through_without_flush(true);
+    write_through_without_flush(true, WriteThrough::GroupSync);
+    write_through_without_flush(true, WriteThrough::Dsync);
 }
 
 fn cached_until_flush(thread_pool: bool) {

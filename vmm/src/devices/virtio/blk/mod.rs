@@ -59,8 +59,10 @@ pub enum BlockError {
 /// What the device did with the driver's requests, for tests and the bench.
 #[derive(Debug, Default)]
 pub struct BlockStats {
-    /// Writes submitted write-through (RWF_DSYNC: complete once durable).
+    /// Writes made write-through (completed only once durable).
     pub writes_durable: AtomicU64,
+    /// fdatasyncs the device made itself for write-through writes (group commit).
+    pub write_syncs: AtomicU64,
     /// Writes submitted to the page cache (the driver accepted FLUSH).
     pub writes_cached: AtomicU64,
     /// Flushes submitted (fdatasync).
@@ -79,6 +81,7 @@ impl BlockStats {
         let get = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         vec![
             ("writes_durable", get(&self.writes_durable)),
+            ("write_syncs", get(&self.write_syncs)),
             ("writes_cached", get(&self.writes_cached)),
             ("flushes", get(&self.flushes)),
             ("bounced", get(&self.bounced)),
@@ -86,6 +89,16 @@ impl BlockStats {
             ("too_long", get(&self.too_long)),
         ]
     }
+}
+
+/// How writes are made durable before they complete when the driver did not accept FLUSH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteThrough {
+    /// Each write carries RWF_DSYNC.
+    Dsync,
+    /// Writes go to the page cache; once some completed, one fdatasync covers them all and
+    /// they complete after it (group commit). The default: see docs/durability.md.
+    GroupSync,
 }
 
 /// The virtio-blk device model.
@@ -97,6 +110,7 @@ pub struct Block {
     id: [u8; ID_LEN],
     config: [u8; 24],
     thread_pool: bool,
+    write_through: WriteThrough,
     counters: Arc<[QueueCounters]>,
     stats: Arc<BlockStats>,
 }
@@ -145,9 +159,16 @@ impl Block {
             id,
             config,
             thread_pool: false,
+            write_through: WriteThrough::GroupSync,
             counters: Arc::from(vec![QueueCounters::default()]),
             stats: Arc::default(),
         })
+    }
+
+    /// Makes write-through writes durable this way (to compare, and in tests).
+    pub fn with_write_through(mut self, how: WriteThrough) -> Self {
+        self.write_through = how;
+        self
     }
 
     /// What the device did with the requests so far.
@@ -214,7 +235,8 @@ impl VirtioDevice for Block {
             stats: self.stats.clone(),
             shape: self.shape,
             id: self.id,
-            write_through: a.features & F_FLUSH == 0,
+            write_through: (a.features & F_FLUSH == 0).then_some(self.write_through),
+            group: GroupSync::default(),
             direct: self.direct,
             inflight: (0..size).map(|_| None).collect(),
             free: (0..size as u32).rev().collect(),
@@ -255,8 +277,10 @@ struct BlockWorker {
     stats: Arc<BlockStats>,
     shape: DiskShape,
     id: [u8; ID_LEN],
-    /// The driver did not accept FLUSH: every write completes only once durable.
-    write_through: bool,
+    /// The driver did not accept FLUSH: every write completes only once durable, made so
+    /// this way.
+    write_through: Option<WriteThrough>,
+    group: GroupSync,
     direct: Option<Alignment>,
     inflight: Vec<Option<InFlight>>,
     free: Vec<u32>,
@@ -268,8 +292,19 @@ struct BlockWorker {
     health: Arc<DeviceHealth>,
 }
 
+/// Write-through writes that completed in the cache and wait for the device's fdatasync.
+#[derive(Default)]
+struct GroupSync {
+    /// Waiting for the next sync.
+    waiting: Vec<Request>,
+    /// Covered by the running sync (which started after each of them completed).
+    running: Vec<Request>,
+    in_flight: bool,
+}
+
 #[cfg(test)]
 mod durability_tests;
+mod group_sync;
 #[cfg(test)]
 mod tests;
 

@@ -201,6 +201,9 @@ pub fn parse(
         VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT | VIRTIO_BLK_T_GET_ID => return Err(ioerr(true)),
         _ => return Err(refuse(Some(status), VIRTIO_BLK_S_UNSUPP, false)),
     };
+    if data.len() > SEG_MAX as usize {
+        return Err(ioerr(true)); // framing packed more than seg_max data segments
+    }
     let data_len = total(&data);
     for &(addr, len) in &data {
         if mem.get_slice(addr, len as usize).is_err() {

@@ -22,7 +22,7 @@ impl BlockWorker {
     }
 
     /// Puts a finished chain on the used ring with `status` at its status byte.
-    fn finish(
+    pub(super) fn finish(
         &mut self,
         head: u16,
         status_addr: Option<vm_memory::GuestAddress>,
@@ -108,7 +108,8 @@ impl BlockWorker {
             self.finish(r.head, Some(r.status), request::VIRTIO_BLK_S_IOERR, 0);
             return false;
         };
-        let durable = kind == IoKind::Write && self.write_through;
+        let write_through = kind == IoKind::Write && self.write_through.is_some();
+        let durable = write_through && self.write_through == Some(WriteThrough::Dsync);
         let op = IoOp {
             slot,
             kind,
@@ -122,7 +123,7 @@ impl BlockWorker {
             self.finish(r.head, Some(r.status), request::VIRTIO_BLK_S_IOERR, 0);
             return false;
         }
-        let counter = match (kind, durable) {
+        let counter = match (kind, write_through) {
             (IoKind::Write, true) => Some(&self.stats.writes_durable),
             (IoKind::Write, false) => Some(&self.stats.writes_cached),
             (IoKind::Flush, _) => Some(&self.stats.flushes),
@@ -140,7 +141,7 @@ impl BlockWorker {
         true
     }
 
-    fn io_error(&mut self, e: &std::io::Error) {
+    pub(super) fn io_error(&mut self, e: &std::io::Error) {
         if !self.warned_io {
             self.warned_io = true;
             eprintln!("virtio-blk: disk I/O failed ({e}); the guest gets an I/O error (further ones only counted)");
@@ -245,6 +246,10 @@ impl BlockWorker {
             return;
         }
         for c in done {
+            if c.slot == group_sync::SYNC_SLOT {
+                self.synced(&c);
+                continue;
+            }
             let Some(f) = self
                 .inflight
                 .get_mut(c.slot as usize)
@@ -255,8 +260,13 @@ impl BlockWorker {
             self.free.push(f.op.slot);
             self.inflight_bytes -= f.request.data_len;
             let (status, len) = self.outcome(&c, &f);
+            if status == request::VIRTIO_BLK_S_OK && self.awaits_sync(&f.request) {
+                self.group.waiting.push(f.request);
+                continue;
+            }
             self.finish(f.request.head, Some(f.request.status), status, len);
         }
+        self.start_sync();
         self.maybe_signal();
         if self.deferred {
             self.serve_queue();
