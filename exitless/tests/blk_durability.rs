@@ -52,7 +52,10 @@ fn run_check(guest: &Path, disk: &str, extra: &str) -> (String, serde_json::Valu
     let blk = profile["virtio"][0].clone();
     assert_eq!(blk["device"], "virtio-blk0", "{profile:#}");
     assert!(
-        out.contains(&format!("EXITLESS VIRTIO blk verified bytes={}", BLOCKS * 4096)),
+        out.contains(&format!(
+            "EXITLESS VIRTIO blk verified bytes={}",
+            BLOCKS * 4096
+        )),
         "{out}"
     );
     (out, blk)
@@ -74,7 +77,11 @@ fn a_driver_without_flush_gets_every_write_durable_when_it_completes() {
     // ...and nothing of the image waits in the host's page cache (the VMM is gone; the
     // kernel has not written anything back in between unless we made it).
     let file = std::fs::File::open(&image.0).unwrap();
-    assert_eq!(dirty_pages(&file).unwrap(), 0, "completed writes not durable");
+    assert_eq!(
+        dirty_pages(&file).unwrap(),
+        0,
+        "completed writes not durable"
+    );
 }
 
 #[test]
@@ -149,8 +156,15 @@ fn chains_past_seg_max_on_every_slot_cost_no_host_memory_and_hold_back_nothing()
     assert!(done, "{}", out.text);
     let (before, after) = (before.unwrap(), after.unwrap());
     eprintln!("exitless peak RSS: {before} KiB when the guest was ready, {after} KiB after");
-    let line = out.text.lines().find(|l| l.contains("hostile done")).unwrap();
-    assert!(line.contains(" served=0 "), "a chain past seg_max was served: {line}");
+    let line = out
+        .text
+        .lines()
+        .find(|l| l.contains("hostile done"))
+        .unwrap();
+    assert!(
+        line.contains(" served=0 "),
+        "a chain past seg_max was served: {line}"
+    );
     assert!(
         line.contains("long_then_normal_served=1 normal_status=0"),
         "{line}"

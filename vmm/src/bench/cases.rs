@@ -47,6 +47,8 @@ pub struct BlkSetup {
     pub flush: bool,
     /// The image is opened O_DIRECT (`direct=on`).
     pub direct: bool,
+    /// Write-through by RWF_DSYNC on each write instead of group commit (to compare).
+    pub dsync: bool,
 }
 
 /// How a virtio_net configuration drives its card: frames to a tap in a private network
@@ -146,6 +148,7 @@ const fn blk(
         event_idx,
         flush: true,
         direct: false,
+        dsync: false,
     }));
     c
 }
@@ -156,8 +159,16 @@ const fn blk_durable(
     queue_depth: u16,
     flush: bool,
     direct: bool,
+    dsync: bool,
 ) -> CaseConfig {
-    let mut c = blk(name, queue_depth, Notify::Ioeventfd, true, true, Expect::None);
+    let mut c = blk(
+        name,
+        queue_depth,
+        Notify::Ioeventfd,
+        true,
+        true,
+        Expect::None,
+    );
     c.virtio = Some(VirtioSetup::Blk(BlkSetup {
         queue_depth,
         notify: Notify::Ioeventfd,
@@ -165,6 +176,7 @@ const fn blk_durable(
         event_idx: true,
         flush,
         direct,
+        dsync,
     }));
     c
 }
@@ -341,10 +353,12 @@ pub const CASES: &[BenchCase] = &[
             blk("qd32-polled", 32, Notify::Ioeventfd, false, true, NoExit),
             blk("qd1-notify-exits", 1, Notify::VcpuThread, true, true, One),
             blk("qd32-notify-exits", 32, Notify::VcpuThread, true, true, AtMost(1.0)),
-            blk_durable("qd1-write-through", 1, false, false),
-            blk_durable("qd32-write-through", 32, false, false),
-            blk_durable("qd32-direct", 32, true, true),
-            blk_durable("qd32-direct-write-through", 32, false, true),
+            blk_durable("qd1-write-through", 1, false, false, false),
+            blk_durable("qd32-write-through", 32, false, false, false),
+            blk_durable("qd32-write-through-dsync", 32, false, false, true),
+            blk_durable("qd32-direct", 32, true, true, false),
+            blk_durable("qd32-direct-write-through", 32, false, true, false),
+            blk_durable("qd32-direct-write-through-dsync", 32, false, true, true),
         ],
     },
     BenchCase {

@@ -26,7 +26,14 @@ fn synced(disk: &Disk) -> File {
 
 /// `n` 4 KiB writes of `0x5a` (then optionally a flush), the driver accepting `features`.
 fn writes(disk: &Disk, thread_pool: bool, features: u64, n: u16, flush: bool) -> Rig {
-    writes_through(disk, thread_pool, WriteThrough::GroupSync, features, n, flush)
+    writes_through(
+        disk,
+        thread_pool,
+        WriteThrough::GroupSync,
+        features,
+        n,
+        flush,
+    )
 }
 
 /// `writes`, write-through made durable `how`.
@@ -89,7 +96,11 @@ fn write_through_without_flush(thread_pool: bool, how: WriteThrough) {
         WriteThrough::GroupSync => assert!((1..=8).contains(&syncs), "{syncs} syncs"),
     }
     // ...and the host's page cache holds nothing of the file not yet on disk.
-    assert_eq!(dirty_pages(&file).unwrap(), 0, "a completed write is not durable");
+    assert_eq!(
+        dirty_pages(&file).unwrap(),
+        0,
+        "a completed write is not durable"
+    );
     let data = std::fs::read(&disk.path).unwrap();
     assert!(data[..8 * 4096].iter().all(|&b| b == 0x5a));
 }

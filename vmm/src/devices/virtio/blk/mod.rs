@@ -30,8 +30,8 @@ use super::{
 };
 use crate::config::DiskConfig;
 use crate::event_loop::Subscriber;
-use io::{Completion, DiskIo, IoKind, IoOp, Iovecs};
 use direct::{Alignment, Bounce};
+use io::{Completion, DiskIo, IoKind, IoOp, Iovecs};
 use request::{DiskShape, Op, Refused, Request, ID_LEN, MAX_REQUEST_BYTES, SECTOR};
 
 /// Entries of the request queue.
