@@ -95,7 +95,7 @@ pub struct RunOptions {
     #[arg(long, value_name = "SECS")]
     profile_interval: Option<f64>,
     /// A raw disk image as a virtio-blk device (repeatable; readonly=on refuses the guest's
-    /// writes) [default: none]
+    /// writes, direct=on opens it O_DIRECT) [default: none]
     #[arg(long, value_name = "path=FILE[,readonly=on]")]
     disk: Vec<String>,
     /// A virtio-rng device fed from the host's getrandom(2) [default: off]

@@ -304,6 +304,7 @@ static const struct bench_case cases[] = {
     {"self_ipi", 0, NEEDS_LAPIC, loop_self_ipi, loop_empty_c, 0, 0},
     {"virtio_blk", 3, NAMED, loop_virtio_blk, loop_empty_c, virtio_blk_setup, report_virtio_blk},
     {"virtio_check", 3, NAMED, loop_virtio_check, loop_empty_c, virtio_blk_setup, 0},
+    {"virtio_blk_hostile", 3, NAMED, loop_virtio_blk_hostile, loop_empty_c, virtio_blk_setup, 0},
     {"virtio_net", 3, NAMED, loop_virtio_net, loop_empty_c, virtio_net_setup, report_virtio_net},
     {"net_check", 3, NAMED, loop_net_check, loop_empty_c, virtio_net_setup, 0},
     {"virtio_vsock", 3, NAMED, loop_virtio_vsock, loop_empty_c, virtio_vsock_setup, report_virtio_vsock},

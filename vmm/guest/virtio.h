@@ -99,6 +99,7 @@ void virtio_fail(const char *what);
 const char *virtio_blk_setup(const char *cmdline);
 u64 loop_virtio_blk(u64 n);
 u64 loop_virtio_check(u64 blocks);
+u64 loop_virtio_blk_hostile(u64 rounds);
 /* The virtio_blk result line's own fields. */
 void report_virtio_blk(void);
 /* Writes `blocks` blocks with a pattern, flushes, reads them back and compares (reported). */

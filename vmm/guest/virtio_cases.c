@@ -1,10 +1,14 @@
 /* The virtio cases of the bench guest: virtio_blk (4 KiB random reads and writes at a queue
- * depth, measured) and virtio_check (a pattern written, flushed, read back and compared;
- * random bytes from virtio-rng). Both run at CPL3. */
+ * depth, measured), virtio_check (a pattern written, flushed, read back and compared;
+ * random bytes from virtio-rng) and virtio_blk_hostile (a driver breaking seg_max on every
+ * queue slot). All run at CPL3. Options: flush=off (FLUSH not accepted: the device must write
+ * through), evidx=off, irq=poll, qd=N, seed=N, hold. */
 #include "virtio.h"
 
 #define VIRTIO_BLK_F_RO (1UL << 5)
 #define VIRTIO_BLK_F_FLUSH (1UL << 9)
+#define VIRTIO_RING_F_INDIRECT_DESC (1UL << 28)
+#define VRING_DESC_F_INDIRECT 4
 #define VIRTIO_BLK_T_IN 0
 #define VIRTIO_BLK_T_OUT 1
 #define VIRTIO_BLK_T_FLUSH 4
@@ -131,7 +135,9 @@ const char *virtio_blk_setup(const char *cmdline)
     const char *why = virtio_open(&blk, (u8)slot);
     if (why)
         return why;
-    u64 wanted = VIRTIO_BLK_F_FLUSH | VIRTIO_BLK_F_RO;
+    u64 wanted = VIRTIO_BLK_F_RO | VIRTIO_RING_F_INDIRECT_DESC;
+    if (!arg_is(cmdline, "flush=", "off"))
+        wanted |= VIRTIO_BLK_F_FLUSH;
     if (!arg_is(cmdline, "evidx=", "off"))
         wanted |= VIRTIO_RING_F_EVENT_IDX;
     if ((why = virtio_negotiate(&blk, wanted)))
@@ -278,5 +284,80 @@ u64 loop_virtio_check(u64 blocks)
     puts_((const char *)buffers[0]);
     puts_("\n");
     check_rng();
+    return 0;
+}
+
+/* ---- virtio_blk_hostile ---- */
+
+/* One indirect table shared by every request: the header, HOSTILE_SEGS 8-byte buffers (all
+ * the same bytes) and the status byte. 65,024 segments break the device's seg_max (254). */
+#define HOSTILE_SEGS 65024
+static struct vring_desc hostile_table[HOSTILE_SEGS + 2] __attribute__((aligned(16)));
+
+static void hostile_fill(u32 segs)
+{
+    headers[0] = (struct blk_header){VIRTIO_BLK_T_IN, 0, 0};
+    hostile_table[0] = (struct vring_desc){(u64)&headers[0], sizeof(headers[0]), VRING_DESC_F_NEXT, 1};
+    for (u32 i = 0; i < segs; i++)
+        hostile_table[1 + i] = (struct vring_desc){(u64)buffers[1], 8, VRING_DESC_F_WRITE | VRING_DESC_F_NEXT, (u16)(i + 2)};
+    hostile_table[segs + 1] = (struct vring_desc){(u64)&statuses[0], 1, VRING_DESC_F_WRITE, 0};
+}
+
+/* Posts descriptor `d` as a request through the table's first `segs` + 2 entries. */
+static void hostile_post(u16 d, u32 segs)
+{
+    blk_vq.desc[d] = (struct vring_desc){(u64)hostile_table, 16 * (segs + 2), VRING_DESC_F_INDIRECT, 0};
+    vring_post(&blk_vq, d);
+}
+
+/* Waits for `n` completions; returns how many came back with data (a served read). */
+static u32 hostile_wait(u32 n)
+{
+    u32 served = 0;
+    struct vring_used_elem e;
+    for (u32 i = 0; i < n; i++) {
+        vring_wait(&blk_vq, use_irq, &e, "virtio_blk_hostile: no completion within seconds");
+        served += e.len > 1;
+    }
+    return served;
+}
+
+/* `rounds` times: every queue slot holds a read through the over-long table, one notify.
+ * Then a read of 1,536 buffers beside a normal read, one notify: both must complete. The
+ * guest says "ready" and waits about a second first (the host reads its baseline memory). */
+u64 loop_virtio_blk_hostile(u64 rounds)
+{
+    if (!(blk.features & VIRTIO_RING_F_INDIRECT_DESC))
+        fail("virtio_blk_hostile: the device refused indirect descriptors");
+    hostile_fill(HOSTILE_SEGS);
+    puts_("EXITLESS BLK hostile ready slots=");
+    put_u64(blk_vq.size);
+    puts_("\n");
+    for (u64 t = rdtsc(); rdtsc() - t < 3000000000UL;)
+        __asm__ volatile("pause");
+    u32 served = 0;
+    for (u64 r = 0; r < rounds; r++) {
+        for (u16 d = 0; d < blk_vq.size; d++)
+            hostile_post(d, HOSTILE_SEGS);
+        vring_kick(&blk_vq);
+        served += hostile_wait(blk_vq.size);
+    }
+    hostile_fill(1536);
+    hostile_post(0, 1536);
+    blk_post(1, VIRTIO_BLK_T_IN, 0, BLOCK);
+    vring_kick(&blk_vq); /* one notify for both: the refused one must not hold back the other */
+    u32 long_served = hostile_wait(2);
+    puts_("EXITLESS BLK hostile done requests=");
+    put_u64(rounds * blk_vq.size);
+    puts_(" served=");
+    put_u64(served);
+    puts_(" long_then_normal_served=");
+    put_u64(long_served);
+    puts_(" normal_status=");
+    put_u64(statuses[1]);
+    puts_("\n");
+    if (find_arg(blk_cmdline, "hold"))
+        for (;;)
+            __asm__ volatile("pause");
     return 0;
 }

@@ -177,7 +177,8 @@ impl BusDevice for BarAccess {
 
 /// virtio-blk request parsing: a split queue whose descriptor table and available ring are the
 /// input (loops, chains out of memory, indirect tables, wrong directions). A request that
-/// parses must have its buffers in guest memory and its sectors inside the disk.
+/// parses must have its buffers in guest memory, its sectors inside the disk, at most seg_max
+/// segments and at most seg_max * size_max bytes.
 pub fn blk_request(data: &[u8]) {
     const SIZE: u16 = 16;
     let Some((mem, mut queue)) = queue_from(data) else {
@@ -202,6 +203,11 @@ pub fn blk_request(data: &[u8]) {
             assert!(
                 !(disk.readonly && req.op == request::Op::Write),
                 "write to a read-only disk"
+            );
+            assert!(
+                req.data.len() <= request::SEG_MAX as usize
+                    && req.data_len <= request::MAX_REQUEST_BYTES,
+                "more than seg_max segments or size_max * seg_max bytes"
             );
             for &(addr, len) in &req.data {
                 assert!(

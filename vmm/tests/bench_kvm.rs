@@ -194,7 +194,13 @@ fn virtio_blk_requests_take_no_userspace_exit_with_ioeventfd_and_msix() {
     if !kvm_available() {
         return;
     }
-    for cfg in ["qd1", "qd32", "qd32-polled"] {
+    for cfg in [
+        "qd1",
+        "qd32",
+        "qd32-polled",
+        "qd32-write-through",
+        "qd32-direct",
+    ] {
         let r = run("virtio_blk", cfg);
         assert_eq!(r.user_exits, 0, "{cfg}");
         let blk = r.virtio.expect("virtio_blk figures");

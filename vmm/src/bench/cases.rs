@@ -43,6 +43,12 @@ pub struct BlkSetup {
     /// Completions interrupt the guest through MSI-X (irqfd); else the guest polls the ring.
     pub msix: bool,
     pub event_idx: bool,
+    /// The driver accepts FLUSH (writes cached, as before); else every write is write-through.
+    pub flush: bool,
+    /// The image is opened O_DIRECT (`direct=on`).
+    pub direct: bool,
+    /// Write-through by RWF_DSYNC on each write instead of group commit (to compare).
+    pub dsync: bool,
 }
 
 /// How a virtio_net configuration drives its card: frames to a tap in a private network
@@ -140,6 +146,37 @@ const fn blk(
         notify,
         msix,
         event_idx,
+        flush: true,
+        direct: false,
+        dsync: false,
+    }));
+    c
+}
+
+/// A virtio_blk configuration with its durability: FLUSH accepted or not, O_DIRECT or not.
+const fn blk_durable(
+    name: &'static str,
+    queue_depth: u16,
+    flush: bool,
+    direct: bool,
+    dsync: bool,
+) -> CaseConfig {
+    let mut c = blk(
+        name,
+        queue_depth,
+        Notify::Ioeventfd,
+        true,
+        true,
+        Expect::None,
+    );
+    c.virtio = Some(VirtioSetup::Blk(BlkSetup {
+        queue_depth,
+        notify: Notify::Ioeventfd,
+        msix: true,
+        event_idx: true,
+        flush,
+        direct,
+        dsync,
     }));
     c
 }
@@ -307,7 +344,7 @@ pub const CASES: &[BenchCase] = &[
     },
     BenchCase {
         name: "virtio_blk",
-        what: "4 KiB random reads and writes (half each) through the guest's own virtio-pci driver at CPL3, to a disk file in the host page cache",
+        what: "4 KiB random reads and writes (half each) through the guest's own virtio-pci driver at CPL3, to a disk file in the host page cache (write-through: the driver does not accept FLUSH, each write durable; direct: the file opened O_DIRECT)",
         rounds: 3,
         configs: &[
             blk("qd1", 1, Notify::Ioeventfd, true, true, NoExit),
@@ -316,6 +353,12 @@ pub const CASES: &[BenchCase] = &[
             blk("qd32-polled", 32, Notify::Ioeventfd, false, true, NoExit),
             blk("qd1-notify-exits", 1, Notify::VcpuThread, true, true, One),
             blk("qd32-notify-exits", 32, Notify::VcpuThread, true, true, AtMost(1.0)),
+            blk_durable("qd1-write-through", 1, false, false, false),
+            blk_durable("qd32-write-through", 32, false, false, false),
+            blk_durable("qd32-write-through-dsync", 32, false, false, true),
+            blk_durable("qd32-direct", 32, true, true, false),
+            blk_durable("qd32-direct-write-through", 32, false, true, false),
+            blk_durable("qd32-direct-write-through-dsync", 32, false, true, true),
         ],
     },
     BenchCase {

@@ -1,4 +1,4 @@
-//! `--disk path=FILE[,readonly=on]`: a raw image file behind a virtio-blk device.
+//! `--disk path=FILE[,readonly=on][,direct=on]`: a raw image file behind a virtio-blk device.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -32,30 +32,33 @@ fn bad(input: &str, reason: String) -> ConfigError {
     }
 }
 
+fn on_off(input: &str, key: &str, value: &str) -> Result<bool, ConfigError> {
+    match value {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => Err(bad(input, format!("{key}={value}: use on or off"))),
+    }
+}
+
 impl FromStr for DiskConfig {
     type Err = ConfigError;
 
-    /// `path=FILE` with optional `,readonly=on|off`.
+    /// `path=FILE` with optional `,readonly=on|off` and `,direct=on|off`.
     fn from_str(input: &str) -> Result<Self, ConfigError> {
         let mut path = None;
-        let mut readonly = false;
+        let (mut readonly, mut direct) = (false, false);
         for part in input.split(',') {
             let (key, value) = part
                 .split_once('=')
                 .ok_or_else(|| bad(input, format!("'{part}' is not key=value")))?;
             match key {
                 "path" if !value.is_empty() => path = Some(PathBuf::from(value)),
-                "readonly" => {
-                    readonly = match value {
-                        "on" | "true" | "yes" => true,
-                        "off" | "false" | "no" => false,
-                        _ => return Err(bad(input, format!("readonly={value}: use on or off"))),
-                    }
-                }
+                "readonly" => readonly = on_off(input, key, value)?,
+                "direct" => direct = on_off(input, key, value)?,
                 _ => {
                     return Err(bad(
                         input,
-                        format!("unknown key '{key}' (path=, readonly=)"),
+                        format!("unknown key '{key}' (path=, readonly=, direct=)"),
                     ))
                 }
             }
@@ -64,7 +67,7 @@ impl FromStr for DiskConfig {
         Ok(DiskConfig {
             path,
             readonly,
-            direct: false,
+            direct,
             id: None,
         })
     }
@@ -79,12 +82,15 @@ mod tests {
         let d: DiskConfig = "path=/tmp/a.img".parse().unwrap();
         assert_eq!((d.path.to_str(), d.readonly), (Some("/tmp/a.img"), false));
         let d: DiskConfig = "path=b.img,readonly=on".parse().unwrap();
-        assert!(d.readonly);
+        assert!(d.readonly && !d.direct);
+        let d: DiskConfig = "path=b.img,direct=on".parse().unwrap();
+        assert!(d.direct && !d.readonly);
         for (input, why) in [
             ("b.img", "'b.img' is not key=value"),
             ("path=a,size=3", "unknown key 'size'"),
             ("readonly=on", "path=FILE is required"),
             ("path=a,readonly=maybe", "readonly=maybe: use on or off"),
+            ("path=a,direct=2", "direct=2: use on or off"),
             ("path=", "unknown key 'path'"),
         ] {
             let e = input.parse::<DiskConfig>().unwrap_err().to_string();

@@ -2,7 +2,8 @@
 //! io_uring (one submit per batch of requests, completions signalled on an eventfd), or
 //! where the host refuses io_uring, a small thread pool doing preadv/pwritev/fdatasync.
 //! Either way every request of a batch is in flight at once: a queue depth of 32 in the
-//! guest is 32 requests on the host.
+//! guest is 32 requests on the host. A write marked `durable` completes only once its data is
+//! on stable storage (RWF_DSYNC on the one write: no second operation, no second syscall).
 
 use std::fs::File;
 use std::io;
@@ -37,6 +38,19 @@ pub struct IoOp {
     pub kind: IoKind,
     pub offset: u64,
     pub iovecs: Iovecs,
+    /// A write that completes only after its data reached stable storage (RWF_DSYNC).
+    pub durable: bool,
+}
+
+impl IoOp {
+    /// The RWF_* flags of the operation's read or write.
+    fn rw_flags(&self) -> libc::c_int {
+        if self.durable && self.kind == IoKind::Write {
+            libc::RWF_DSYNC
+        } else {
+            0
+        }
+    }
 }
 
 /// An ended operation: bytes moved, or the error.
@@ -89,10 +103,11 @@ impl DiskIo {
         }
     }
 
-    /// Starts everything queued since the last call (io_uring: one syscall).
+    /// Starts everything queued since the last call (io_uring: one syscall). An operation
+    /// the kernel refuses at submission completes with its error; it holds back no other.
     pub fn submit(&mut self) -> io::Result<()> {
         match self {
-            DiskIo::Uring(u) => u.ring.submit().map(drop),
+            DiskIo::Uring(u) => u.submit_all(),
             DiskIo::Pool(_) => Ok(()),
         }
     }
@@ -118,7 +133,12 @@ pub struct Uring {
 
 impl Uring {
     fn new(file: Arc<File>, entries: u32) -> io::Result<Self> {
-        let ring = IoUring::new(entries.next_power_of_two())?;
+        let entries = entries.next_power_of_two();
+        // SUBMIT_ALL (Linux 5.18): a refused entry does not stop the rest of the batch.
+        let ring = match IoUring::builder().setup_submit_all().build(entries) {
+            Ok(ring) => ring,
+            Err(_) => IoUring::new(entries)?,
+        };
         let done = EventFd::new(EFD_NONBLOCK)?;
         ring.submitter().register_eventfd(done.as_raw_fd())?;
         Ok(Uring { ring, file, done })
@@ -129,7 +149,10 @@ impl Uring {
         let (ptr, n) = (op.iovecs.0.as_ptr(), op.iovecs.0.len() as u32);
         let entry = match op.kind {
             IoKind::Read => opcode::Readv::new(fd, ptr, n).offset(op.offset).build(),
-            IoKind::Write => opcode::Writev::new(fd, ptr, n).offset(op.offset).build(),
+            IoKind::Write => opcode::Writev::new(fd, ptr, n)
+                .offset(op.offset)
+                .rw_flags(op.rw_flags())
+                .build(),
             IoKind::Flush => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
@@ -142,7 +165,22 @@ impl Uring {
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
                 return Ok(());
             }
-            self.ring.submit()?; // the submission queue is full: start what is there
+            self.submit_all()?; // the submission queue is full: start what is there
+        }
+    }
+
+    /// Submits until the submission queue is empty. Without SUBMIT_ALL the kernel stops a
+    /// batch at an entry it refuses (that entry completes with its error) and leaves the
+    /// rest queued: submit again for them.
+    fn submit_all(&mut self) -> io::Result<()> {
+        if self.ring.submission().is_empty() {
+            return Ok(());
+        }
+        loop {
+            let submitted = self.ring.submit()?;
+            if self.ring.submission().is_empty() || submitted == 0 {
+                return Ok(());
+            }
         }
     }
 
@@ -161,23 +199,33 @@ impl Uring {
     }
 }
 
+/// An operation handed to a pool thread.
+struct Job {
+    slot: u32,
+    kind: IoKind,
+    offset: u64,
+    iovecs: Iovecs,
+    flags: libc::c_int,
+}
+
 /// The thread-pool backend.
 pub struct Pool {
-    jobs: Option<Sender<(u32, IoKind, u64, Iovecs)>>,
+    jobs: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
     completed: Arc<Mutex<Vec<Completion>>>,
     done: EventFd,
 }
 
 /// Runs one operation with plain syscalls.
-fn run_op(file: &File, kind: IoKind, offset: u64, iov: &Iovecs) -> io::Result<usize> {
+fn run_op(file: &File, job: &Job) -> io::Result<usize> {
     let fd = file.as_raw_fd();
-    let (ptr, n) = (iov.0.as_ptr(), iov.0.len() as libc::c_int);
+    let (ptr, n) = (job.iovecs.0.as_ptr(), job.iovecs.0.len() as libc::c_int);
+    let offset = job.offset as libc::off_t;
     // SAFETY: the iovecs point at live guest memory (see `Iovecs`) and `fd` is open.
     let r = unsafe {
-        match kind {
-            IoKind::Read => libc::preadv(fd, ptr, n, offset as libc::off_t),
-            IoKind::Write => libc::pwritev(fd, ptr, n, offset as libc::off_t),
+        match job.kind {
+            IoKind::Read => libc::preadv(fd, ptr, n, offset),
+            IoKind::Write => libc::pwritev2(fd, ptr, n, offset, job.flags),
             IoKind::Flush => libc::fdatasync(fd) as isize,
         }
     };
@@ -190,7 +238,7 @@ fn run_op(file: &File, kind: IoKind, offset: u64, iov: &Iovecs) -> io::Result<us
 
 impl Pool {
     fn new(file: Arc<File>, threads: usize) -> io::Result<Self> {
-        let (tx, rx) = channel::<(u32, IoKind, u64, Iovecs)>();
+        let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let completed = Arc::new(Mutex::new(Vec::new()));
         let done = EventFd::new(EFD_NONBLOCK)?;
@@ -205,12 +253,15 @@ impl Pool {
                 }
                 loop {
                     let job = rx.lock().map(|r| r.recv());
-                    let Ok(Ok((slot, kind, offset, iov))) = job else {
+                    let Ok(Ok(job)) = job else {
                         return;
                     };
-                    let result = run_op(&file, kind, offset, &iov);
+                    let result = run_op(&file, &job);
                     if let Ok(mut c) = completed.lock() {
-                        c.push(Completion { slot, result });
+                        c.push(Completion {
+                            slot: job.slot,
+                            result,
+                        });
                     }
                     let _ = done.write(1);
                 }
@@ -230,10 +281,16 @@ impl Pool {
     }
 
     fn push(&mut self, op: &IoOp) -> io::Result<()> {
-        let iov = Iovecs(op.iovecs.0.clone());
+        let job = Job {
+            slot: op.slot,
+            kind: op.kind,
+            offset: op.offset,
+            iovecs: Iovecs(op.iovecs.0.clone()),
+            flags: op.rw_flags(),
+        };
         self.jobs
             .as_ref()
-            .and_then(|j| j.send((op.slot, op.kind, op.offset, iov)).ok())
+            .and_then(|j| j.send(job).ok())
             .ok_or_else(|| io::Error::other("disk I/O threads stopped"))
     }
 }
@@ -245,4 +302,40 @@ impl Drop for Pool {
             let _ = w.join();
         }
     }
+}
+
+/// Pages of `file` in the host's page cache not yet written back (cachestat, Linux 6.5):
+/// a write that completed durable leaves none.
+pub fn dirty_pages(file: &File) -> io::Result<u64> {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct CacheStat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let range = Range { off: 0, len: 0 }; // len 0: to the end of the file
+    let mut stat = CacheStat::default();
+    // SAFETY: both structs match the kernel's and live across the call; the fd is open.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            &range as *const Range,
+            &mut stat as *mut CacheStat,
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(stat.dirty + stat.writeback)
 }

@@ -3,12 +3,18 @@
 //! io_uring, or a thread pool); completions are batched into one interrupt where the ring
 //! allows (event idx). Nothing runs on a vCPU thread, and with ioeventfd notify and MSI-X a
 //! request costs no exit to userspace.
+//!
+//! Durability follows the features the driver accepted (see docs/durability.md): with
+//! VIRTIO_BLK_F_FLUSH writes complete from the host's page cache and FLUSH makes them durable;
+//! without it every write completes only once its data is on stable storage (write-through).
 
+pub mod direct;
 pub mod io;
 pub mod request;
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
@@ -24,11 +30,16 @@ use super::{
 };
 use crate::config::DiskConfig;
 use crate::event_loop::Subscriber;
+use direct::{Alignment, Bounce};
 use io::{Completion, DiskIo, IoKind, IoOp, Iovecs};
-use request::{DiskShape, Op, Refused, Request, ID_LEN, SECTOR};
+use request::{DiskShape, Op, Refused, Request, ID_LEN, MAX_REQUEST_BYTES, SECTOR};
 
 /// Entries of the request queue.
 pub const QUEUE_SIZE: u16 = 256;
+/// Bytes of requests' data in flight on the host at once; past it requests wait in the ring.
+/// Bounce buffers (direct=on with unaligned guest buffers) are the host memory it bounds.
+pub const MAX_INFLIGHT_BYTES: u64 = MAX_REQUEST_BYTES;
+const F_SIZE_MAX: u64 = 1 << 1;
 const F_SEG_MAX: u64 = 1 << 2;
 const F_RO: u64 = 1 << 5;
 const F_BLK_SIZE: u64 = 1 << 6;
@@ -41,36 +52,88 @@ pub enum BlockError {
     Open { path: String, error: std::io::Error },
     #[error("Disk {path} is {size} bytes, not a whole number of 512-byte sectors")]
     Size { path: String, size: u64 },
-    #[error("Disk {0}: direct=on (O_DIRECT) is not supported yet")]
-    Direct(String),
+    #[error("Disk {0}: the file system refuses direct I/O (O_DIRECT); direct=off works")]
+    DirectRefused(String),
+}
+
+/// What the device did with the driver's requests, for tests and the bench.
+#[derive(Debug, Default)]
+pub struct BlockStats {
+    /// Writes made write-through (completed only once durable).
+    pub writes_durable: AtomicU64,
+    /// fdatasyncs the device made itself for write-through writes (group commit).
+    pub write_syncs: AtomicU64,
+    /// Writes submitted to the page cache (the driver accepted FLUSH).
+    pub writes_cached: AtomicU64,
+    /// Flushes submitted (fdatasync).
+    pub flushes: AtomicU64,
+    /// Requests through a bounce buffer (direct=on, unaligned guest buffers).
+    pub bounced: AtomicU64,
+    /// Times the in-flight byte budget left requests waiting in the ring.
+    pub deferred: AtomicU64,
+    /// Chains refused for having more segments than seg_max.
+    pub too_long: AtomicU64,
+}
+
+impl BlockStats {
+    /// The counters by name, for the profile.
+    pub fn list(&self) -> Vec<(&'static str, u64)> {
+        let get = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        vec![
+            ("writes_durable", get(&self.writes_durable)),
+            ("write_syncs", get(&self.write_syncs)),
+            ("writes_cached", get(&self.writes_cached)),
+            ("flushes", get(&self.flushes)),
+            ("bounced", get(&self.bounced)),
+            ("deferred", get(&self.deferred)),
+            ("too_long", get(&self.too_long)),
+        ]
+    }
+}
+
+/// How writes are made durable before they complete when the driver did not accept FLUSH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteThrough {
+    /// Each write carries RWF_DSYNC.
+    Dsync,
+    /// Writes go to the page cache; once some completed, one fdatasync covers them all and
+    /// they complete after it (group commit). The default: see docs/durability.md.
+    GroupSync,
 }
 
 /// The virtio-blk device model.
 pub struct Block {
     file: Arc<File>,
+    /// direct=on: what the image's O_DIRECT needs of guest buffers.
+    direct: Option<Alignment>,
     shape: DiskShape,
     id: [u8; ID_LEN],
     config: [u8; 24],
     thread_pool: bool,
+    write_through: WriteThrough,
     counters: Arc<[QueueCounters]>,
+    stats: Arc<BlockStats>,
 }
 
 impl Block {
-    /// Opens the image (read-only when the config says so).
+    /// Opens the image (read-only when the config says so; O_DIRECT with direct=on).
     pub fn open(disk: &DiskConfig) -> Result<Self, BlockError> {
         let path = disk.path.display().to_string();
-        if disk.direct {
-            return Err(BlockError::Direct(path));
-        }
         let open_err = |error| BlockError::Open {
             path: path.clone(),
             error,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!disk.readonly)
-            .open(&disk.path)
-            .map_err(open_err)?;
+        let (file, direct) = if disk.direct {
+            let (file, align) = direct::open(&disk.path, disk.readonly)?;
+            (file, Some(align))
+        } else {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(!disk.readonly)
+                .open(&disk.path)
+                .map_err(open_err)?;
+            (file, None)
+        };
         let meta = file.metadata().map_err(open_err)?;
         let size = meta.len();
         if size % SECTOR != 0 {
@@ -83,10 +146,12 @@ impl Block {
         id[..n].copy_from_slice(&serial.as_bytes()[..n]);
         let mut config = [0u8; 24];
         config[0..8].copy_from_slice(&(size / SECTOR).to_le_bytes());
-        config[12..16].copy_from_slice(&u32::from(QUEUE_SIZE - 2).to_le_bytes());
+        config[8..12].copy_from_slice(&request::SIZE_MAX.to_le_bytes());
+        config[12..16].copy_from_slice(&request::SEG_MAX.to_le_bytes());
         config[20..24].copy_from_slice(&(SECTOR as u32).to_le_bytes());
         Ok(Block {
             file: Arc::new(file),
+            direct,
             shape: DiskShape {
                 capacity_bytes: size,
                 readonly: disk.readonly,
@@ -94,8 +159,21 @@ impl Block {
             id,
             config,
             thread_pool: false,
+            write_through: WriteThrough::GroupSync,
             counters: Arc::from(vec![QueueCounters::default()]),
+            stats: Arc::default(),
         })
+    }
+
+    /// Makes write-through writes durable this way (to compare, and in tests).
+    pub fn with_write_through(mut self, how: WriteThrough) -> Self {
+        self.write_through = how;
+        self
+    }
+
+    /// What the device did with the requests so far.
+    pub fn stats(&self) -> Arc<BlockStats> {
+        self.stats.clone()
     }
 
     /// Uses the thread pool even where io_uring works (to compare, and in tests).
@@ -117,6 +195,7 @@ impl VirtioDevice for Block {
         VIRTIO_F_VERSION_1
             | VIRTIO_RING_F_EVENT_IDX
             | VIRTIO_RING_F_INDIRECT_DESC
+            | F_SIZE_MAX
             | F_SEG_MAX
             | F_BLK_SIZE
             | F_FLUSH
@@ -153,10 +232,16 @@ impl VirtioDevice for Block {
             mem: a.mem,
             interrupt: a.interrupt,
             counters: self.counters.clone(),
+            stats: self.stats.clone(),
             shape: self.shape,
             id: self.id,
+            write_through: (a.features & F_FLUSH == 0).then_some(self.write_through),
+            group: GroupSync::default(),
+            direct: self.direct,
             inflight: (0..size).map(|_| None).collect(),
             free: (0..size as u32).rev().collect(),
+            inflight_bytes: 0,
+            deferred: false,
             warned_io: false,
             health: a.health,
         };
@@ -166,12 +251,18 @@ impl VirtioDevice for Block {
     fn counters(&self) -> Arc<[QueueCounters]> {
         self.counters.clone()
     }
+
+    fn device_counters(&self) -> Vec<(&'static str, u64)> {
+        self.stats.list()
+    }
 }
 
 /// A request on the host, with the buffers its I/O uses.
 struct InFlight {
     request: Request,
     op: IoOp,
+    /// The host buffer the I/O uses instead of the guest's (copied back after a read).
+    bounce: Option<Bounce>,
 }
 
 /// The queue's work, on the event loop. `io` is declared first so that it is dropped (its
@@ -183,14 +274,37 @@ struct BlockWorker {
     mem: GuestMemoryMmap,
     interrupt: Arc<dyn VirtioInterrupt>,
     counters: Arc<[QueueCounters]>,
+    stats: Arc<BlockStats>,
     shape: DiskShape,
     id: [u8; ID_LEN],
+    /// The driver did not accept FLUSH: every write completes only once durable, made so
+    /// this way.
+    write_through: Option<WriteThrough>,
+    group: GroupSync,
+    direct: Option<Alignment>,
     inflight: Vec<Option<InFlight>>,
     free: Vec<u32>,
+    /// Data bytes of the requests in `inflight`, at most MAX_INFLIGHT_BYTES (or one request).
+    inflight_bytes: u64,
+    /// Requests wait in the ring for in-flight ones to complete.
+    deferred: bool,
     warned_io: bool,
     health: Arc<DeviceHealth>,
 }
 
+/// Write-through writes that completed in the cache and wait for the device's fdatasync.
+#[derive(Default)]
+struct GroupSync {
+    /// Waiting for the next sync.
+    waiting: Vec<Request>,
+    /// Covered by the running sync (which started after each of them completed).
+    running: Vec<Request>,
+    in_flight: bool,
+}
+
+#[cfg(test)]
+mod durability_tests;
+mod group_sync;
 #[cfg(test)]
 mod tests;
 

@@ -16,6 +16,15 @@ pub const VIRTIO_BLK_S_IOERR: u8 = 1;
 pub const VIRTIO_BLK_S_UNSUPP: u8 = 2;
 /// Length of the GET_ID answer.
 pub const ID_LEN: usize = 20;
+/// Data segments per request the device advertises (seg_max): the queue size less the header
+/// and status descriptors.
+pub const SEG_MAX: u32 = 254;
+/// Bytes per data segment the device advertises (size_max).
+pub const SIZE_MAX: u32 = 16 << 10;
+/// Bytes of data a request may move: what seg_max segments of size_max hold (4064 KiB).
+pub const MAX_REQUEST_BYTES: u64 = SEG_MAX as u64 * SIZE_MAX as u64;
+/// Descriptors a chain may have: seg_max data segments, the header and the status byte.
+const MAX_DESCRIPTORS: usize = SEG_MAX as usize + 2;
 
 /// What the request asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +61,8 @@ pub struct Refused {
     /// The driver broke the protocol (counted as malformed), as opposed to an unsupported or
     /// refused but well-formed request.
     pub malformed: bool,
+    /// The chain had more data segments than seg_max.
+    pub too_long: bool,
 }
 
 /// What the disk looks like to requests.
@@ -61,19 +72,47 @@ pub struct DiskShape {
     pub readonly: bool,
 }
 
+/// A chain's segments: readable ones first, then writable ones.
+struct Split {
+    readable: Vec<Segment>,
+    writable: Vec<Segment>,
+    /// More than MAX_DESCRIPTORS: the lists stop there, the walk went on only to find the
+    /// status byte (the last writable descriptor), building nothing.
+    too_long: Option<Segment>,
+}
+
 /// Splits a chain into its readable and writable segments (readable ones must come first).
-fn segments(chain: DescriptorChain<&GuestMemoryMmap>) -> Result<(Vec<Segment>, Vec<Segment>), ()> {
+/// At most MAX_DESCRIPTORS are kept, however long the chain (its length is bounded by the
+/// queue or the indirect table).
+fn segments(chain: DescriptorChain<&GuestMemoryMmap>) -> Result<Split, ()> {
     let (mut readable, mut writable) = (Vec::new(), Vec::new());
+    let (mut count, mut last_writable) = (0usize, None);
     for d in chain {
+        count += 1;
+        let seg = (d.addr(), d.len());
         if d.is_write_only() {
-            writable.push((d.addr(), d.len()));
-        } else if writable.is_empty() {
-            readable.push((d.addr(), d.len()));
+            last_writable = Some(seg);
+            if count <= MAX_DESCRIPTORS {
+                writable.push(seg);
+            }
+        } else if last_writable.is_none() {
+            if count <= MAX_DESCRIPTORS {
+                readable.push(seg);
+            }
         } else {
             return Err(()); // readable after writable
         }
     }
-    Ok((readable, writable))
+    let too_long = if count > MAX_DESCRIPTORS {
+        Some(last_writable.ok_or(())?)
+    } else {
+        None
+    };
+    Ok(Split {
+        readable,
+        writable,
+        too_long,
+    })
 }
 
 /// The segments from byte `skip` on (dropping empty ones).
@@ -133,13 +172,23 @@ pub fn parse(
         status_addr,
         status,
         malformed,
+        too_long: false,
     };
-    let (readable, writable) = segments(chain).map_err(|()| refuse(None, 0, true))?;
-    let (writable, status) = split_status(&writable).ok_or_else(|| refuse(None, 0, true))?;
+    let split = segments(chain).map_err(|()| refuse(None, 0, true))?;
+    let last = split.too_long.map(|s| vec![s]);
+    let (writable, status) = split_status(last.as_ref().unwrap_or(&split.writable))
+        .ok_or_else(|| refuse(None, 0, true))?;
     if mem.check_address(status).is_none() {
         return Err(refuse(None, 0, true));
     }
     let ioerr = |malformed| refuse(Some(status), VIRTIO_BLK_S_IOERR, malformed);
+    if split.too_long.is_some() {
+        return Err(Refused {
+            too_long: true,
+            ..ioerr(true)
+        });
+    }
+    let readable = split.readable;
     let header: [u8; HEADER as usize] = read_across(mem, &readable).ok_or_else(|| ioerr(true))?;
     let kind = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
     let sector = u64::from_le_bytes(header[8..16].try_into().unwrap_or([0; 8]));
@@ -152,6 +201,9 @@ pub fn parse(
         VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT | VIRTIO_BLK_T_GET_ID => return Err(ioerr(true)),
         _ => return Err(refuse(Some(status), VIRTIO_BLK_S_UNSUPP, false)),
     };
+    if data.len() > SEG_MAX as usize {
+        return Err(ioerr(true)); // framing packed more than seg_max data segments
+    }
     let data_len = total(&data);
     for &(addr, len) in &data {
         if mem.get_slice(addr, len as usize).is_err() {
@@ -174,7 +226,7 @@ pub fn parse(
 fn check_io(r: &Request, disk: DiskShape) -> Result<(), bool> {
     match r.op {
         Op::Read | Op::Write => {
-            if r.data_len == 0 || r.data_len % SECTOR != 0 {
+            if r.data_len == 0 || r.data_len % SECTOR != 0 || r.data_len > MAX_REQUEST_BYTES {
                 return Err(true);
             }
             let end = r.offset.checked_add(r.data_len).ok_or(true)?;

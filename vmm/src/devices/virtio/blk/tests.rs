@@ -15,27 +15,27 @@ use crate::devices::virtio::test_support::{desc as d, CountingIrq as Irq};
 use crate::devices::virtio::ActiveQueue;
 use crate::event_loop::EventLoop;
 
-const NEXT: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
-const WRITE: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_WRITE as u16;
-const HDR: u64 = 0x10_0000;
-const DATA: u64 = 0x20_0000;
-const STATUS: u64 = 0x30_0000;
+pub(super) const NEXT: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
+pub(super) const WRITE: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_WRITE as u16;
+pub(super) const HDR: u64 = 0x10_0000;
+pub(super) const DATA: u64 = 0x20_0000;
+pub(super) const STATUS: u64 = 0x30_0000;
 /// The used ring, away from the mock's own: the mock places its used ring over the end of the
 /// avail ring (it counts the avail ring's length in elements, not bytes), so completions would
 /// overwrite `used_event`.
-const USED_RING: u64 = 0x8000;
+pub(super) const USED_RING: u64 = 0x8000;
 
-struct Disk {
-    path: std::path::PathBuf,
+pub(super) struct Disk {
+    pub(super) path: std::path::PathBuf,
 }
 
 impl Disk {
-    fn new(tag: &str, sectors: u64) -> Self {
+    pub(super) fn new(tag: &str, sectors: u64) -> Self {
         let path = std::env::temp_dir().join(format!("exitless-blk-{tag}-{}", std::process::id()));
         std::fs::write(&path, vec![0xaau8; (sectors * SECTOR) as usize]).unwrap();
         Disk { path }
     }
-    fn config(&self, readonly: bool) -> DiskConfig {
+    pub(super) fn config(&self, readonly: bool) -> DiskConfig {
         DiskConfig {
             path: self.path.clone(),
             readonly,
@@ -50,28 +50,40 @@ impl Drop for Disk {
     }
 }
 
-fn header(mem: &GuestMemoryMmap, at: u64, kind: u32, sector: u64) {
+pub(super) fn header(mem: &GuestMemoryMmap, at: u64, kind: u32, sector: u64) {
     let mut h = [0u8; 16];
     h[0..4].copy_from_slice(&kind.to_le_bytes());
     h[8..16].copy_from_slice(&sector.to_le_bytes());
     mem.write_slice(&h, GuestAddress(at)).unwrap();
 }
 
-struct Rig {
-    mem: GuestMemoryMmap,
-    dev: Block,
+pub(super) struct Rig {
+    pub(super) mem: GuestMemoryMmap,
+    pub(super) dev: Block,
     irq: Arc<Irq>,
-    notify: EventFd,
+    pub(super) notify: EventFd,
     health: Arc<crate::devices::virtio::DeviceHealth>,
     el: EventLoop,
 }
 
 /// A device on a mock queue whose avail ring already holds `descs`, guest memory prepared by
 /// `prep` before the device starts (it serves what is queued at once).
-fn rig(
+pub(super) fn rig(
     block: Block,
     descs: &[RawDescriptor],
     event_idx: bool,
+    prep: impl FnOnce(&GuestMemoryMmap),
+) -> Rig {
+    let features = block.features();
+    rig_accepting(block, descs, event_idx, features, prep)
+}
+
+/// `rig` where the driver accepted `features`.
+pub(super) fn rig_accepting(
+    block: Block,
+    descs: &[RawDescriptor],
+    event_idx: bool,
+    features: u64,
     prep: impl FnOnce(&GuestMemoryMmap),
 ) -> Rig {
     let mem: &'static GuestMemoryMmap = Box::leak(Box::new(
@@ -93,7 +105,7 @@ fn rig(
     ));
     dev.activate(Activation {
         mem: mem.clone(),
-        features: dev.features(),
+        features,
         queues: vec![ActiveQueue {
             index: 0,
             queue,
@@ -114,7 +126,7 @@ fn rig(
     }
 }
 
-fn wait_completed(r: &Rig, n: u64) {
+pub(super) fn wait_completed(r: &Rig, n: u64) {
     let start = Instant::now();
     while r.dev.counters()[0].completed.load(Ordering::Relaxed) < n {
         assert!(
@@ -125,19 +137,19 @@ fn wait_completed(r: &Rig, n: u64) {
     }
 }
 
-fn status(mem: &GuestMemoryMmap, at: u64) -> u8 {
+pub(super) fn status(mem: &GuestMemoryMmap, at: u64) -> u8 {
     mem.read_obj(GuestAddress(at)).unwrap()
 }
 
 /// The id and length of used ring entry `i`.
-fn used(r: &Rig, i: u16) -> (u32, u32) {
+pub(super) fn used(r: &Rig, i: u16) -> (u32, u32) {
     let at = USED_RING + 4 + 8 * u64::from(i);
     let id: u32 = r.mem.read_obj(GuestAddress(at)).unwrap();
     (id, r.mem.read_obj(GuestAddress(at + 4)).unwrap())
 }
 
 /// A 3-descriptor request at descriptor `at`: header, data, status.
-fn request(at: u16, n: u64, data_len: u32, data_flags: u16) -> [RawDescriptor; 3] {
+pub(super) fn request(at: u16, n: u64, data_len: u32, data_flags: u16) -> [RawDescriptor; 3] {
     [
         d(HDR + n * 16, 16, NEXT, at + 1),
         d(DATA + n * 4096, data_len, data_flags | NEXT, at + 2),
@@ -331,11 +343,11 @@ fn get_id_and_config_space() {
     std::fs::remove_file(&odd).ok();
 }
 
-const INDIRECT: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT as u16;
-const TABLE: u64 = 0x40_0000;
+pub(super) const INDIRECT: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT as u16;
+pub(super) const TABLE: u64 = 0x40_0000;
 
 /// Writes split descriptors `table` at `at` (an indirect table in guest memory).
-fn indirect_table(mem: &GuestMemoryMmap, at: u64, table: &[(u64, u32, u16, u16)]) {
+pub(super) fn indirect_table(mem: &GuestMemoryMmap, at: u64, table: &[(u64, u32, u16, u16)]) {
     for (i, &(addr, len, flags, next)) in table.iter().enumerate() {
         let mut raw = [0u8; 16];
         raw[0..8].copy_from_slice(&addr.to_le_bytes());
