@@ -5,6 +5,7 @@ pub mod blk;
 pub mod cases;
 pub mod guest;
 pub mod host;
+pub mod ipi;
 pub mod net;
 pub mod report;
 pub mod result;
