@@ -2,7 +2,8 @@
  * The IPI and TLB shootdown cases: vCPU 0 (the initiator) sends IPIs through the x2APIC ICR of
  * the in-kernel LAPIC, or shoots down a mapping as a guest kernel does (change a PTE, invlpg
  * locally, IPI every other vCPU, wait for each one's acknowledgement); the other vCPUs spin at
- * CPL0 reading the mapping (so their TLBs hold it) and acknowledge in their handlers.
+ * CPL3, as user threads of one process would, reading the mapping (so their TLBs hold it), and
+ * acknowledge in their CPL0 handlers.
  *
  *   EXITLESS IPI <probe fields>                       what this guest found (x2APIC, KVM PV)
  *   EXITLESS RESULT case=<name> ... cpus=<n> targets=<per op> acks=<a0,a1,..> skips=<s0,..>
@@ -182,13 +183,45 @@ static u32 ipi_cpu_setup(void)
     return id;
 }
 
-/* The vCPUs other than 0: set up, then read the mapping until vCPU 0 says the loop is over,
- * marking its begin and end so that the host reads their KVM counters over the same span. */
-static void ipi_ap_main(void)
+/* A CPL3 stack, a TSS (its own CPL0 stack for interrupts, an I/O bitmap open to the ports
+ * below 0x800) and a GDT per AP: the shared ones serve vCPU 0 only. */
+struct ap_tss {
+    u32 reserved0;
+    u64 rsp[3];
+    u64 reserved1;
+    u64 ist[7];
+    u64 reserved2;
+    u16 reserved3, iomap_base;
+    u8 iomap[256 + 1];
+} __attribute__((packed));
+
+static struct ap_tss ap_tss[IPI_MAX_CPUS] __attribute__((aligned(64)));
+static u64 ap_gdt[IPI_MAX_CPUS][8] __attribute__((aligned(64)));
+static u8 ap_trap_stack[IPI_MAX_CPUS][2048] __attribute__((aligned(16)));
+static u8 ap_user_stack[IPI_MAX_CPUS][2048] __attribute__((aligned(16)));
+extern u64 gdt[];
+
+static void ap_load_tss(u32 id)
 {
-    ipi_cpu_setup();
-    __atomic_fetch_add(&ipi_ready, 1, __ATOMIC_RELEASE);
-    __asm__ volatile("sti");
+    struct ap_tss *t = &ap_tss[id];
+    u64 base = (u64)t, limit = sizeof(*t) - 1;
+    t->rsp[0] = (u64)(ap_trap_stack[id + 1]);
+    t->iomap_base = (u16)__builtin_offsetof(struct ap_tss, iomap);
+    t->iomap[256] = 0xff;
+    for (int i = 0; i < 8; i++)
+        ap_gdt[id][i] = gdt[i];
+    ap_gdt[id][SEL_TSS / 8] = (limit & 0xffff) | ((base & 0xffffff) << 16) | (0x89UL << 40) |
+                              (((limit >> 16) & 0xf) << 48) | (((base >> 24) & 0xff) << 56);
+    ap_gdt[id][SEL_TSS / 8 + 1] = base >> 32;
+    struct { u16 limit; u64 base; } __attribute__((packed)) gdtr = {sizeof(ap_gdt[id]) - 1, (u64)ap_gdt[id]};
+    __asm__ volatile("lgdt %0; ltr %w1" ::"m"(gdtr), "r"(SEL_TSS));
+}
+
+/* At CPL3 (native on PVM, as a guest's user threads run): read the mapping until vCPU 0 says
+ * the loop is over, marking its begin and end so that the host reads this vCPU's KVM counters
+ * over the same span; interrupts come in through the TSS. */
+static void __attribute__((noreturn)) ap_user_loop(void)
+{
     while (ipi_phase == 0)
         __asm__ volatile("pause");
     outl(MARKER_PORT, MARKER_BEGIN);
@@ -198,7 +231,19 @@ static void ipi_ap_main(void)
     outl(MARKER_PORT, MARKER_END);
     __atomic_fetch_add(&ipi_marked, 1, __ATOMIC_RELEASE);
     for (;;)
-        __asm__ volatile("cli; hlt");
+        __asm__ volatile("pause");
+}
+
+/* The vCPUs other than 0: set up, then run ap_user_loop at CPL3 with interrupts on. */
+static void ipi_ap_main(void)
+{
+    u32 id = ipi_cpu_setup();
+    ap_load_tss(id);
+    __atomic_fetch_add(&ipi_ready, 1, __ATOMIC_RELEASE);
+    __asm__ volatile("pushq %0; pushq %1; pushq $0x202; pushq %2; pushq %3; iretq"
+                     ::"i"(SEL_UDATA), "r"((u64)ap_user_stack[id + 1]), "i"(SEL_UCODE),
+                     "r"((u64)ap_user_loop)
+                     : "memory");
 }
 
 static int kvm_pv_features(u32 *features)
@@ -242,7 +287,7 @@ int ipi_case(const char *want)
 
 static void map_flush_page(u32 frame)
 {
-    flush_pt[0] = (u64)frames[frame] | 0x3; /* P | RW */
+    flush_pt[0] = (u64)frames[frame] | 0x7; /* P | RW | US */
 }
 
 /* Before the APs start: the flushed mapping and the PV probes. Returns why the case cannot
@@ -279,9 +324,9 @@ const char *ipi_prepare(u64 cpus)
     __asm__ volatile("mov %%cr3, %0" : "=r"(cr3));
     u64 *pml4 = (u64 *)(cr3 & ~0xfffUL);
     u64 *pdpt = (u64 *)(pml4[0] & ~0xfffUL);
-    flush_pd[0] = (u64)flush_pt | 0x3;
+    flush_pd[0] = (u64)flush_pt | 0x7;
     map_flush_page(0);
-    pdpt[FLUSH_VA >> 30] = (u64)flush_pd | 0x3;
+    pdpt[FLUSH_VA >> 30] = (u64)flush_pd | 0x7;
     __asm__ volatile("mov %0, %%cr3" ::"r"(cr3) : "memory");
     flush_expect = 0;
     set_gate(VEC_IPI_ACK, ipi_ack_stub, 0x8e);
