@@ -460,6 +460,13 @@ static void report(const char *name, u64 n, u64 cpus, u64 cycles, u64 empty)
     put_u64(preempted_skips);
     puts_(" vmmcall=");
     put_u64((u64)use_vmmcall);
+    if (use_steal_time) {
+        u64 versions = 0;
+        for (u64 t = 0; t < cpus; t++)
+            versions += steal[t].version;
+        puts_(" steal_version=");
+        put_u64(versions);
+    }
     puts_("\n");
 }
 

@@ -8,7 +8,10 @@
 //! Every point is checked: each target acknowledged every operation (or was flushed by KVM),
 //! no handler read the old mapping after its invlpg, every vCPU marked the measured span.
 
-use std::fmt::Write as _;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -102,6 +105,7 @@ pub enum IpiError {
 
 /// How the vCPUs of a point are placed on host CPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Placement {
     /// vCPU i on host CPU `pinned_cpus[i % len]`.
     Pinned,
@@ -138,13 +142,15 @@ pub struct IpiPoint {
     /// Handler reads through the flushed address that still saw the old page.
     pub stale: u64,
     /// Exits of all vCPUs over the loop per operation, by KVM statistic (non-zero ones).
-    pub exits_per_op: Vec<(String, f64)>,
+    pub exits_per_op: BTreeMap<String, f64>,
     /// Exits to the VMM (userspace) of all vCPUs per operation (markers excluded).
     pub user_exits_per_op: f64,
     /// Per vCPU: the host CPUs its thread was seen on at its userspace exits.
     pub host_cpus: Vec<Vec<usize>>,
     /// Where the point broke the family's checks; non-empty means an error.
     pub problems: Vec<String>,
+    /// What this host did that a VT-x/SVM host would not, or that explains a figure.
+    pub observations: Vec<String>,
 }
 
 /// A point this host cannot run, with why.
@@ -374,7 +380,17 @@ pub fn run_point(
         schema = vcpu.open_marker_stats().map(|s| s.schema().clone());
     }
     let timeout = Duration::from_secs(60) + Duration::from_millis(5 * iterations * vcpus as u64);
-    let outcomes = built.vm.start(built.vcpus)?.wait(Some(timeout))?;
+    let running = built.vm.start(built.vcpus)?;
+    let mut ran_on = vec![BTreeSet::new(); vcpus];
+    let threads = vcpu_threads();
+    let started = Instant::now();
+    while !running.is_done() && started.elapsed() < timeout {
+        for (id, stat) in threads.iter().filter(|(id, _)| *id < vcpus) {
+            ran_on[*id].extend(processor(stat));
+        }
+        thread::sleep(SAMPLE_PERIOD);
+    }
+    let outcomes = running.wait(Some(timeout.saturating_sub(started.elapsed())))?;
     let output = serial.take_lines().join("\n");
     let probe = output
         .lines()
@@ -385,11 +401,46 @@ pub fn run_point(
         Ok(result) => {
             let run = GuestRun::parse(&output, result)?;
             let mut point = measure(case, &run, &outcomes, schema.as_ref(), built.tsc_khz)?;
+            for (seen, sampled) in point.host_cpus.iter_mut().zip(ran_on) {
+                seen.extend(sampled);
+                seen.sort_unstable();
+                seen.dedup();
+            }
             check(&mut point, &run);
+            observe(&mut point, &run);
             PointOutcome::Measured(Box::new(point))
         }
     };
     Ok((outcome, probe))
+}
+
+/// How often the host CPU of each vCPU thread is sampled while a point runs.
+const SAMPLE_PERIOD: Duration = Duration::from_millis(1);
+
+/// This process's vCPU threads (named `vcpuN`) with their `stat` files. The family runs one
+/// VM at a time, so they are that VM's.
+fn vcpu_threads() -> Vec<(usize, PathBuf)> {
+    let Ok(dir) = fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let comm = fs::read_to_string(e.path().join("comm")).ok()?;
+            let id = comm.trim().strip_prefix("vcpu")?.parse().ok()?;
+            Some((id, e.path().join("stat")))
+        })
+        .collect()
+}
+
+/// The host CPU a thread last ran on (field 39 of its `stat`).
+fn processor(stat: &Path) -> Option<usize> {
+    let text = fs::read_to_string(stat).ok()?;
+    text.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(36)?
+        .parse()
+        .ok()
 }
 
 /// The case's result line, or (as Err) the reason it skipped.
@@ -415,6 +466,9 @@ pub struct GuestRun {
     pub skips: Vec<u64>,
     pub stale: u64,
     pub preempted_skips: u64,
+    /// Sum of the steal-time areas' version fields (PV TLB flush only): 0 = KVM never wrote
+    /// them.
+    pub steal_version: Option<u64>,
 }
 
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
@@ -453,6 +507,7 @@ impl GuestRun {
             skips: list("skips")?,
             stale: number("stale")?,
             preempted_skips: number("preempted_skips")?,
+            steal_version: number("steal_version").ok(),
             result,
         })
     }
@@ -528,6 +583,7 @@ fn measure(
         user_exits_per_op: user_exits as f64 / n,
         host_cpus,
         problems: Vec::new(),
+        observations: Vec::new(),
     })
 }
 
@@ -571,124 +627,33 @@ pub fn check(point: &mut IpiPoint, run: &GuestRun) {
     }
 }
 
-fn cpu_sets(sets: &[Vec<usize>]) -> String {
-    sets.iter()
-        .map(|s| s.iter().map(usize::to_string).collect::<Vec<_>>().join(","))
-        .collect::<Vec<_>>()
-        .join(" | ")
+pub(super) fn stat_per_op(point: &IpiPoint, name: &str) -> f64 {
+    point.exits_per_op.get(name).copied().unwrap_or(0.0)
 }
 
-/// The top exits per operation, largest first, as `name=x.xx`.
-fn top_exits(point: &IpiPoint, count: usize) -> String {
-    let mut exits: Vec<&(String, f64)> = point
-        .exits_per_op
-        .iter()
-        .filter(|(n, _)| n != "exits")
-        .collect();
-    exits.sort_by(|a, b| b.1.total_cmp(&a.1));
-    exits
-        .iter()
-        .take(count)
-        .map(|(n, v)| format!("{n}={v:.2}"))
-        .collect::<Vec<_>>()
-        .join(" ")
+/// Notes on what explains a point's figures on this host.
+fn observe(point: &mut IpiPoint, run: &GuestRun) {
+    let (other, reported) = (
+        stat_per_op(point, "preemption_other"),
+        stat_per_op(point, "preemption_reported"),
+    );
+    if point.case == "tlb_shootdown_pv_flush" && run.preempted_skips == 0 && point.vcpus > 1 {
+        let why = match run.steal_version {
+            Some(0) => "KVM never wrote the steal-time areas".to_string(),
+            _ if other > 0.0 && reported == 0.0 => format!(
+                "KVM saw vCPUs preempted {other:.2} times per shootdown but flagged none in \
+                 steal time (its preemption_other stat: preempted away from an instruction \
+                 boundary, which KVM does not report)"
+            ),
+            _ => format!("no target was flagged preempted ({reported:.2} reported per shootdown)"),
+        };
+        point.observations.push(format!(
+            "the PV TLB flush skipped no IPI: {why}; the figure is the plain shootdown's"
+        ));
+    }
 }
 
-fn exits_total(point: &IpiPoint) -> f64 {
-    point
-        .exits_per_op
-        .iter()
-        .find(|(n, _)| n == "exits")
-        .map_or(0.0, |(_, v)| *v)
-}
-
-/// The IPI table: one row per point, growth against one vCPU, then skips and failures.
-pub fn render_ipi(report: &IpiReport) -> String {
-    let mut out = String::new();
-    let pinned: Vec<String> = report.pinned_cpus.iter().map(usize::to_string).collect();
-    let _ = writeln!(
-        out,
-        "IPIs and TLB shootdowns: {} operations per point, vCPU 0 initiating; pinned = vCPU i on \
-         host CPU i of [{}] (modulo); host has {} CPUs; x1 = the same case's 1-vCPU (or smallest) \
-         point of the same placement",
-        report.iterations,
-        pinned.join(","),
-        report.host.host_cpus
-    );
-    if let Some(probe) = &report.guest_probe {
-        let _ = writeln!(
-            out,
-            "guest sees: {probe}; host KVM PV features: {}",
-            report.host.pv_features.join(" ")
-        );
-    }
-    let _ = writeln!(
-        out,
-        "{:<23} {:>5} {:<8} {:>7} {:>11} {:>11} {:>6} {:>9} {:>8}  ran on (per vCPU) / exits per op",
-        "case", "vcpus", "place", "targets", "ns/op", "cycles/op", "x1", "exits/op", "skipped"
-    );
-    for p in &report.points {
-        write_point(&mut out, report, p);
-    }
-    for s in &report.skipped {
-        let _ = writeln!(
-            out,
-            "skipped: {}/{} vCPUs/{}: {}",
-            s.case,
-            s.vcpus,
-            s.placement.name(),
-            s.reason
-        );
-    }
-    for f in &report.failures {
-        let _ = writeln!(
-            out,
-            "ERROR: {}/{} vCPUs/{}: {}",
-            f.case,
-            f.vcpus,
-            f.placement.name(),
-            f.error
-        );
-    }
-    out
-}
-
-fn write_point(out: &mut String, report: &IpiReport, p: &IpiPoint) {
-    let base = report
-        .points
-        .iter()
-        .filter(|q| q.case == p.case && q.placement == p.placement)
-        .min_by_key(|q| q.vcpus)
-        .map_or(0.0, |q| q.wall_ns_per_op);
-    let growth = if base > 0.0 {
-        format!("{:.1}x", p.wall_ns_per_op / base)
-    } else {
-        "-".into()
-    };
-    let _ = writeln!(
-        out,
-        "{:<23} {:>5} {:<8} {:>7} {:>11.0} {:>11.0} {:>6} {:>9.2} {:>8}  {}",
-        p.case,
-        p.vcpus,
-        p.placement.name(),
-        p.targets,
-        p.wall_ns_per_op,
-        p.cycles_per_op,
-        growth,
-        exits_total(p),
-        p.skips.iter().sum::<u64>(),
-        cpu_sets(&p.host_cpus)
-    );
-    let _ = writeln!(
-        out,
-        "{:<23} {:>5} {:<8} user={:.2} {}",
-        "",
-        "",
-        "",
-        p.user_exits_per_op,
-        top_exits(p, 5)
-    );
-}
+pub use super::ipi_table::render_ipi;
 
 #[cfg(test)]
 #[path = "ipi_tests.rs"]

@@ -131,3 +131,108 @@ fn pv_variants_run_or_say_why_not() {
         }
     }
 }
+
+fn report_with(points: Vec<IpiPoint>) -> IpiReport {
+    IpiReport {
+        schema: IPI_SCHEMA,
+        host: crate::bench::report::tests::host(),
+        iterations: 10,
+        vcpu_counts: vec![1, 2],
+        pinned_cpus: vec![0, 1],
+        guest_probe: Some("x2apic=1".into()),
+        wall_seconds: 1.0,
+        points,
+        skipped: vec![IpiSkip {
+            case: "tlb_shootdown_pv_ipi",
+            vcpus: 2,
+            placement: Placement::Pinned,
+            reason: "vmcall-at-CPL0-raises-#UD-here".into(),
+        }],
+        failures: vec![IpiFailure {
+            case: "ipi_broadcast",
+            vcpus: 2,
+            placement: Placement::Floating,
+            error: "vCPU 1 acknowledged 9".into(),
+        }],
+    }
+}
+
+#[test]
+fn a_pv_flush_that_skipped_nothing_says_why() {
+    let mut p = checked("tlb_shootdown_pv_flush", LINE);
+    p.exits_per_op.insert("preemption_other".into(), 2.0);
+    let run = guest_run(
+        &LINE
+            .replace("skips=0,0,3", "skips=0,0,0")
+            .replace("preempted_skips=3", "preempted_skips=0"),
+    );
+    observe(&mut p, &run);
+    assert_eq!(p.observations.len(), 1, "{:?}", p.observations);
+    assert!(
+        p.observations[0].contains("preemption_other"),
+        "{:?}",
+        p.observations
+    );
+    let mut q = checked("tlb_shootdown_pv_flush", LINE);
+    observe(&mut q, &guest_run(LINE));
+    assert!(q.observations.is_empty(), "it skipped 3 IPIs");
+}
+
+#[test]
+fn the_table_has_a_row_per_point_and_lists_skips_and_failures() {
+    let one = LINE
+        .replace(
+            "cpus=3 targets=2 acks=0,10,7 skips=0,0,3",
+            "cpus=1 targets=0 acks=0 skips=0",
+        )
+        .replace("preempted_skips=3", "preempted_skips=0");
+    let mut a = checked(
+        "tlb_shootdown",
+        &one.replace("tlb_shootdown_pv_flush", "tlb_shootdown"),
+    );
+    a.wall_ns_per_op = 1000.0;
+    let two = LINE
+        .replace("acks=0,10,7 skips=0,0,3", "acks=0,10,10 skips=0,0,0")
+        .replace("preempted_skips=3", "preempted_skips=0");
+    let mut b = checked(
+        "tlb_shootdown",
+        &two.replace("tlb_shootdown_pv_flush", "tlb_shootdown"),
+    );
+    b.wall_ns_per_op = 4000.0;
+    b.host_cpus = vec![vec![0], vec![1], vec![0, 1]];
+    assert!(
+        a.problems.is_empty() && b.problems.is_empty(),
+        "{:?} {:?}",
+        a.problems,
+        b.problems
+    );
+    let report = report_with(vec![a, b]);
+    let table = render_ipi(&report);
+    let rows: Vec<&str> = table
+        .lines()
+        .filter(|l| l.starts_with("tlb_shootdown "))
+        .collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert!(
+        rows[1].contains("4.0x") && rows[1].ends_with("0 | 1 | 0,1"),
+        "{table}"
+    );
+    assert!(
+        table.contains(
+            "skipped: tlb_shootdown_pv_ipi/2 vCPUs/pinned: vmcall-at-CPL0-raises-#UD-here"
+        ),
+        "{table}"
+    );
+    assert!(
+        table.contains("ERROR: ipi_broadcast/2 vCPUs/floating: vCPU 1 acknowledged 9"),
+        "{table}"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["schema"], IPI_SCHEMA);
+    assert_eq!(json["points"][1]["placement"], "floating");
+    assert_eq!(json["points"][1]["acks"][2], 10);
+    assert_eq!(
+        json["skipped"][0]["reason"],
+        "vmcall-at-CPL0-raises-#UD-here"
+    );
+}

@@ -6,6 +6,7 @@ pub mod cases;
 pub mod guest;
 pub mod host;
 pub mod ipi;
+mod ipi_table;
 pub mod net;
 pub mod report;
 pub mod result;
