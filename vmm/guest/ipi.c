@@ -335,17 +335,21 @@ const char *ipi_prepare(u64 cpus)
     return 0;
 }
 
-/* PV send-IPI works here only if a hypercall reaches KVM: one to vCPU 0 itself, timed out. */
+/* PV send-IPI works here only if a hypercall reaches KVM: one to vCPU 0 itself, with the
+ * CPU's own instruction, then the other vendor's (KVM may patch or emulate either). */
 static const char *probe_pv_send_ipi(void)
 {
-    u64 uds = ud_count, acks = percpu[0].acks;
-    u64 got = pv_send_ipi(1, 0, VEC_IPI_ACK);
-    if (ud_count != uds)
-        return use_vmmcall ? "vmmcall-at-CPL0-raises-#UD-here" : "vmcall-at-CPL0-raises-#UD-here";
-    if (got != 1)
-        return "KVM_HC_SEND_IPI-returned-an-error";
-    wait_for(&percpu[0].acks, acks + 1, "PV send-IPI to itself never arrived");
-    return 0;
+    for (int tries = 0; tries < 2; tries++, use_vmmcall = !use_vmmcall) {
+        u64 uds = ud_count, acks = percpu[0].acks;
+        u64 got = pv_send_ipi(1, 0, VEC_IPI_ACK);
+        if (ud_count != uds)
+            continue;
+        if (got != 1)
+            return "KVM_HC_SEND_IPI-returned-an-error";
+        wait_for(&percpu[0].acks, acks + 1, "PV send-IPI to itself never arrived");
+        return 0;
+    }
+    return "vmcall-and-vmmcall-at-CPL0-raise-#UD-here";
 }
 
 /* ---- one operation of each kind; `cpus` vCPUs, vCPU 0 initiating ---- */

@@ -146,7 +146,7 @@ fn report_with(points: Vec<IpiPoint>) -> IpiReport {
             case: "tlb_shootdown_pv_ipi",
             vcpus: 2,
             placement: Placement::Pinned,
-            reason: "vmcall-at-CPL0-raises-#UD-here".into(),
+            reason: "vmcall-and-vmmcall-at-CPL0-raise-#UD-here".into(),
         }],
         failures: vec![IpiFailure {
             case: "ipi_broadcast",
@@ -219,7 +219,7 @@ fn the_table_has_a_row_per_point_and_lists_skips_and_failures() {
     );
     assert!(
         table.contains(
-            "skipped: tlb_shootdown_pv_ipi/2 vCPUs/pinned: vmcall-at-CPL0-raises-#UD-here"
+            "skipped: tlb_shootdown_pv_ipi/2 vCPUs/pinned: vmcall-and-vmmcall-at-CPL0-raise-#UD-here"
         ),
         "{table}"
     );
@@ -233,6 +233,6 @@ fn the_table_has_a_row_per_point_and_lists_skips_and_failures() {
     assert_eq!(json["points"][1]["acks"][2], 10);
     assert_eq!(
         json["skipped"][0]["reason"],
-        "vmcall-at-CPL0-raises-#UD-here"
+        "vmcall-and-vmmcall-at-CPL0-raise-#UD-here"
     );
 }
