@@ -379,18 +379,8 @@ pub fn run_point(
         }
         schema = vcpu.open_marker_stats().map(|s| s.schema().clone());
     }
-    let timeout = Duration::from_secs(60) + Duration::from_millis(5 * iterations * vcpus as u64);
-    let running = built.vm.start(built.vcpus)?;
-    let mut ran_on = vec![BTreeSet::new(); vcpus];
-    let threads = vcpu_threads();
-    let started = Instant::now();
-    while !running.is_done() && started.elapsed() < timeout {
-        for (id, stat) in threads.iter().filter(|(id, _)| *id < vcpus) {
-            ran_on[*id].extend(processor(stat));
-        }
-        thread::sleep(SAMPLE_PERIOD);
-    }
-    let outcomes = running.wait(Some(timeout.saturating_sub(started.elapsed())))?;
+    let timeout = Duration::from_secs(60) + Duration::from_millis(25 * iterations * vcpus as u64);
+    let (outcomes, ran_on) = run_sampled(built.vm.start(built.vcpus)?, vcpus, timeout)?;
     let output = serial.take_lines().join("\n");
     let probe = output
         .lines()
@@ -412,6 +402,26 @@ pub fn run_point(
         }
     };
     Ok((outcome, probe))
+}
+
+/// Waits for the VM's end (at most `timeout`), sampling the host CPU of each of its `vcpus`
+/// vCPU threads meanwhile; returns their outcomes and the CPUs each was seen on.
+fn run_sampled(
+    running: crate::vm::RunningVm,
+    vcpus: usize,
+    timeout: Duration,
+) -> Result<(Vec<VcpuOutcome>, Vec<BTreeSet<usize>>), IpiError> {
+    let mut ran_on = vec![BTreeSet::new(); vcpus];
+    let threads = vcpu_threads();
+    let started = Instant::now();
+    while !running.is_done() && started.elapsed() < timeout {
+        for (id, stat) in threads.iter().filter(|(id, _)| *id < vcpus) {
+            ran_on[*id].extend(processor(stat));
+        }
+        thread::sleep(SAMPLE_PERIOD);
+    }
+    let outcomes = running.wait(Some(timeout.saturating_sub(started.elapsed())))?;
+    Ok((outcomes, ran_on))
 }
 
 /// How often the host CPU of each vCPU thread is sampled while a point runs.
