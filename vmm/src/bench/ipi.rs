@@ -380,7 +380,7 @@ pub fn run_point(
         schema = vcpu.open_marker_stats().map(|s| s.schema().clone());
     }
     let timeout = Duration::from_secs(60) + Duration::from_millis(25 * iterations * vcpus as u64);
-    let (outcomes, ran_on) = run_sampled(built.vm.start(built.vcpus)?, vcpus, timeout)?;
+    let (outcomes, ran_on) = run_sampled(built.vm.start(built.vcpus)?, vcpus, cpus, timeout)?;
     let output = serial.take_lines().join("\n");
     let probe = output
         .lines()
@@ -405,18 +405,34 @@ pub fn run_point(
 }
 
 /// Waits for the VM's end (at most `timeout`), sampling the host CPU of each of its `vcpus`
-/// vCPU threads meanwhile; returns their outcomes and the CPUs each was seen on.
+/// vCPU threads meanwhile; returns their outcomes and the CPUs each was seen on. A thread to be
+/// pinned (vCPU i to `pinned[i % len]`) is sampled only once it is: it starts where its parent
+/// ran.
 fn run_sampled(
     running: crate::vm::RunningVm,
     vcpus: usize,
+    pinned: Option<&[usize]>,
     timeout: Duration,
 ) -> Result<(Vec<VcpuOutcome>, Vec<BTreeSet<usize>>), IpiError> {
     let mut ran_on = vec![BTreeSet::new(); vcpus];
-    let threads = vcpu_threads();
+    let mut threads: Vec<VcpuThread> = vcpu_threads()
+        .into_iter()
+        .filter(|t| t.id < vcpus)
+        .map(|mut t| {
+            t.settled = pinned.is_none_or(|c| c.is_empty());
+            t
+        })
+        .collect();
     let started = Instant::now();
     while !running.is_done() && started.elapsed() < timeout {
-        for (id, stat) in threads.iter().filter(|(id, _)| *id < vcpus) {
-            ran_on[*id].extend(processor(stat));
+        for t in &mut threads {
+            if !t.settled {
+                let want = pinned.map(|c| vec![c[t.id % c.len()]]);
+                t.settled = affinity::allowed_cpus_of(t.tid).ok() == want;
+            }
+            if t.settled {
+                ran_on[t.id].extend(processor(&t.stat));
+            }
         }
         thread::sleep(SAMPLE_PERIOD);
     }
@@ -424,12 +440,21 @@ fn run_sampled(
     Ok((outcomes, ran_on))
 }
 
+/// A vCPU thread of this process, as the sampler sees it.
+struct VcpuThread {
+    id: usize,
+    tid: libc::pid_t,
+    stat: PathBuf,
+    /// Placed as it should be (pinned, when it is to be), so its samples count.
+    settled: bool,
+}
+
 /// How often the host CPU of each vCPU thread is sampled while a point runs.
 const SAMPLE_PERIOD: Duration = Duration::from_millis(1);
 
-/// This process's vCPU threads (named `vcpuN`) with their `stat` files. The family runs one
-/// VM at a time, so they are that VM's.
-fn vcpu_threads() -> Vec<(usize, PathBuf)> {
+/// This process's vCPU threads (named `vcpuN`). The family runs one VM at a time, so they are
+/// that VM's.
+fn vcpu_threads() -> Vec<VcpuThread> {
     let Ok(dir) = fs::read_dir("/proc/self/task") else {
         return Vec::new();
     };
@@ -437,7 +462,13 @@ fn vcpu_threads() -> Vec<(usize, PathBuf)> {
         .filter_map(|e| {
             let comm = fs::read_to_string(e.path().join("comm")).ok()?;
             let id = comm.trim().strip_prefix("vcpu")?.parse().ok()?;
-            Some((id, e.path().join("stat")))
+            let tid = e.file_name().to_str()?.parse().ok()?;
+            Some(VcpuThread {
+                id,
+                tid,
+                stat: e.path().join("stat"),
+                settled: false,
+            })
         })
         .collect()
 }
