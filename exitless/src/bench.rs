@@ -138,6 +138,6 @@ fn print_cases() {
         );
     }
     for case in ipi::IPI_CASES {
-        println!("{:<11} {}\n{:<11} (--ipi N)", case.name, case.what, "");
+        println!("{:<22} {}\n{:<22} (with --ipi N)", case.name, case.what, "");
     }
 }
