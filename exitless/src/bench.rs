@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use vmm::bench::{self, guest::BENCH_GUEST, report, scaling};
+use vmm::bench::{self, guest::BENCH_GUEST, ipi, report, scaling};
 
 use crate::output_file::{ensure_writable, write_json};
 
@@ -19,9 +19,9 @@ pub struct BenchArgs {
     /// Comma-separated cases to run [default: all]. See --list.
     #[arg(long, value_delimiter = ',')]
     cases: Vec<String>,
-    /// Loop iterations per configuration (1 to 10000000).
-    #[arg(long, default_value_t = bench::DEFAULT_ITERATIONS)]
-    iterations: u64,
+    /// Loop iterations per configuration (1 to 10000000) [default: 5000; 200 with --ipi].
+    #[arg(long)]
+    iterations: Option<u64>,
     /// Also write the results, host metadata and per-case exit profiles as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -43,6 +43,12 @@ pub struct BenchArgs {
     /// (1 to 64; --cases defaults to pio_out here).
     #[arg(long, value_name = "N", conflicts_with = "profile")]
     scaling: Option<usize>,
+    /// IPIs and TLB shootdowns: run the IPI family (--cases picks among its cases) in VMs of
+    /// 1, 2, 4 ... N vCPUs (N at most 8 and 4 per host CPU), pinned to two host CPUs and
+    /// floating, and report the cost per IPI and per shootdown, exits per operation and the
+    /// host CPUs each vCPU ran on.
+    #[arg(long, value_name = "N", conflicts_with_all = ["profile", "scaling"])]
+    ipi: Option<usize>,
 }
 
 pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
@@ -71,8 +77,11 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
     if let Some(vms) = args.scaling {
         return scaling(&args, vms);
     }
+    if let Some(vcpus) = args.ipi {
+        return ipi_family(&args, vcpus);
+    }
     let cases = bench::select(&args.cases)?;
-    let iterations = bench::check_iterations(args.iterations)?;
+    let iterations = bench::check_iterations(args.iterations.unwrap_or(bench::DEFAULT_ITERATIONS))?;
     let report = bench::run(&cases, iterations, |line| eprintln!("{line}"))?;
     print!("{}", report::render_table(&report));
     if args.profile {
@@ -95,9 +104,22 @@ fn scaling(args: &BenchArgs, vms: usize) -> anyhow::Result<i32> {
         args.cases.clone()
     };
     let cases = bench::select(&names)?;
-    let iterations = bench::check_iterations(args.iterations)?;
+    let iterations = bench::check_iterations(args.iterations.unwrap_or(bench::DEFAULT_ITERATIONS))?;
     let report = scaling::run_scaling(&cases, iterations, vms, |line| eprintln!("{line}"))?;
     print!("{}", scaling::render_scaling(&report));
+    if let Some(path) = &args.json {
+        write_json(path, &report)?;
+    }
+    Ok(if report.failures.is_empty() { 0 } else { 2 })
+}
+
+fn ipi_family(args: &BenchArgs, vcpus: usize) -> anyhow::Result<i32> {
+    let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let counts = ipi::vcpu_counts(vcpus, host_cpus)?;
+    let cases = ipi::select(&args.cases)?;
+    let iterations = bench::check_iterations(args.iterations.unwrap_or(ipi::DEFAULT_ITERATIONS))?;
+    let report = ipi::run_ipi(&cases, iterations, &counts, |line| eprintln!("{line}"))?;
+    print!("{}", ipi::render_ipi(&report));
     if let Some(path) = &args.json {
         write_json(path, &report)?;
     }
@@ -114,5 +136,8 @@ fn print_cases() {
             "",
             configs.join(", ")
         );
+    }
+    for case in ipi::IPI_CASES {
+        println!("{:<22} {}\n{:<22} (with --ipi N)", case.name, case.what, "");
     }
 }

@@ -234,3 +234,19 @@ fn scaling_runs_a_row_per_placement_and_vm_count() {
     assert_eq!(doc["schema"], "exitless.scaling/1");
     assert_eq!(doc["series"].as_array().unwrap().len(), 4);
 }
+
+#[test]
+fn ipi_vcpu_counts_beyond_the_host_and_unknown_ipi_cases_are_one_clear_line() {
+    let o = exitless(&["bench", "--ipi", "99"]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.contains("The vCPU count must be between 1 and"), "{e}");
+    let o = exitless(&["bench", "--ipi", "1", "--cases", "pio_out"]);
+    let e = stderr(&o);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.contains("Unknown IPI case 'pio_out'") && e.contains("tlb_shootdown"),
+        "{e}"
+    );
+}

@@ -126,7 +126,7 @@ void guest_exception(u64 vector, u64 *frame)
 
 /* ---- CPU set-up: TSS with an all-open I/O bitmap (PVM forces IOPL 0), IDT ---- */
 
-static void set_gate(int vec, void (*fn)(void), u8 attr)
+void set_gate(int vec, void (*fn)(void), u8 attr)
 {
     u64 a = (u64)fn;
     idt[vec] = (struct idt_gate){(u16)a, SEL_KCODE, 0, attr, (u16)(a >> 16), (u32)(a >> 32), 0};
@@ -148,6 +148,11 @@ static void setup_cpu(void)
     set_gate(6, ud_stub, 0x8e);
     set_gate(VEC_IPI, ipi_stub, 0x8e);
     set_gate(VEC_VIRTIO, virtio_irq_stub, 0x8e);
+    load_idt();
+}
+
+void load_idt(void)
+{
     struct { u16 limit; u64 base; } __attribute__((packed)) idtr = {sizeof(idt) - 1, (u64)idt};
     __asm__ volatile("lidt %0" ::"m"(idtr));
 }
@@ -413,6 +418,8 @@ static volatile u32 console_lock;
 /* coalesced=N (with smp=): each CPU writes N values to BENCH_MMIO, (cpu << 24) | sequence,
  * all at once, so that several vCPUs fill and drain one coalesced ring together. */
 static volatile u64 smp_coalesced_writes;
+/* What each AP does once up, instead of halting (the IPI cases: serve IPIs). */
+void (*volatile ap_service)(void);
 
 static void write_coalesced(u32 cpu)
 {
@@ -440,6 +447,8 @@ void ap_main(u32 index)
     __atomic_store_n(&console_lock, 0, __ATOMIC_RELEASE);
     write_coalesced(index + 1);
     __atomic_fetch_add(&aps_up, 1, __ATOMIC_RELEASE);
+    if (ap_service)
+        ap_service();
 }
 
 static void delay_cycles(u64 cycles)
@@ -578,8 +587,15 @@ void bench_main(u32 start_info_addr)
     smp_coalesced_writes = parse_u64(find_arg(cmdline, "coalesced="));
     if (cpus > MAX_APS + 1)
         cpus = MAX_APS + 1;
+    int ipi = want && ipi_case(want);
+    const char *ipi_why = !ipi ? 0 : lapic ? ipi_prepare(cpus ? cpus : 1) : "no-lapic";
     if (cpus > 1 && lapic)
         start_aps(cpus);
+    if (ipi) {
+        ipi_main(iters, cpus ? cpus : 1, ipi_why);
+        puts_("EXITLESS DONE\n");
+        guest_exit(0);
+    }
     if (cpus && !want) {
         puts_("EXITLESS DONE\n");
         guest_exit(0);

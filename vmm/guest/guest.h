@@ -73,6 +73,16 @@ u64 parse_u64(const char *s);
 /* Runs fn(arg) at CPL3 (RFLAGS from user_rflags) and returns its result. */
 u64 run_user(u64 (*fn)(u64), u64 arg, void *user_stack_top);
 extern u64 user_rflags;
+/* The IDT, shared by every CPU: a gate (0x8e: interrupt gate, DPL0), loading it on an AP. */
+void set_gate(int vec, void (*fn)(void), u8 attr);
+void load_idt(void);
+
+/* The IPI and shootdown cases (ipi.c): whether `want` names one (and selects it), the set-up
+ * before the APs start (returns why the case cannot run, or 0), the run. */
+int ipi_case(const char *want);
+const char *ipi_prepare(u64 cpus);
+void ipi_main(u64 iters, u64 cpus, const char *why);
+
 /* Interrupts the guest handled (self-IPIs and virtio MSI-X vectors). */
 extern u64 ipi_count;
 

@@ -10,6 +10,8 @@
 #define SEL_KCODE32 0x38    /* 32-bit code, for APs leaving real mode */
 
 #define VEC_IPI          0x40
+#define VEC_IPI_ACK      0x41      /* IPI cases: acknowledge (ipi.c) */
+#define VEC_TLB_FLUSH    0x42      /* shootdown cases: invlpg, then acknowledge */
 #define VEC_VIRTIO       0x50      /* MSI-X vector of the virtio queues the guest drives */
 
 #define APIC_BASE        0xfee00000

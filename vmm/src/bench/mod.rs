@@ -5,6 +5,8 @@ pub mod blk;
 pub mod cases;
 pub mod guest;
 pub mod host;
+pub mod ipi;
+mod ipi_table;
 pub mod net;
 pub mod ports;
 pub mod report;

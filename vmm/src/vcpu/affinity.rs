@@ -27,11 +27,16 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
 
 /// The host CPUs the calling thread may run on, ascending.
 pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+    allowed_cpus_of(0)
+}
+
+/// The host CPUs thread `tid` (0: the calling thread) may run on, ascending.
+pub fn allowed_cpus_of(tid: libc::pid_t) -> io::Result<Vec<usize>> {
     // SAFETY: cpu_set_t is a plain bit array; all zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t and the size passed is
-    // its size, so the kernel writes only inside it.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t and the size passed is its size, so the kernel writes
+    // only inside it; a `tid` that names no thread gives an error, not undefined behaviour.
+    let rc = unsafe { libc::sched_getaffinity(tid, std::mem::size_of_val(&set), &mut set) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
