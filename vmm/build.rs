@@ -14,6 +14,7 @@ const SOURCES: &[&str] = &[
     "guest/virtio_net.c",
     "guest/virtio_vsock.c",
     "guest/hotplug.c",
+    "guest/virtio_hostile.c",
 ];
 const HEADERS: &[&str] = &[
     "guest/layout.h",
