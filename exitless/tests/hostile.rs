@@ -18,8 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{device_count, exitless, export_guest, Image, Stream};
-use vmm::devices::virtio::net::private_net::PrivateNet;
+use common::{device_count, exitless, export_guest, private_tap, Image, Stream};
 
 const GUEST_WAIT: Duration = Duration::from_secs(120);
 
@@ -64,7 +63,9 @@ fn ticks_per_second() -> u64 {
 }
 
 fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 /// The process's peak resident memory (VmHWM), KiB.
@@ -172,7 +173,13 @@ fn broken_ring_run(guest: &Path, ring: &str, ending: Ending) -> BrokenRingRun {
     let mut child = exitless()
         .args(["run", "--kernel"])
         .arg(guest)
-        .args(["--memory", "64M", "--rng", "--timeout", &timeout.to_string()])
+        .args([
+            "--memory",
+            "64M",
+            "--rng",
+            "--timeout",
+            &timeout.to_string(),
+        ])
         .args(["--disk", &image.disk_arg(false), "--vsock"])
         .arg(format!("cid=7,socket={}", socket.display()))
         .args(["--cmdline", &format!("case=hostile_vsock ring={ring} hold")])
@@ -194,12 +201,14 @@ fn broken_ring_run(guest: &Path, ring: &str, ending: Ending) -> BrokenRingRun {
     });
     assert!(done && !out.text.contains("EXITLESS ERROR"), "{}", out.text);
     assert!(
-        out.text.contains("EXITLESS HOSTILE vsock needs_reset status="),
+        out.text
+            .contains("EXITLESS HOSTILE vsock needs_reset status="),
         "{}",
         out.text
     );
     assert!(
-        out.text.contains("EXITLESS VIRTIO blk verified bytes=16384"),
+        out.text
+            .contains("EXITLESS VIRTIO blk verified bytes=16384"),
         "the disk works beside the broken vsock: {}",
         out.text
     );
@@ -222,7 +231,12 @@ fn broken_ring_run(guest: &Path, ring: &str, ending: Ending) -> BrokenRingRun {
         Ending::Timeout(t) => {
             let left = Duration::from_secs(t + 30).saturating_sub(spawned.elapsed());
             let end = wait_end(&mut child, left);
-            end.map(|(code, _)| (code, spawned.elapsed().saturating_sub(Duration::from_secs(t))))
+            end.map(|(code, _)| {
+                (
+                    code,
+                    spawned.elapsed().saturating_sub(Duration::from_secs(t)),
+                )
+            })
         }
         Ending::Signal(sig) => {
             // SAFETY: kill takes a pid of our own child and a signal number; no memory.
@@ -243,12 +257,18 @@ fn broken_ring_run(guest: &Path, ring: &str, ending: Ending) -> BrokenRingRun {
     };
     assert_eq!(code, Some(want), "{ending:?}: {}", err.text);
     // A second is the aim (vCPUs get 500 ms); slack for a shared, loaded machine.
-    assert!(end < Duration::from_secs(3), "{ending:?} took {end:?} to end the VM");
+    assert!(
+        end < Duration::from_secs(3),
+        "{ending:?} took {end:?} to end the VM"
+    );
     assert!(!socket.exists(), "the vsock socket file is removed at exit");
     let profile = read_profile(&json);
     let vsock = profile_device(&profile, "virtio-vsock");
     assert_eq!(device_count(vsock, "broken_rings"), 1, "{vsock:#}");
-    assert!(vsock["queues"][0]["malformed"].as_u64() >= Some(1), "{vsock:#}");
+    assert!(
+        vsock["queues"][0]["malformed"].as_u64() >= Some(1),
+        "{vsock:#}"
+    );
     let blk = profile_device(&profile, "virtio-blk0");
     assert_eq!(device_count(blk, "broken_rings"), 0, "{blk:#}");
     BrokenRingRun {
@@ -285,19 +305,6 @@ fn a_broken_vsock_receive_ring_is_counted_and_neither_spins_nor_delays_the_end()
 
 const TOGGLES: u64 = 1000;
 const SEED: u64 = 5;
-
-/// The network namespace with tap `exl0` the net card needs, or None (said why).
-fn private_tap(test: &str) -> Option<PrivateNet> {
-    match PrivateNet::create().and_then(|n| n.add_tap("exl0").map(|_| n)) {
-        Ok(n) => Some(n),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            let why = format!("no tap for the net card (needs root): {e}");
-            vmm::test_skip::skip(&format!("{test} (net card)"), &why);
-            None
-        }
-        Err(e) => panic!("a tap in a private network namespace: {e}"),
-    }
-}
 
 /// Spawns the toggle guest with blk, rng, vsock and (with `net`) a net card.
 fn spawn_toggles(guest: &Path, image: &Image, socket: &Path, json: &Path, net: bool) -> Child {
@@ -359,11 +366,13 @@ fn a_thousand_driver_ok_toggles_leave_no_fd_memory_or_replayed_write_behind() {
     if !kvm_available(test) {
         return;
     }
-    let net = private_tap(test);
+    let net = private_tap(&format!("{test} (net card)"), "exl0");
     let guest = export_guest("hostile-toggle");
     let image = Image::new("hostile-toggle", 16);
-    let socket: PathBuf =
-        std::env::temp_dir().join(format!("exitless-hostile-toggle-{}.sock", std::process::id()));
+    let socket: PathBuf = std::env::temp_dir().join(format!(
+        "exitless-hostile-toggle-{}.sock",
+        std::process::id()
+    ));
     let json = socket.with_extension("json");
     let mut child = match &net {
         Some(n) => n
