@@ -13,7 +13,7 @@ mod common;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,6 +73,16 @@ fn peak_rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The VM under test, killed if the test ends early (a failed assertion).
+struct Vm(Child);
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Waits up to `limit` for the child to end; its exit code (None if killed by a signal) and
@@ -170,7 +180,7 @@ fn broken_ring_run(guest: &Path, ring: &str, ending: Ending) -> BrokenRingRun {
         Ending::Signal(_) => 120,
     };
     let spawned = Instant::now();
-    let mut child = exitless()
+    let child = exitless()
         .args(["run", "--kernel"])
         .arg(guest)
         .args([
@@ -190,6 +200,8 @@ fn broken_ring_run(guest: &Path, ring: &str, ending: Ending) -> BrokenRingRun {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut vm = Vm(child);
+    let child = &mut vm.0;
     let pid = child.id();
     let mut out = Stream::spawn(child.stdout.take().unwrap());
     let mut err = Stream::spawn(child.stderr.take().unwrap());
@@ -230,7 +242,7 @@ fn broken_ring_run(guest: &Path, ring: &str, ending: Ending) -> BrokenRingRun {
     let ended = match ending {
         Ending::Timeout(t) => {
             let left = Duration::from_secs(t + 30).saturating_sub(spawned.elapsed());
-            let end = wait_end(&mut child, left);
+            let end = wait_end(child, left);
             end.map(|(code, _)| {
                 (
                     code,
@@ -241,13 +253,12 @@ fn broken_ring_run(guest: &Path, ring: &str, ending: Ending) -> BrokenRingRun {
         Ending::Signal(sig) => {
             // SAFETY: kill takes a pid of our own child and a signal number; no memory.
             assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
-            wait_end(&mut child, Duration::from_secs(30))
+            wait_end(child, Duration::from_secs(30))
         }
     };
     drop(sender);
     err.read_to_end(Duration::from_secs(5));
     let Some((code, end)) = ended else {
-        let _ = child.kill();
         panic!("the VM did not end ({ending:?}): {}", err.text);
     };
     let want = if matches!(ending, Ending::Timeout(_)) {
@@ -374,15 +385,15 @@ fn a_thousand_driver_ok_toggles_leave_no_fd_memory_or_replayed_write_behind() {
         std::process::id()
     ));
     let json = socket.with_extension("json");
-    let mut child = match &net {
+    let mut vm = Vm(match &net {
         Some(n) => n
             .run(|| spawn_toggles(&guest, &image, &socket, &json, true))
             .unwrap(),
         None => spawn_toggles(&guest, &image, &socket, &json, false),
-    };
+    });
+    let child = &mut vm.0;
     let pid = child.id();
-    let stdout: ChildStdout = child.stdout.take().unwrap();
-    let mut out = Stream::spawn(stdout);
+    let mut out = Stream::spawn(child.stdout.take().unwrap());
     let mut err = Stream::spawn(child.stderr.take().unwrap());
     wait_line(&mut out, "EXITLESS HOSTILE toggles begin");
     let (fds_before, hwm_before) = (fd_count(pid), peak_rss_kib(pid));
@@ -393,7 +404,7 @@ fn a_thousand_driver_ok_toggles_leave_no_fd_memory_or_replayed_write_behind() {
     let (fds_after, hwm_after) = (fd_count(pid), peak_rss_kib(pid));
     // SAFETY: kill takes a pid of our own child and a signal number; no memory.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
-    let ended = wait_end(&mut child, Duration::from_secs(30));
+    let ended = wait_end(child, Duration::from_secs(30));
     err.read_to_end(Duration::from_secs(5));
     std::fs::remove_file(&guest).ok();
     assert_eq!(ended.map(|e| e.0), Some(Some(130)), "{}", err.text);
