@@ -377,7 +377,7 @@ fn a_thousand_driver_ok_toggles_leave_no_fd_memory_or_replayed_write_behind() {
     if !kvm_available(test) {
         return;
     }
-    let net = private_tap(&format!("{test} (net card)"), "exl0");
+    let net = private_tap(&format!("{test} (network card)"), "exl0");
     let guest = export_guest("hostile-toggle");
     let image = Image::new("hostile-toggle", 16);
     let socket: PathBuf = std::env::temp_dir().join(format!(
