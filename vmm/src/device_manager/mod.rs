@@ -299,7 +299,7 @@ impl DeviceManager {
             let routes = RouteUpdater {
                 routing: self.routing.clone(),
                 vm: self.vm.clone(),
-                log: m.device.health().clone(),
+                log: Arc::downgrade(m.device.health()),
             };
             irq.connect(m.gsis.clone(), Box::new(routes));
             if let Layout::Running(_) = self.layout {

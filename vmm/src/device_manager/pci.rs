@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::EventFd;
@@ -41,28 +41,29 @@ impl BusDevice for BarRange {
 pub struct RouteUpdater {
     pub routing: Arc<Mutex<GsiRouting>>,
     pub vm: Arc<VmFd>,
-    /// The device's log (a guest reprograms vectors as often as it likes).
-    pub log: Arc<crate::devices::virtio::DeviceHealth>,
+    /// The device's log (a guest reprograms vectors as often as it likes). Weak: the health
+    /// holds the device's interrupt, which holds this; a strong reference would keep both,
+    /// and the interrupt's irqfds, alive after the device is removed.
+    pub log: Weak<crate::devices::virtio::DeviceHealth>,
 }
 
 impl MsiRoutes for RouteUpdater {
     fn set_route(&self, gsi: u32, message: MsiMessage) {
+        let Some(log) = self.log.upgrade() else {
+            return; // the device is gone
+        };
         let mut routing = lock(&self.routing);
         match routing.set_msi(gsi, message) {
             Ok(true) => {
                 if let Err(e) = routing.apply(&self.vm) {
-                    let line = || {
-                        format!(
-                            "{}: MSI route for GSI {gsi} not applied: {e}",
-                            self.log.name()
-                        )
-                    };
-                    self.log.log.log(line);
+                    let line =
+                        || format!("{}: MSI route for GSI {gsi} not applied: {e}", log.name());
+                    log.log.log(line);
                 }
             }
             Ok(false) => {}
             Err(e) => {
-                self.log.log.log(|| format!("{}: {e}", self.log.name()));
+                log.log.log(|| format!("{}: {e}", log.name()));
             }
         }
     }
