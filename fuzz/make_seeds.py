@@ -66,6 +66,18 @@ def virtio_transport():
     save("virtio_transport", "seed-driver", b"".join(s))
 
 
+def virtio_status():
+    """vmm::fuzzing::virtio_status: a device byte (0 rng, 1 blk), then ops (op % 10 and its
+    bytes): 9 init, 8 settle, 0 any status, 2 reset, 7 notify, 1 set one more bit."""
+    toggle = [9, 0, 4, 8, 7, 0, 8, 0, 0x0b, 8, 1, 2, 8, 2, 8]
+    for device, name in ((0, "seed-toggles-rng"), (1, "seed-toggles-blk")):
+        save("virtio_status", name, bytes([device] + toggle * 4 + [9, 1, 3, 2, 9, 2, 3, 8]))
+    # A queue reprogrammed while live, a reset while starting, odd sizes and addresses.
+    odd = [0, 0, 1, 0, 1, 1, 0, 3, 3, 0, 4, 7, 6, 0, 0x34, 0x12, 3, 5, 1, 0, 0x0f, 2, 9, 5, 9,
+           4, 3, 6, 1, 0xff, 0xff, 7, 8, 0, 0xff, 8]
+    save("virtio_status", "seed-odd", bytes(odd))
+
+
 def desc(addr, length, flags, nxt):
     return struct.pack("<QIHH", addr, length, flags, nxt)
 
@@ -173,6 +185,6 @@ def api_config():
                                                      "memory": {"size": 1}, "cpus": {"boot_vcpus": 3, "max_vcpus": 2}}))
 
 
-for make in (serial, i8042, pci_config, virtio_transport, blk_request, net_chains, vsock_packets,
+for make in (serial, i8042, pci_config, virtio_transport, virtio_status, blk_request, net_chains, vsock_packets,
              coalesced_ring, bench_line, api_http, api_config):
     make()

@@ -15,6 +15,7 @@ const SOURCES: &[&str] = &[
     "guest/virtio_vsock.c",
     "guest/hotplug.c",
     "guest/ipi.c",
+    "guest/virtio_hostile.c",
 ];
 const HEADERS: &[&str] = &[
     "guest/layout.h",

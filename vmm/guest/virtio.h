@@ -128,4 +128,11 @@ u64 loop_virtio_vsock(u64 n);
 u64 loop_vsock_check(u64 n);
 void report_virtio_vsock(void);
 
+/* Hostile drivers (virtio_hostile.c): a broken vsock receive ring (ring=idx or ring=zero)
+ * while the host sends; DRIVER_OK toggles on every device (iters=, seed=, sync). */
+const char *hostile_vsock_setup(const char *cmdline);
+u64 loop_hostile_vsock(u64 n);
+const char *hostile_toggle_setup(const char *cmdline);
+u64 loop_hostile_toggle(u64 n);
+
 #endif

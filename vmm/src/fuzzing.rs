@@ -23,6 +23,9 @@ use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::event_loop::EventLoop;
 use crate::kvm::ring::CoalescedWrite;
 
+mod virtio_status;
+pub use virtio_status::virtio_status;
+
 /// A fuzz target: takes any bytes, must return.
 pub type Target = fn(&[u8]);
 
@@ -32,6 +35,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("i8042", i8042),
     ("pci_config", pci_config),
     ("virtio_transport", virtio_transport),
+    ("virtio_status", virtio_status),
     ("blk_request", blk_request),
     ("net_chains", net_chains),
     ("vsock_packets", vsock_packets),

@@ -117,3 +117,27 @@ pub fn device_count(device: &serde_json::Value, name: &str) -> u64 {
         .and_then(|c| c["value"].as_u64())
         .unwrap_or_else(|| panic!("{name} in {device:#}"))
 }
+
+/// A network namespace of the test's own with tap `tap` in it. None only where this host
+/// cannot have one (not root, or no /dev/net/tun): then `test` is reported skipped with the
+/// reason. Anywhere else a failure is exitless's and panics.
+pub fn private_tap(
+    test: &str,
+    tap: &str,
+) -> Option<vmm::devices::virtio::net::private_net::PrivateNet> {
+    // SAFETY: geteuid reads the caller's id; no memory is involved.
+    let root = unsafe { libc::geteuid() } == 0;
+    let tun = std::path::Path::new("/dev/net/tun").exists();
+    if !root || !tun {
+        let why = if root {
+            "/dev/net/tun is missing on this host"
+        } else {
+            "a tap in a network namespace needs root"
+        };
+        vmm::test_skip::skip(test, why);
+        return None;
+    }
+    let made = vmm::devices::virtio::net::private_net::PrivateNet::create()
+        .and_then(|n| n.add_tap(tap).map(|_| n));
+    Some(made.unwrap_or_else(|e| panic!("{test}: a tap in a private network namespace: {e}")))
+}

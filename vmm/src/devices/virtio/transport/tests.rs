@@ -285,3 +285,49 @@ fn a_restart_resumes_from_the_used_ring() {
     settle(&el);
     assert_eq!(seen.lock().unwrap().activations[0].1[0].3, 5);
 }
+
+/// A reset written while the start is still waiting for the event loop wins: the device never
+/// starts, no queue worker is left, the status reads 0.
+#[test]
+fn a_reset_while_the_start_waits_for_the_event_loop_means_no_start() {
+    let (dev, seen, el) = device();
+    negotiate(&dev, 1);
+    setup_queue(&dev, 0, 32, 0x10000);
+    let (hold, release) = std::sync::mpsc::channel::<()>();
+    el.handle()
+        .fire(move |_| {
+            let _ = release.recv();
+        })
+        .unwrap();
+    w(&dev, 0x14, &[0xf]);
+    w(&dev, 0x14, &[0]);
+    hold.send(()).unwrap();
+    settle(&el);
+    assert_eq!(status(&dev), 0);
+    assert!(!dev.is_running());
+    let s = seen.lock().unwrap();
+    assert_eq!((s.activations.len(), s.workers, s.resets), (0, 0, 1));
+}
+
+/// A device in NEEDS_RESET (its start failed on a queue outside guest memory) is usable again
+/// after the driver's reset: NEEDS_RESET is gone and a good set-up starts it.
+#[test]
+fn a_reset_clears_needs_reset_and_a_good_setup_then_starts_the_device() {
+    let (dev, seen, el) = device();
+    negotiate(&dev, 1);
+    setup_queue(&dev, 0, 32, 0xfff0_0000);
+    w(&dev, 0x14, &[0xf]);
+    settle(&el);
+    assert_eq!(status(&dev) & STATUS_NEEDS_RESET, STATUS_NEEDS_RESET);
+    w(&dev, 0x14, &[0]);
+    settle(&el);
+    assert_eq!(status(&dev), 0, "NEEDS_RESET is gone with the reset");
+    negotiate(&dev, 1);
+    setup_queue(&dev, 0, 32, 0x10000);
+    w(&dev, 0x14, &[0xf]);
+    settle(&el);
+    assert_eq!(status(&dev), 0xf);
+    assert!(dev.is_running());
+    let s = seen.lock().unwrap();
+    assert_eq!((s.activations.len(), s.workers), (1, 1));
+}
