@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::CompareError;
 use crate::bench::result::{parse_line, GuestLine, GuestResult};
+use crate::devices::virtio::net::private_net::PrivateNet;
 
 /// What one run measured.
 #[derive(Clone, Debug, Serialize)]
@@ -28,6 +29,12 @@ pub struct RunSample {
     pub rss_beyond_guest_kib: u64,
     /// Process CPU time until the guest was done (user, system, of which guest).
     pub cpu: CpuTimes,
+    /// On-CPU time of all the VMM's threads until the guest was done, in ns (schedstat:
+    /// nanoseconds, where /proc/PID/stat counts clock ticks); vCPU threads include the
+    /// time they ran the guest.
+    pub threads_cpu_ns: u64,
+    /// KVM's `exits` statistic of the VMM's VM (debugfs), every exit of every vCPU.
+    pub kvm_exits: Option<u64>,
 }
 
 /// CPU time from /proc/PID/stat, in ms.
@@ -38,21 +45,24 @@ pub struct CpuTimes {
     pub guest_ms: f64,
 }
 
-/// Starts `cmd` and waits up to `limit` for the guest to finish its case; `at_done` gets the
-/// process id while the VMM still runs, after the guest's last line.
+/// Starts `cmd` (inside `net` when given) and waits up to `limit` for the guest to finish its
+/// case; `at_done` gets the process id while the VMM still runs, after the guest's last line.
 pub fn run(
     mut cmd: Command,
+    net: Option<&PrivateNet>,
     case: &str,
     limit: Duration,
     at_done: &mut dyn FnMut(u32),
 ) -> Result<RunSample, CompareError> {
     let started = Instant::now();
-    let mut child = cmd
-        .stdin(Stdio::null())
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(CompareError::Spawn)?;
+        .stderr(Stdio::piped());
+    let mut child = match net {
+        Some(net) => net.run(|| cmd.spawn()).and_then(|spawned| spawned),
+        None => cmd.spawn(),
+    }
+    .map_err(CompareError::Spawn)?;
     let last_error = last_line_of(child.stderr.take());
     let outcome = read_until_done(&mut child, case, started, limit, at_done);
     let _ = child.kill();
@@ -139,7 +149,57 @@ fn sample(
         peak_rss_kib: status_kib(pid, "VmHWM:"),
         rss_beyond_guest_kib: rss_beyond_largest_mapping(pid),
         cpu: cpu_times(pid),
+        threads_cpu_ns: threads_cpu_ns(pid),
+        kvm_exits: kvm_exits(pid),
     }
+}
+
+/// The sum of `/proc/PID/task/*/schedstat`'s first field: ns on a CPU, per thread.
+fn threads_cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+const KVM_DEBUGFS: &str = "/sys/kernel/debug/kvm";
+
+/// Whether KVM's debugfs statistics can be read here (debugfs mounted if it is not), or why
+/// not.
+pub fn kvm_stats_readable() -> Result<(), String> {
+    let debugfs = std::path::Path::new(KVM_DEBUGFS);
+    if !debugfs.exists() {
+        let _ = std::process::Command::new("mount")
+            .args(["-t", "debugfs", "nodev", "/sys/kernel/debug"])
+            .output();
+    }
+    match std::fs::read_to_string(debugfs.join("exits")) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => Err(format!(
+            "KVM's debugfs statistics refused: {e} (kernel lockdown)"
+        )),
+        Err(e) => Err(format!("cannot read {KVM_DEBUGFS}/exits: {e}")),
+    }
+}
+
+/// KVM's debugfs folder for a VM is `PID-FD`; its `exits` file sums the VM's vCPUs.
+fn kvm_exits(pid: u32) -> Option<u64> {
+    let debugfs = std::path::Path::new(KVM_DEBUGFS);
+    let prefix = format!("{pid}-");
+    std::fs::read_dir(debugfs)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("exits")).ok())
+        .filter_map(|s| s.trim().parse::<u64>().ok())
+        .reduce(|a, b| a + b)
 }
 
 fn exit_status(child: &mut Child) -> String {
@@ -229,9 +289,13 @@ mod tests {
             echo 'EXITLESS DONE'; sleep 30";
         let started = Instant::now();
         let mut pid = None;
-        let s = run(sh(script), "pio_out", Duration::from_secs(10), &mut |p| {
-            pid = Some(p)
-        })
+        let s = run(
+            sh(script),
+            None,
+            "pio_out",
+            Duration::from_secs(10),
+            &mut |p| pid = Some(p),
+        )
         .unwrap();
         assert!(pid.is_some(), "told the pid at DONE");
         assert!(
@@ -241,12 +305,14 @@ mod tests {
         assert_eq!((s.result.iters, s.result.cycles), (10, 1000));
         assert!(s.first_line_ms <= s.done_ms);
         assert!(s.peak_rss_kib > 0);
+        assert!(s.threads_cpu_ns > 0, "schedstat read");
     }
 
     #[test]
     fn a_guest_that_never_finishes_or_fails_is_one_clear_error() {
         let e = run(
             sh("echo 'EXITLESS START'; sleep 30"),
+            None,
             "pio_out",
             Duration::from_millis(300),
             &mut |_| {},
@@ -254,6 +320,7 @@ mod tests {
         assert!(matches!(e, Err(CompareError::Timeout(_))), "{e:?}");
         let e = run(
             sh("echo 'EXITLESS START'; exit 3"),
+            None,
             "pio_out",
             Duration::from_secs(10),
             &mut |_| {},
@@ -261,6 +328,7 @@ mod tests {
         assert!(e.unwrap_err().to_string().contains("exit status: 3"));
         let e = run(
             sh("echo 'EXITLESS ERROR exception vector=8'; sleep 30"),
+            None,
             "pio_out",
             Duration::from_secs(10),
             &mut |_| {},
@@ -268,6 +336,7 @@ mod tests {
         assert!(e.unwrap_err().to_string().contains("vector=8"));
         let e = run(
             sh("echo 'EXITLESS DONE'"),
+            None,
             "pio_out",
             Duration::from_secs(10),
             &mut |_| {},
