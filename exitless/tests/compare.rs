@@ -209,7 +209,11 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
     }
     if let Some(stale) = stale {
         assert!(!stale.exists(), "a killed run's instance is removed");
-        assert_eq!(instances_of_gone_runs(), 0, "the run's own instance is removed");
+        assert_eq!(
+            instances_of_gone_runs(),
+            0,
+            "the run's own instance is removed"
+        );
     }
     assert!(
         out.contains("requests/s") && out.contains("virtio_blk_qd32"),
