@@ -315,9 +315,9 @@ fn print_device_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
     if device_cases.is_empty() {
         return;
     }
-    println!("\nper request: median (min-max); userspace exits from tracefs, in-kernel exits from KVM's debugfs statistic less those");
+    println!("\nper request: median (min-max); userspace exits from tracefs, in-kernel exits: KVM's exits statistic less those");
     if let Some(why) = &report.kernel_exits_note {
-        println!("kernel exits/req: not measured ({why})");
+        println!("kernel exits/req: {why}");
     }
     println!(
         "{:<16} {:<17} {:>26} {:>16} {:>16} {:>22}",

@@ -3,6 +3,7 @@
 //! runs at two iteration counts so that start-up cancels out of the per-exit figures.
 
 pub mod api_start;
+pub mod kvm_stats;
 pub mod peer;
 pub mod process;
 pub mod turnaround;
@@ -14,6 +15,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::devices::virtio::net::private_net::PrivateNet;
+use kvm_stats::ExitsSource;
 use peer::{Device, Launch, Vmm, VmmKind};
 use process::RunSample;
 use turnaround::{Traced, Tracer};
@@ -172,6 +174,8 @@ pub struct CompareReport {
 struct Run {
     sample: RunSample,
     traced: Result<Traced, String>,
+    /// KVM's `exits` statistic at the guest's end, or why none.
+    kvm_exits: Result<u64, String>,
 }
 
 /// A (small, large) pair of runs.
@@ -183,6 +187,8 @@ struct Setting<'a> {
     counts: [u64; 2],
     tracer: Option<&'a Tracer>,
     net: Option<&'a PrivateNet>,
+    /// KVM's debugfs statistics can be read (else each VMM's own channel, device cases only).
+    debugfs: bool,
 }
 
 /// A network namespace with the tap net cases attach, or why none can be made.
@@ -226,6 +232,7 @@ pub fn run(
         counts,
         tracer: tracer.as_ref().ok(),
         net: net.as_ref().and_then(|n| n.as_ref().ok()),
+        debugfs: kvm_stats::debugfs_readable().is_ok(),
     };
     for round in 1..=plan.rounds {
         for (c, case) in plan.cases.iter().enumerate() {
@@ -268,7 +275,9 @@ pub fn run(
     let mut report = report(plan, counts, pairs, failed, tsc_khz);
     report.turnaround = tracer.map_or_else(|why| why, |_| "measured".to_string());
     report.not_run = not_run;
-    report.kernel_exits_note = process::kvm_stats_readable().err();
+    report.kernel_exits_note = kvm_stats::debugfs_readable()
+        .err()
+        .map(|why| format!("{why}; device cases read exitless's profile and QEMU's QMP"));
     Ok(report)
 }
 
@@ -276,6 +285,12 @@ fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareErr
     let plan = setting.plan;
     let (guest_case, qd, device) = peer::guest_case(case);
     let disk = plan.workdir.join("disk.img");
+    // A VMM's own channel may cost it time per exit (exitless's profile): device cases only.
+    let exits = match (setting.debugfs, device) {
+        (true, _) => ExitsSource::Debugfs,
+        (false, Some(_)) => ExitsSource::own_channel(vmm.kind, &plan.workdir),
+        (false, None) => ExitsSource::Unavailable("KVM's debugfs statistics cannot be read"),
+    };
     let one = |iters: u64| -> Result<Run, CompareError> {
         // `hold`: the guest halts after its last line instead of ending the VM, so that
         // every VMM is still there to be measured (QEMU would exit at once).
@@ -292,8 +307,10 @@ fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareErr
             workdir: &plan.workdir,
             disk: (device == Some(Device::Disk)).then_some(disk.as_path()),
             tap: (device == Some(Device::Net)).then_some(TAP),
+            exits: &exits,
         };
         let mut traced = Err("not traced".to_string());
+        let mut kvm_exits = Err("not read".to_string());
         if let Some(t) = setting.tracer {
             t.clear();
         }
@@ -307,9 +324,14 @@ fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareErr
                 if let Some(t) = setting.tracer {
                     traced = t.read(pid);
                 }
+                kvm_exits = exits.read(pid);
             },
         )?;
-        Ok(Run { sample, traced })
+        Ok(Run {
+            sample,
+            traced,
+            kvm_exits,
+        })
     };
     Ok((one(setting.counts[0])?, one(setting.counts[1])?))
 }
@@ -406,7 +428,7 @@ fn figures(case: &str, pairs: &[Pair], extra: f64, tsc_khz: u64) -> CaseFigures 
         Some((b.userspace_exits as f64 - a.userspace_exits as f64) / extra)
     };
     let kvm_exits = |(a, b): &Pair| -> Option<f64> {
-        let (a, b) = (a.sample.kvm_exits?, b.sample.kvm_exits?);
+        let (a, b) = (*a.kvm_exits.as_ref().ok()?, *b.kvm_exits.as_ref().ok()?);
         Some((b as f64 - a as f64) / extra)
     };
     let per_pair = |f: &dyn Fn(&Pair) -> Option<f64>| -> Option<Spread> {

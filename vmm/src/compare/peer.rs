@@ -6,6 +6,7 @@ use std::process::Command;
 
 use serde::Serialize;
 
+use super::kvm_stats::ExitsSource;
 use super::CompareError;
 
 /// A VMM that can boot the bench guest.
@@ -65,6 +66,8 @@ pub struct Launch<'a> {
     pub disk: Option<&'a Path>,
     /// A tap (made beforehand, up) attached as the VMM's virtio-net-pci device (net cases).
     pub tap: Option<&'a str>,
+    /// Where KVM's exit count is read (a VMM's own channel is switched on for it).
+    pub exits: &'a ExitsSource,
 }
 
 /// The device a compare case drives through the guest's own virtio-pci driver.
@@ -160,6 +163,9 @@ impl Vmm {
                 if let Some(tap) = launch.tap {
                     cmd.arg("--net").arg(format!("tap={tap}"));
                 }
+                if let ExitsSource::ExitlessProfile(path) = launch.exits {
+                    cmd.arg("--profile-json").arg(path);
+                }
             }
             VmmKind::Qemu => {
                 // microvm has PCI only through ECAM; the guest's driver uses 0xCF8: a disk
@@ -187,6 +193,10 @@ impl Vmm {
                     cmd.args(["-netdev"])
                         .arg(format!("tap,id=n,ifname={tap},script=no,downscript=no"))
                         .args(["-device", "virtio-net-pci,disable-legacy=on,netdev=n"]);
+                }
+                if let ExitsSource::Qmp(path) = launch.exits {
+                    cmd.arg("-qmp")
+                        .arg(format!("unix:{},server=on,wait=off", path.display()));
                 }
             }
             VmmKind::Firecracker => {
@@ -248,6 +258,7 @@ mod tests {
             workdir: &dir,
             disk: None,
             tap: None,
+            exits: &ExitsSource::Debugfs,
         };
         let cmd = |kind| {
             let vmm = Vmm {
@@ -283,6 +294,7 @@ mod tests {
             workdir: &dir,
             disk: Some(Path::new("/d.img")),
             tap: Some("exlcmp0"),
+            exits: &ExitsSource::Qmp(PathBuf::from("/q.sock")),
         };
         let line = |kind| {
             let vmm = Vmm {
@@ -295,6 +307,10 @@ mod tests {
         let qemu = line(VmmKind::Qemu);
         assert!(qemu.contains("-M pc ") && qemu.contains("virtio-blk-pci,disable-legacy=on"));
         assert!(qemu.contains("tap,id=n,ifname=exlcmp0,script=no"), "{qemu}");
+        assert!(
+            qemu.contains("-qmp unix:/q.sock,server=on,wait=off"),
+            "{qemu}"
+        );
         assert!(
             qemu.contains("virtio-net-pci,disable-legacy=on,netdev=n"),
             "{qemu}"

@@ -33,8 +33,6 @@ pub struct RunSample {
     /// nanoseconds, where /proc/PID/stat counts clock ticks); vCPU threads include the
     /// time they ran the guest.
     pub threads_cpu_ns: u64,
-    /// KVM's `exits` statistic of the VMM's VM (debugfs), every exit of every vCPU.
-    pub kvm_exits: Option<u64>,
 }
 
 /// CPU time from /proc/PID/stat, in ms.
@@ -150,7 +148,6 @@ fn sample(
         rss_beyond_guest_kib: rss_beyond_largest_mapping(pid),
         cpu: cpu_times(pid),
         threads_cpu_ns: threads_cpu_ns(pid),
-        kvm_exits: kvm_exits(pid),
     }
 }
 
@@ -163,43 +160,6 @@ fn threads_cpu_ns(pid: u32) -> u64 {
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
         .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
         .sum()
-}
-
-const KVM_DEBUGFS: &str = "/sys/kernel/debug/kvm";
-
-/// Whether KVM's debugfs statistics can be read here (debugfs mounted if it is not), or why
-/// not.
-pub fn kvm_stats_readable() -> Result<(), String> {
-    let debugfs = std::path::Path::new(KVM_DEBUGFS);
-    if !debugfs.exists() {
-        let _ = std::process::Command::new("mount")
-            .args(["-t", "debugfs", "nodev", "/sys/kernel/debug"])
-            .output();
-    }
-    match std::fs::read_to_string(debugfs.join("exits")) {
-        Ok(_) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => Err(format!(
-            "KVM's debugfs statistics refused: {e} (kernel lockdown)"
-        )),
-        Err(e) => Err(format!("cannot read {KVM_DEBUGFS}/exits: {e}")),
-    }
-}
-
-/// KVM's debugfs folder for a VM is `PID-FD`; its `exits` file sums the VM's vCPUs.
-fn kvm_exits(pid: u32) -> Option<u64> {
-    let debugfs = std::path::Path::new(KVM_DEBUGFS);
-    let prefix = format!("{pid}-");
-    std::fs::read_dir(debugfs)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n.starts_with(&prefix))
-        })
-        .filter_map(|e| std::fs::read_to_string(e.path().join("exits")).ok())
-        .filter_map(|s| s.trim().parse::<u64>().ok())
-        .reduce(|a, b| a + b)
 }
 
 fn exit_status(child: &mut Child) -> String {

@@ -146,8 +146,7 @@ impl GsiRouting {
     /// Installs the table in KVM.
     pub fn apply(&self, vm: &VmFd) -> Result<(), RoutingError> {
         let entries: Vec<kvm_irq_routing_entry> = self.routes().iter().map(kvm_entry).collect();
-        let table = KvmIrqRouting::from_entries(&entries)
-            .map_err(RoutingError::Table)?;
+        let table = KvmIrqRouting::from_entries(&entries).map_err(RoutingError::Table)?;
         vm.set_gsi_routing(&table).map_err(RoutingError::Apply)
     }
 }
