@@ -104,7 +104,8 @@ pub struct CaseFigures {
     pub done_ms: Spread,
     /// Guest cycles per iteration (the guest's own count).
     pub guest_cycles_per_iter: Spread,
-    /// Wall time per iteration from the two iteration counts (start-up cancels out).
+    /// Wall time per iteration from the two iteration counts, each from the guest's first
+    /// line to its end (start-up cancels out).
     pub wall_per_iter_us: Spread,
     /// Process CPU (user + system) per iteration, from the two counts; coarse (clock ticks).
     pub cpu_per_iter_us: Spread,
@@ -117,7 +118,8 @@ pub struct CaseFigures {
     /// Iterations (device cases: requests) per second, from the guest's cycle count.
     pub iters_per_s: Spread,
     /// On-CPU time of all the VMM's threads per iteration (schedstat, ns resolution; the
-    /// vCPU thread's includes the guest's own time), from the two counts.
+    /// vCPU thread's includes the guest's own time), from the two counts, each from the
+    /// guest's first line to its end.
     pub threads_cpu_per_iter_us: Spread,
     /// Userspace exits (`kvm_userspace_exit` on the VMM's threads) per iteration.
     pub userspace_exits_per_iter: Option<Spread>,
@@ -396,6 +398,17 @@ fn report(
     }
 }
 
+/// A run's time from the guest's first line to its end: firmware and process start-up (a
+/// QEMU run's SeaBIOS varies by a second) left out.
+fn loop_ms(s: &RunSample) -> f64 {
+    s.done_ms - s.first_line_ms
+}
+
+/// All the VMM's threads' CPU from the guest's first line to its end, in ns.
+fn loop_cpu_ns(s: &RunSample) -> f64 {
+    s.threads_cpu_ns as f64 - s.threads_cpu_at_first_line_ns as f64
+}
+
 fn figures(case: &str, pairs: &[Pair], extra: f64, tsc_khz: u64) -> CaseFigures {
     let over = |f: &dyn Fn(&RunSample, &RunSample) -> f64| {
         Spread::of(
@@ -441,16 +454,14 @@ fn figures(case: &str, pairs: &[Pair], extra: f64, tsc_khz: u64) -> CaseFigures 
         first_line_ms: over(&|a, b| a.first_line_ms.min(b.first_line_ms)),
         done_ms: over(&|_, b| b.done_ms),
         guest_cycles_per_iter: over(&|_, b| b.result.cycles as f64 / b.result.iters.max(1) as f64),
-        wall_per_iter_us: over(&|a, b| (b.done_ms - a.done_ms) * 1e3 / extra),
+        wall_per_iter_us: over(&|a, b| (loop_ms(b) - loop_ms(a)) * 1e3 / extra),
         cpu_per_iter_us: over(&|a, b| (cpu(b) - cpu(a)) * 1e3 / extra),
         guest_cpu_per_iter_us: over(&|a, b| (b.cpu.guest_ms - a.cpu.guest_ms) * 1e3 / extra),
         peak_rss_kib: over(&|_, b| b.peak_rss_kib as f64),
         rss_beyond_guest_kib: over(&|_, b| b.rss_beyond_guest_kib as f64),
         wall_ratio_to_exitless: None,
         iters_per_s: over(&|_, b| hz * b.result.iters as f64 / b.result.cycles.max(1) as f64),
-        threads_cpu_per_iter_us: over(&|a, b| {
-            (b.threads_cpu_ns as f64 - a.threads_cpu_ns as f64) / 1e3 / extra
-        }),
+        threads_cpu_per_iter_us: over(&|a, b| (loop_cpu_ns(b) - loop_cpu_ns(a)) / 1e3 / extra),
         userspace_exits_per_iter: per_pair(&user_exits),
         kernel_exits_per_iter: per_pair(&|p| Some(kvm_exits(p)? - user_exits(p)?)),
         turnaround_ns,

@@ -33,6 +33,8 @@ pub struct RunSample {
     /// nanoseconds, where /proc/PID/stat counts clock ticks); vCPU threads include the
     /// time they ran the guest.
     pub threads_cpu_ns: u64,
+    /// The same when the guest's first console line came (firmware and start-up behind).
+    pub threads_cpu_at_first_line_ns: u64,
 }
 
 /// CPU time from /proc/PID/stat, in ms.
@@ -106,6 +108,7 @@ fn read_until_done(
         }
     });
     let mut first_line = None;
+    let mut cpu_at_first_line = 0;
     let mut result = None;
     loop {
         let left = limit.saturating_sub(started.elapsed());
@@ -116,14 +119,18 @@ fn read_until_done(
                 return Err(CompareError::Ended(exit_status(child)))
             }
         };
-        first_line.get_or_insert(at);
+        if first_line.is_none() {
+            first_line = Some(at);
+            cpu_at_first_line = threads_cpu_ns(child.id());
+        }
         match parse_line(line.trim_end_matches('\r')) {
             Ok(GuestLine::Result(r)) if r.case == case => result = Some(r),
             Ok(GuestLine::Error(e)) => return Err(CompareError::Guest(e)),
             Ok(GuestLine::Skip { reason, .. }) => return Err(CompareError::Guest(reason)),
             Ok(GuestLine::Done) => {
                 let result = result.ok_or(CompareError::NoResult)?;
-                let sample = sample(child.id(), started, first_line, at, result);
+                let mut sample = sample(child.id(), started, first_line, at, result);
+                sample.threads_cpu_at_first_line_ns = cpu_at_first_line;
                 at_done(child.id());
                 return Ok(sample);
             }
@@ -148,6 +155,7 @@ fn sample(
         rss_beyond_guest_kib: rss_beyond_largest_mapping(pid),
         cpu: cpu_times(pid),
         threads_cpu_ns: threads_cpu_ns(pid),
+        threads_cpu_at_first_line_ns: 0,
     }
 }
 
@@ -266,6 +274,7 @@ mod tests {
         assert!(s.first_line_ms <= s.done_ms);
         assert!(s.peak_rss_kib > 0);
         assert!(s.threads_cpu_ns > 0, "schedstat read");
+        assert!(s.threads_cpu_at_first_line_ns <= s.threads_cpu_ns);
     }
 
     #[test]
