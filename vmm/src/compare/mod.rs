@@ -17,7 +17,7 @@ use thiserror::Error;
 use crate::devices::virtio::net::private_net::PrivateNet;
 use kvm_stats::ExitsSource;
 use peer::{Device, Launch, Vmm, VmmKind};
-use process::RunSample;
+use process::{Moment, RunSample};
 use turnaround::{Traced, Tracer};
 
 /// The tap net cases attach, in a network namespace of the comparison's own.
@@ -126,8 +126,8 @@ pub struct CaseFigures {
     /// Exits KVM handled in the kernel per iteration: its `exits` statistic (debugfs) less
     /// the userspace ones.
     pub kernel_exits_per_iter: Option<Spread>,
-    /// Turnaround per userspace exit (tracefs, x86-tsc clock), pooled over the rounds'
-    /// larger runs, in ns.
+    /// Turnaround per userspace exit (tracefs, x86-tsc clock) from the guest's first line to
+    /// its end, pooled over the rounds' larger runs, in ns.
     pub turnaround_ns: Option<Turnaround>,
     /// Why a run had no turnaround figures, when tracing worked otherwise.
     pub turnaround_note: Option<String>,
@@ -313,6 +313,7 @@ fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareErr
         };
         let mut traced = Err("not traced".to_string());
         let mut kvm_exits = Err("not read".to_string());
+        let mut first_line_tsc = 0;
         if let Some(t) = setting.tracer {
             t.clear();
         }
@@ -322,11 +323,16 @@ fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareErr
             net,
             guest_case,
             plan.limit,
-            &mut |pid| {
-                if let Some(t) = setting.tracer {
-                    traced = t.read(pid);
+            &mut |moment, pid| match moment {
+                // Counted from the guest's first line: firmware exits (QEMU's SeaBIOS makes
+                // thousands) stay out of the turnarounds (the trace clock is the TSC).
+                Moment::FirstLine => first_line_tsc = crate::profile::rdtsc(),
+                Moment::Done => {
+                    if let Some(t) = setting.tracer {
+                        traced = t.read(pid, first_line_tsc);
+                    }
+                    kvm_exits = exits.read(pid);
                 }
-                kvm_exits = exits.read(pid);
             },
         )?;
         Ok(Run {

@@ -37,6 +37,15 @@ pub struct RunSample {
     pub threads_cpu_at_first_line_ns: u64,
 }
 
+/// When a run tells its caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moment {
+    /// The guest's first console line came (firmware and start-up behind).
+    FirstLine,
+    /// The guest printed its last line; the VMM still runs.
+    Done,
+}
+
 /// CPU time from /proc/PID/stat, in ms.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct CpuTimes {
@@ -46,13 +55,14 @@ pub struct CpuTimes {
 }
 
 /// Starts `cmd` (inside `net` when given) and waits up to `limit` for the guest to finish its
-/// case; `at_done` gets the process id while the VMM still runs, after the guest's last line.
+/// case; `tell` hears the guest's first line and its last (the VMM still running), with the
+/// process id.
 pub fn run(
     mut cmd: Command,
     net: Option<&PrivateNet>,
     case: &str,
     limit: Duration,
-    at_done: &mut dyn FnMut(u32),
+    tell: &mut dyn FnMut(Moment, u32),
 ) -> Result<RunSample, CompareError> {
     let started = Instant::now();
     cmd.stdin(Stdio::null())
@@ -64,7 +74,7 @@ pub fn run(
     }
     .map_err(CompareError::Spawn)?;
     let last_error = last_line_of(child.stderr.take());
-    let outcome = read_until_done(&mut child, case, started, limit, at_done);
+    let outcome = read_until_done(&mut child, case, started, limit, tell);
     let _ = child.kill();
     let _ = child.wait();
     outcome.map_err(|e| match e {
@@ -96,7 +106,7 @@ fn read_until_done(
     case: &str,
     started: Instant,
     limit: Duration,
-    at_done: &mut dyn FnMut(u32),
+    tell: &mut dyn FnMut(Moment, u32),
 ) -> Result<RunSample, CompareError> {
     let stdout = child.stdout.take().ok_or(CompareError::NoConsole)?;
     let (tx, lines) = channel();
@@ -122,6 +132,7 @@ fn read_until_done(
         if first_line.is_none() {
             first_line = Some(at);
             cpu_at_first_line = threads_cpu_ns(child.id());
+            tell(Moment::FirstLine, child.id());
         }
         match parse_line(line.trim_end_matches('\r')) {
             Ok(GuestLine::Result(r)) if r.case == case => result = Some(r),
@@ -131,7 +142,7 @@ fn read_until_done(
                 let result = result.ok_or(CompareError::NoResult)?;
                 let mut sample = sample(child.id(), started, first_line, at, result);
                 sample.threads_cpu_at_first_line_ns = cpu_at_first_line;
-                at_done(child.id());
+                tell(Moment::Done, child.id());
                 return Ok(sample);
             }
             _ => {}
@@ -257,14 +268,19 @@ mod tests {
             echo 'EXITLESS DONE'; sleep 30";
         let started = Instant::now();
         let mut pid = None;
+        let mut heard = Vec::new();
         let s = run(
             sh(script),
             None,
             "pio_out",
             Duration::from_secs(10),
-            &mut |p| pid = Some(p),
+            &mut |m, p| {
+                heard.push(m);
+                pid = Some(p);
+            },
         )
         .unwrap();
+        assert_eq!(heard, [Moment::FirstLine, Moment::Done]);
         assert!(pid.is_some(), "told the pid at DONE");
         assert!(
             started.elapsed() < Duration::from_secs(10),
@@ -284,7 +300,7 @@ mod tests {
             None,
             "pio_out",
             Duration::from_millis(300),
-            &mut |_| {},
+            &mut |_, _| {},
         );
         assert!(matches!(e, Err(CompareError::Timeout(_))), "{e:?}");
         let e = run(
@@ -292,7 +308,7 @@ mod tests {
             None,
             "pio_out",
             Duration::from_secs(10),
-            &mut |_| {},
+            &mut |_, _| {},
         );
         assert!(e.unwrap_err().to_string().contains("exit status: 3"));
         let e = run(
@@ -300,7 +316,7 @@ mod tests {
             None,
             "pio_out",
             Duration::from_secs(10),
-            &mut |_| {},
+            &mut |_, _| {},
         );
         assert!(e.unwrap_err().to_string().contains("vector=8"));
         let e = run(
@@ -308,7 +324,7 @@ mod tests {
             None,
             "pio_out",
             Duration::from_secs(10),
-            &mut |_| {},
+            &mut |_, _| {},
         );
         assert!(matches!(e, Err(CompareError::NoResult)), "{e:?}");
     }

@@ -103,9 +103,10 @@ impl Tracer {
         let _ = std::fs::write(self.dir.join("trace"), "");
     }
 
-    /// What the trace holds for the threads of process `pid` since [`Tracer::clear`]; an
+    /// What the trace holds for the threads of process `pid` since [`Tracer::clear`], from
+    /// TSC count `since` on (a userspace `rdtsc`: the trace clock is the same counter); an
     /// error says why nothing (e.g. the buffer overflowed).
-    pub fn read(&self, pid: u32) -> Result<Traced, String> {
+    pub fn read(&self, pid: u32, since: u64) -> Result<Traced, String> {
         let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
             .map_err(|e| format!("cannot list the VMM's threads: {e}"))?
             .filter_map(|t| t.ok()?.file_name().to_str()?.parse().ok())
@@ -115,7 +116,7 @@ impl Tracer {
         if let Some(lost) = lost_entries(&trace) {
             return Err(format!("the trace buffer lost {lost} events"));
         }
-        Ok(traced(&trace, &tids, self.tsc_khz))
+        Ok(traced(&trace, &tids, since, self.tsc_khz))
     }
 }
 
@@ -169,9 +170,9 @@ fn lost_entries(trace: &str) -> Option<u64> {
     (written > kept).then_some(written - kept)
 }
 
-/// Pairs, per thread of `tids`, each userspace exit with the thread's next KVM_RUN; TSC
-/// timestamps turned into ns at `tsc_khz`.
-fn traced(trace: &str, tids: &[u32], tsc_khz: u64) -> Traced {
+/// Pairs, per thread of `tids`, each userspace exit from TSC count `since` on with the
+/// thread's next KVM_RUN; TSC timestamps turned into ns at `tsc_khz`.
+fn traced(trace: &str, tids: &[u32], since: u64, tsc_khz: u64) -> Traced {
     let ns_per_tick = 1e6 / tsc_khz.max(1) as f64;
     let mut pending: HashMap<u32, u64> = HashMap::new();
     let mut out = Traced::default();
@@ -179,7 +180,7 @@ fn traced(trace: &str, tids: &[u32], tsc_khz: u64) -> Traced {
         let Some((tid, tsc, event)) = parse(line) else {
             continue;
         };
-        if !tids.contains(&tid) {
+        if !tids.contains(&tid) || tsc < since {
             continue;
         }
         if event.starts_with("kvm_userspace_exit") {
@@ -232,9 +233,15 @@ mod tests {
 
     #[test]
     fn each_exit_pairs_with_the_same_threads_next_kvm_run_in_ns() {
-        let got = traced(TRACE, &[100, 101], 2_000_000);
+        let got = traced(TRACE, &[100, 101], 0, 2_000_000);
         assert_eq!(got.turnarounds_ns, [800.5, 4999.5], "other pid left out");
         assert_eq!(got.userspace_exits, 2);
+        let later = traced(TRACE, &[100, 101], 20_010_000, 2_000_000);
+        assert_eq!(
+            later.turnarounds_ns,
+            [4999.5],
+            "exits before `since` left out"
+        );
         assert_eq!(lost_entries(TRACE), None);
         assert_eq!(
             lost_entries("# entries-in-buffer/entries-written: 10/12   #P:2"),
