@@ -219,11 +219,7 @@ pub fn run(
     if let Err(why) = &tracer {
         progress(&format!("turnaround per exit not measured: {why}"));
     }
-    let wants_net = plan
-        .cases
-        .iter()
-        .any(|c| peer::guest_case(c).2 == Some(Device::Net));
-    let net = wants_net.then(tap_net);
+    let net = net_for(plan);
     let mut not_run = Vec::new();
     if let Some(Err(why)) = &net {
         progress(&format!("net cases not run: {why}"));
@@ -274,13 +270,31 @@ pub fn run(
         |_| crate::profile::estimate_tsc_khz(Duration::from_millis(100)),
         |t| t.tsc_khz(),
     );
+    let debugfs = setting.debugfs;
     let mut report = report(plan, counts, pairs, failed, tsc_khz);
     report.turnaround = tracer.map_or_else(|why| why, |_| "measured".to_string());
     report.not_run = not_run;
-    report.kernel_exits_note = kvm_stats::debugfs_readable()
-        .err()
-        .map(|why| format!("{why}; device cases read exitless's profile and QEMU's QMP"));
+    report.kernel_exits_note = kernel_exits_note(debugfs);
     Ok(report)
+}
+
+/// The tap's namespace when the plan has net cases: made, or why not.
+fn net_for(plan: &Plan) -> Option<Result<PrivateNet, String>> {
+    let wants_net = plan
+        .cases
+        .iter()
+        .any(|c| peer::guest_case(c).2 == Some(Device::Net));
+    wants_net.then(tap_net)
+}
+
+/// What the report says of the in-kernel exit column when debugfs cannot be read.
+fn kernel_exits_note(debugfs: bool) -> Option<String> {
+    if debugfs {
+        return None;
+    }
+    kvm_stats::debugfs_readable()
+        .err()
+        .map(|why| format!("{why}; device cases read exitless's profile and QEMU's QMP"))
 }
 
 fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareError> {

@@ -149,86 +149,100 @@ impl Vmm {
     /// The command that boots `launch` with 1 vCPU, console on stdout.
     pub fn command(&self, launch: &Launch) -> Result<Command, CompareError> {
         let mut cmd = Command::new(&self.path);
-        let mem = launch.memory_mib.to_string();
         match self.kind {
-            VmmKind::Exitless => {
-                cmd.arg("run")
-                    .arg("--kernel")
-                    .arg(launch.guest)
-                    .args(["--memory", &format!("{mem}M"), "--cpus", "1"])
-                    .args(["--cmdline", launch.cmdline]);
-                if let Some(disk) = launch.disk {
-                    cmd.arg("--disk").arg(format!("path={}", disk.display()));
-                }
-                if let Some(tap) = launch.tap {
-                    cmd.arg("--net").arg(format!("tap={tap}"));
-                }
-                if let ExitsSource::ExitlessProfile(path) = launch.exits {
-                    cmd.arg("--profile-json").arg(path);
-                }
-            }
-            VmmKind::Qemu => {
-                // microvm has PCI only through ECAM; the guest's driver uses 0xCF8: a disk
-                // case runs on the pc machine.
-                let machine = if launch.disk.is_some() || launch.tap.is_some() {
-                    "pc"
-                } else {
-                    "microvm"
-                };
-                cmd.args(["-accel", "kvm", "-M", machine, "-m", &mem, "-smp", "1"])
-                    .args(["-nodefaults", "-no-user-config", "-display", "none"])
-                    .args(["-serial", "stdio", "-kernel"])
-                    .arg(launch.guest)
-                    .args(["-append", launch.cmdline])
-                    .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"]);
-                if let Some(disk) = launch.disk {
-                    cmd.args([
-                        "-device",
-                        "virtio-blk-pci,disable-legacy=on,drive=d",
-                        "-drive",
-                    ])
-                    .arg(format!("file={},if=none,id=d,format=raw", disk.display()));
-                }
-                if let Some(tap) = launch.tap {
-                    cmd.args(["-netdev"])
-                        .arg(format!("tap,id=n,ifname={tap},script=no,downscript=no"))
-                        .args(["-device", "virtio-net-pci,disable-legacy=on,netdev=n"]);
-                }
-                if let ExitsSource::Qmp(path) = launch.exits {
-                    cmd.arg("-qmp")
-                        .arg(format!("unix:{},server=on,wait=off", path.display()));
-                }
-            }
-            VmmKind::Firecracker => {
-                let config = launch.workdir.join("firecracker.json");
-                let json = serde_json::json!({
-                    "boot-source": {
-                        "kernel_image_path": launch.guest,
-                        "boot_args": launch.cmdline,
-                    },
-                    "machine-config": {"vcpu_count": 1, "mem_size_mib": launch.memory_mib},
-                    "drives": [],
-                });
-                std::fs::write(&config, json.to_string()).map_err(CompareError::Workdir)?;
-                cmd.args(["--no-api", "--level", "Error", "--config-file"])
-                    .arg(config);
-            }
-            VmmKind::CloudHypervisor => {
-                cmd.arg("--kernel")
-                    .arg(launch.guest)
-                    .args(["--cmdline", launch.cmdline, "--cpus", "boot=1"])
-                    .args(["--memory", &format!("size={mem}M")])
-                    .args(["--serial", "tty", "--console", "off"]);
-                if let Some(disk) = launch.disk {
-                    cmd.arg("--disk")
-                        .arg(format!("path={},image_type=raw", disk.display()));
-                }
-                if let Some(tap) = launch.tap {
-                    cmd.arg("--net").arg(format!("tap={tap}"));
-                }
-            }
+            VmmKind::Exitless => exitless_args(&mut cmd, launch),
+            VmmKind::Qemu => qemu_args(&mut cmd, launch),
+            VmmKind::Firecracker => firecracker_args(&mut cmd, launch)?,
+            VmmKind::CloudHypervisor => cloud_hypervisor_args(&mut cmd, launch),
         }
         Ok(cmd)
+    }
+}
+
+fn exitless_args(cmd: &mut Command, launch: &Launch) {
+    cmd.arg("run")
+        .arg("--kernel")
+        .arg(launch.guest)
+        .args([
+            "--memory",
+            &format!("{}M", launch.memory_mib),
+            "--cpus",
+            "1",
+        ])
+        .args(["--cmdline", launch.cmdline]);
+    if let Some(disk) = launch.disk {
+        cmd.arg("--disk").arg(format!("path={}", disk.display()));
+    }
+    if let Some(tap) = launch.tap {
+        cmd.arg("--net").arg(format!("tap={tap}"));
+    }
+    if let ExitsSource::ExitlessProfile(path) = launch.exits {
+        cmd.arg("--profile-json").arg(path);
+    }
+}
+
+fn qemu_args(cmd: &mut Command, launch: &Launch) {
+    // microvm has PCI only through ECAM; the guest's driver uses 0xCF8: a device case runs
+    // on the pc machine.
+    let machine = if launch.disk.is_some() || launch.tap.is_some() {
+        "pc"
+    } else {
+        "microvm"
+    };
+    let mem = launch.memory_mib.to_string();
+    cmd.args(["-accel", "kvm", "-M", machine, "-m", &mem, "-smp", "1"])
+        .args(["-nodefaults", "-no-user-config", "-display", "none"])
+        .args(["-serial", "stdio", "-kernel"])
+        .arg(launch.guest)
+        .args(["-append", launch.cmdline])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"]);
+    if let Some(disk) = launch.disk {
+        cmd.args([
+            "-device",
+            "virtio-blk-pci,disable-legacy=on,drive=d",
+            "-drive",
+        ])
+        .arg(format!("file={},if=none,id=d,format=raw", disk.display()));
+    }
+    if let Some(tap) = launch.tap {
+        cmd.args(["-netdev"])
+            .arg(format!("tap,id=n,ifname={tap},script=no,downscript=no"))
+            .args(["-device", "virtio-net-pci,disable-legacy=on,netdev=n"]);
+    }
+    if let ExitsSource::Qmp(path) = launch.exits {
+        cmd.arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", path.display()));
+    }
+}
+
+fn firecracker_args(cmd: &mut Command, launch: &Launch) -> Result<(), CompareError> {
+    let config = launch.workdir.join("firecracker.json");
+    let json = serde_json::json!({
+        "boot-source": {
+            "kernel_image_path": launch.guest,
+            "boot_args": launch.cmdline,
+        },
+        "machine-config": {"vcpu_count": 1, "mem_size_mib": launch.memory_mib},
+        "drives": [],
+    });
+    std::fs::write(&config, json.to_string()).map_err(CompareError::Workdir)?;
+    cmd.args(["--no-api", "--level", "Error", "--config-file"])
+        .arg(config);
+    Ok(())
+}
+
+fn cloud_hypervisor_args(cmd: &mut Command, launch: &Launch) {
+    cmd.arg("--kernel")
+        .arg(launch.guest)
+        .args(["--cmdline", launch.cmdline, "--cpus", "boot=1"])
+        .args(["--memory", &format!("size={}M", launch.memory_mib)])
+        .args(["--serial", "tty", "--console", "off"]);
+    if let Some(disk) = launch.disk {
+        cmd.arg("--disk")
+            .arg(format!("path={},image_type=raw", disk.display()));
+    }
+    if let Some(tap) = launch.tap {
+        cmd.arg("--net").arg(format!("tap={tap}"));
     }
 }
 
