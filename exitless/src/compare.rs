@@ -22,7 +22,10 @@ const SHARED_CASES: &[&str] = &[
     "cpuid",
     "msr_read",
     "msr_write",
-    "virtio_blk",
+    "virtio_blk_qd1",
+    "virtio_blk_qd32",
+    "virtio_net_qd1",
+    "virtio_net_qd32",
 ];
 
 #[derive(Args)]
@@ -45,8 +48,10 @@ pub struct CompareArgs {
     #[arg(long, value_name = "PATH")]
     cloud_hypervisor: Option<PathBuf>,
     /// Comma-separated guest cases (pio_out, pio_in, mmio_write, mmio_read, pio_out_cpl0,
-    /// cpuid, msr_read, msr_write; virtio_blk: 4 KiB random requests at queue depth 32 to
-    /// each VMM's virtio-blk-pci, a 16 MiB raw image)
+    /// cpuid, msr_read, msr_write; virtio_blk_qd1, virtio_blk_qd32: 4 KiB random requests
+    /// at queue depth 1 or 32 to each VMM's virtio-blk-pci, a 16 MiB raw image;
+    /// virtio_net_qd1, virtio_net_qd32: 64-byte frames sent to each VMM's virtio-net-pci on a
+    /// tap in a network namespace of the comparison's own, needs root)
     #[arg(
         long,
         value_delimiter = ',',
@@ -231,6 +236,9 @@ fn print_table(report: &CompareReport) {
     if report.turnaround != "measured" {
         println!("turnaround per exit: not measured ({})", report.turnaround);
     }
+    for why in &report.not_run {
+        println!("not run: {why}");
+    }
     for v in report.vmms.iter().filter(|v| v.failed.is_some()) {
         println!("{}: left out: {}", v.vmm, v.failed.as_deref().unwrap_or(""));
     }
@@ -251,7 +259,7 @@ fn print_table(report: &CompareReport) {
         "peak RSS",
         "beyond",
         "ratio",
-        "turnaround us min/med/p99"
+        "turnaround ns min/p50/p99"
     );
     let cases = report
         .vmms
@@ -278,13 +286,14 @@ fn print_table(report: &CompareReport) {
                 c.peak_rss_kib.median / 1024.0,
                 c.rss_beyond_guest_kib.median / 1024.0,
                 ratio,
-                c.turnaround_us.map_or("-".into(), |t| format!(
-                    "{:.1}/{:.1}/{:.1}",
-                    t.min, t.median, t.p99
+                c.turnaround_ns.map_or("-".into(), |t| format!(
+                    "{:.0}/{:.0}/{:.0}",
+                    t.min, t.p50, t.p99
                 ))
             );
         }
     }
+    print_device_table(report, &cases);
     if let Some(note) = noise_note(report) {
         println!("{note}");
     }
@@ -293,6 +302,46 @@ fn print_table(report: &CompareReport) {
             "note: this host's KVM is PVM: the kernel counts guest CPL3 time partly as the VMM's \
              user time, so cpu us/iter does not isolate a VMM's own work (guest time is in --json)"
         );
+    }
+}
+
+/// Per request of the device cases: rate, exits, and the CPU all of a VMM's threads used.
+fn print_device_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
+    let device_cases: Vec<&str> = cases
+        .iter()
+        .map(|c| c.case.as_str())
+        .filter(|c| compare::peer::guest_case(c).2.is_some())
+        .collect();
+    if device_cases.is_empty() {
+        return;
+    }
+    println!("\nper request: median (min-max); userspace exits from tracefs, in-kernel exits: KVM's exits statistic less those");
+    if let Some(why) = &report.kernel_exits_note {
+        println!("kernel exits/req: {why}");
+    }
+    println!(
+        "{:<16} {:<17} {:>26} {:>16} {:>16} {:>22}",
+        "case", "vmm", "requests/s", "user exits/req", "kernel exits/req", "threads cpu us/req"
+    );
+    let opt = |s: &Option<Spread>| {
+        s.as_ref()
+            .map_or("-".to_string(), |s| format!("{:.3}", s.median))
+    };
+    for case in device_cases {
+        for v in &report.vmms {
+            let Some(c) = v.cases.iter().find(|c| c.case == case) else {
+                continue;
+            };
+            println!(
+                "{:<16} {:<17} {:>26} {:>16} {:>16} {:>22}",
+                case,
+                v.vmm,
+                spread(&c.iters_per_s, 0),
+                opt(&c.userspace_exits_per_iter),
+                opt(&c.kernel_exits_per_iter),
+                spread(&c.threads_cpu_per_iter_us, 2),
+            );
+        }
     }
 }
 

@@ -8,6 +8,55 @@ use std::path::Path;
 use common::{exitless, qemu};
 use vmm::compare::peer::{Vmm, VmmKind};
 
+const INSTANCES: &str = "/sys/kernel/tracing/instances";
+
+/// A tracefs instance as a killed run leaves it (its pid never alive: pid_max is at most
+/// 2^22), when tracefs can be written here.
+fn stale_instance() -> Option<std::path::PathBuf> {
+    let stale = Path::new(INSTANCES).join("exitless-compare-4194400");
+    match std::fs::create_dir(&stale) {
+        Ok(()) => Some(stale),
+        Err(e) => {
+            let why = format!("cannot create a tracefs instance (root, tracefs): {e}");
+            vmm::test_skip::skip("compare_stale_instance", &why);
+            None
+        }
+    }
+}
+
+/// Instances named after exitless compare runs whose process is gone.
+fn instances_of_gone_runs() -> usize {
+    std::fs::read_dir(INSTANCES)
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter_map(|n| n.strip_prefix("exitless-compare-")?.parse::<u32>().ok())
+                .filter(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn check_turnarounds(report: &serde_json::Value) {
+    let mut all_ns = Vec::new();
+    for vmm in &report["vmms"].as_array().unwrap()[..2] {
+        let c = &vmm["cases"][0];
+        let t = &c["turnaround_ns"];
+        assert!(t["samples"].as_u64() >= Some(200), "{vmm}");
+        let [min, p50, p99] = ["min", "p50", "p99"].map(|k| t[k].as_f64().unwrap());
+        assert!(0.0 < min && min <= p50 && p50 <= p99, "{t}");
+        all_ns.extend([min, p50, p99]);
+        let exits = c["userspace_exits_per_iter"]["median"].as_f64().unwrap();
+        assert!(
+            (0.9..1.5).contains(&exits),
+            "pio_out exits once a loop: {c}"
+        );
+    }
+    assert!(
+        all_ns.iter().any(|ns| ns % 1000.0 != 0.0),
+        "ns resolution, not whole µs: {all_ns:?}"
+    );
+}
+
 fn compare(args: &[&str]) -> std::process::Output {
     exitless()
         .arg("compare")
@@ -73,7 +122,7 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
         "--firecracker",
         "/bin/false",
         "--cases",
-        "pio_out,cpuid,virtio_blk",
+        "pio_out,cpuid,virtio_blk_qd1,virtio_blk_qd32",
         "--iterations",
         "200",
         "--rounds",
@@ -89,6 +138,7 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
             "no DejaVu font (apt-get install fonts-dejavu-core)",
         );
     }
+    let stale = stale_instance();
     let o = compare(&args);
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout),
@@ -98,7 +148,7 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     std::fs::remove_file(&json).ok();
-    assert_eq!(report["schema"], "exitless.compare/1");
+    assert_eq!(report["schema"], "exitless.compare/2");
     assert_eq!(report["iterations"], serde_json::json!([40, 200]));
     let names: Vec<&str> = report["vmms"]
         .as_array()
@@ -124,7 +174,11 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
             .iter()
             .filter_map(|c| c["case"].as_str())
             .collect();
-        assert_eq!(cases, ["pio_out", "cpuid", "virtio_blk"], "{vmm}");
+        assert_eq!(
+            cases,
+            ["pio_out", "cpuid", "virtio_blk_qd1", "virtio_blk_qd32"],
+            "{vmm}"
+        );
         for c in vmm["cases"].as_array().unwrap() {
             for key in [
                 "first_line_ms",
@@ -137,21 +191,34 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
             // With so few iterations start-up noise can exceed the loop; only the shape here.
             assert!(c["wall_per_iter_us"]["median"].is_f64(), "{c}");
             assert!(c.get("wall_ratio_to_exitless").is_some(), "{c}");
+            assert!(c["iters_per_s"]["median"].as_f64() > Some(0.0), "{c}");
+            assert!(c["threads_cpu_per_iter_us"]["median"].is_f64(), "{c}");
+            for key in ["userspace_exits_per_iter", "kernel_exits_per_iter"] {
+                assert!(c.get(key).is_some(), "{key}: {c}");
+            }
         }
     }
     // The turnaround column: every loop exit of pio_out is a userspace exit, each paired
-    // with the next KVM_RUN on its thread.
+    // with the next KVM_RUN on its thread, in ns (the x86-tsc trace clock, not µs).
     if report["turnaround"] == "measured" {
-        for vmm in &report["vmms"].as_array().unwrap()[..2] {
-            let t = &vmm["cases"][0]["turnaround_us"];
-            assert!(t["samples"].as_u64() >= Some(200), "{vmm}");
-            assert!(t["min"].as_f64() <= t["median"].as_f64(), "{t}");
-            assert!(t["median"].as_f64() <= t["p99"].as_f64(), "{t}");
-        }
+        check_turnarounds(&report);
+        assert!(report["tsc_khz"].as_u64() > Some(0), "{report}");
     } else {
         let why = report["turnaround"].as_str().unwrap_or("?");
         vmm::test_skip::skip("compare_turnaround", why);
     }
+    if let Some(stale) = stale {
+        assert!(!stale.exists(), "a killed run's instance is removed");
+        assert_eq!(
+            instances_of_gone_runs(),
+            0,
+            "the run's own instance is removed"
+        );
+    }
+    assert!(
+        out.contains("requests/s") && out.contains("virtio_blk_qd32"),
+        "{out}"
+    );
     assert!(out.contains("pio_out") && out.contains("qemu"), "{out}");
     if font {
         let drawn = std::fs::read_to_string(&svg).expect("the chart is written");

@@ -543,11 +543,8 @@ impl VmConfig {
     /// The checks the command line's parsers make, for what came from a config file.
     fn validate_network(&self) -> Result<(), ConfigError> {
         for n in &self.nets {
-            if n.tap_fd.is_none() && !crate::devices::virtio::net::tap::valid_name(&n.tap) {
-                return Err(ConfigError::Net {
-                    input: format!("tap={}", n.tap),
-                    reason: "1 to 15 characters, no '/' or whitespace".into(),
-                });
+            if n.tap_fd.is_none() {
+                net::check_tap_name(&n.tap)?;
             }
         }
         if let Some(v) = &self.vsock {

@@ -60,14 +60,16 @@ pub enum LaunchError {
     Signal(vmm_sys_util::errno::Error),
     #[error("The VM is no longer running")]
     NotRunning,
-    #[error("{0}")]
-    Disk(String),
+    #[error(transparent)]
+    Disk(#[from] crate::devices::virtio::blk::BlockError),
     #[error(transparent)]
     Tap(#[from] crate::devices::virtio::net::tap::TapError),
     #[error(transparent)]
     Vsock(#[from] crate::devices::virtio::vsock::VsockError),
-    #[error("{0}")]
-    Hotplug(String),
+    #[error("Device {0} is not on the VM")]
+    NoSuchDevice(String),
+    #[error("Device {0} was added but has no PCI slot")]
+    NotPlaced(String),
     #[error(transparent)]
     Devices(#[from] crate::device_manager::DeviceManagerError),
     #[error("Cannot write the serial console to {}: {error}", path.display())]
@@ -235,7 +237,7 @@ pub(crate) fn device_name(id: Option<&str>, kind: &str, index: usize) -> String 
 
 /// The disk's image, opened as its config says.
 pub(crate) fn open_disk(disk: &DiskConfig) -> Result<Block, LaunchError> {
-    Block::open(disk).map_err(|e| LaunchError::Disk(e.to_string()))
+    Ok(Block::open(disk)?)
 }
 
 /// An image that does not fit in guest memory is said in the user's terms.

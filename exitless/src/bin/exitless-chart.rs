@@ -66,8 +66,8 @@ fn draw_file(report: &Path, svg: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("Cannot read {}", report.display()))?;
     let report: Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", report.display()))?;
-    if report["schema"] != "exitless.compare/1" {
-        bail!("not an exitless compare report (schema exitless.compare/1)");
+    if report["schema"] != "exitless.compare/2" {
+        bail!("not an exitless compare report (schema exitless.compare/2)");
     }
     draw(svg, &report)
 }

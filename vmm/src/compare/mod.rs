@@ -3,6 +3,7 @@
 //! runs at two iteration counts so that start-up cancels out of the per-exit figures.
 
 pub mod api_start;
+pub mod kvm_stats;
 pub mod peer;
 pub mod process;
 pub mod turnaround;
@@ -13,9 +14,14 @@ use std::time::Duration;
 use serde::Serialize;
 use thiserror::Error;
 
-use peer::{Launch, Vmm, VmmKind};
-use process::RunSample;
-use turnaround::Tracer;
+use crate::devices::virtio::net::private_net::PrivateNet;
+use kvm_stats::ExitsSource;
+use peer::{Device, Launch, Vmm, VmmKind};
+use process::{Moment, RunSample};
+use turnaround::{Traced, Tracer};
+
+/// The tap net cases attach, in a network namespace of the comparison's own.
+const TAP: &str = "exlcmp0";
 
 #[derive(Debug, Error)]
 pub enum CompareError {
@@ -98,7 +104,8 @@ pub struct CaseFigures {
     pub done_ms: Spread,
     /// Guest cycles per iteration (the guest's own count).
     pub guest_cycles_per_iter: Spread,
-    /// Wall time per iteration from the two iteration counts (start-up cancels out).
+    /// Wall time per iteration from the two iteration counts, each from the guest's first
+    /// line to its end (start-up cancels out).
     pub wall_per_iter_us: Spread,
     /// Process CPU (user + system) per iteration, from the two counts; coarse (clock ticks).
     pub cpu_per_iter_us: Spread,
@@ -108,17 +115,29 @@ pub struct CaseFigures {
     pub rss_beyond_guest_kib: Spread,
     /// This VMM's median wall time per iteration over exitless's, same sitting.
     pub wall_ratio_to_exitless: Option<f64>,
-    /// Turnaround per userspace exit (tracefs), pooled over the rounds' larger runs.
-    pub turnaround_us: Option<Turnaround>,
+    /// Iterations (device cases: requests) per second, from the guest's cycle count.
+    pub iters_per_s: Spread,
+    /// On-CPU time of all the VMM's threads per iteration (schedstat, ns resolution; the
+    /// vCPU thread's includes the guest's own time), from the two counts, each from the
+    /// guest's first line to its end.
+    pub threads_cpu_per_iter_us: Spread,
+    /// Userspace exits (`kvm_userspace_exit` on the VMM's threads) per iteration.
+    pub userspace_exits_per_iter: Option<Spread>,
+    /// Exits KVM handled in the kernel per iteration: its `exits` statistic (debugfs) less
+    /// the userspace ones.
+    pub kernel_exits_per_iter: Option<Spread>,
+    /// Turnaround per userspace exit (tracefs, x86-tsc clock) from the guest's first line to
+    /// its end, pooled over the rounds' larger runs, in ns.
+    pub turnaround_ns: Option<Turnaround>,
     /// Why a run had no turnaround figures, when tracing worked otherwise.
     pub turnaround_note: Option<String>,
 }
 
-/// The VMM's time from a userspace exit to its next KVM_RUN, on the vCPU thread.
+/// The VMM's time from a userspace exit to its next KVM_RUN, on the vCPU thread, in ns.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Turnaround {
     pub min: f64,
-    pub median: f64,
+    pub p50: f64,
     pub p99: f64,
     pub samples: usize,
 }
@@ -143,11 +162,47 @@ pub struct CompareReport {
     pub memory_mib: u64,
     /// "measured", or why the turnaround column is empty.
     pub turnaround: String,
+    /// The TSC frequency turning trace timestamps and guest cycles into time.
+    pub tsc_khz: u64,
+    /// Why the in-kernel exit column is empty, if it is.
+    pub kernel_exits_note: Option<String>,
+    /// Device cases not run for any VMM, each with why (e.g. no tap can be made).
+    pub not_run: Vec<String>,
     pub vmms: Vec<VmmReport>,
 }
 
-/// A (small, large) pair of runs, with the larger run's turnarounds (µs) or why none.
-type Pair = (RunSample, RunSample, Result<Vec<f64>, String>);
+/// One run and what its trace said (or why nothing).
+#[derive(Clone, Debug)]
+struct Run {
+    sample: RunSample,
+    traced: Result<Traced, String>,
+    /// KVM's `exits` statistic at the guest's end, or why none.
+    kvm_exits: Result<u64, String>,
+}
+
+/// A (small, large) pair of runs.
+type Pair = (Run, Run);
+
+/// What every run of a comparison shares.
+struct Setting<'a> {
+    plan: &'a Plan,
+    counts: [u64; 2],
+    tracer: Option<&'a Tracer>,
+    net: Option<&'a PrivateNet>,
+    /// KVM's debugfs statistics can be read (else each VMM's own channel, device cases only).
+    debugfs: bool,
+}
+
+/// A network namespace with the tap net cases attach, or why none can be made.
+fn tap_net() -> Result<PrivateNet, String> {
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        return Err("no /dev/net/tun".into());
+    }
+    let net = PrivateNet::create().map_err(|e| format!("no network namespace (root): {e}"))?;
+    net.add_tap(TAP)
+        .map_err(|e| format!("cannot make a tap: {e}"))?;
+    Ok(net)
+}
 
 /// Runs the plan; `progress` hears each step, and `stop` is asked before each run (a signal:
 /// the comparison ends there, tracing settings restored). A peer that fails is reported and
@@ -164,8 +219,25 @@ pub fn run(
     if let Err(why) = &tracer {
         progress(&format!("turnaround per exit not measured: {why}"));
     }
+    let net = net_for(plan);
+    let mut not_run = Vec::new();
+    if let Some(Err(why)) = &net {
+        progress(&format!("net cases not run: {why}"));
+        not_run.push(format!("virtio_net: {why}"));
+    }
+    let setting = Setting {
+        plan,
+        counts,
+        tracer: tracer.as_ref().ok(),
+        net: net.as_ref().and_then(|n| n.as_ref().ok()),
+        debugfs: kvm_stats::debugfs_readable().is_ok(),
+    };
     for round in 1..=plan.rounds {
         for (c, case) in plan.cases.iter().enumerate() {
+            let device = peer::guest_case(case).2;
+            if device == Some(Device::Net) && setting.net.is_none() {
+                continue;
+            }
             for (v, vmm) in plan.vmms.iter().enumerate() {
                 if failed[v].is_some() || vmm.cannot_run(case).is_some() {
                     continue;
@@ -178,7 +250,7 @@ pub fn run(
                     plan.rounds,
                     vmm.kind.name()
                 ));
-                match run_pair(plan, vmm, case, counts, tracer.as_ref().ok()) {
+                match run_pair(&setting, vmm, case) {
                     Ok(pair) => pairs[v][c].push(pair),
                     Err(e) if vmm.kind == VmmKind::Exitless => {
                         return Err(CompareError::Exitless {
@@ -194,26 +266,53 @@ pub fn run(
             }
         }
     }
-    let mut report = report(plan, counts, pairs, failed);
+    let tsc_khz = tracer.as_ref().map_or_else(
+        |_| crate::profile::estimate_tsc_khz(Duration::from_millis(100)),
+        |t| t.tsc_khz(),
+    );
+    let debugfs = setting.debugfs;
+    let mut report = report(plan, counts, pairs, failed, tsc_khz);
     report.turnaround = tracer.map_or_else(|why| why, |_| "measured".to_string());
+    report.not_run = not_run;
+    report.kernel_exits_note = kernel_exits_note(debugfs);
     Ok(report)
 }
 
-fn run_pair(
-    plan: &Plan,
-    vmm: &Vmm,
-    case: &str,
-    counts: [u64; 2],
-    tracer: Option<&Tracer>,
-) -> Result<Pair, CompareError> {
-    let one = |iters: u64, at_done: &mut dyn FnMut(u32)| {
+/// The tap's namespace when the plan has net cases: made, or why not.
+fn net_for(plan: &Plan) -> Option<Result<PrivateNet, String>> {
+    let wants_net = plan
+        .cases
+        .iter()
+        .any(|c| peer::guest_case(c).2 == Some(Device::Net));
+    wants_net.then(tap_net)
+}
+
+/// What the report says of the in-kernel exit column when debugfs cannot be read.
+fn kernel_exits_note(debugfs: bool) -> Option<String> {
+    if debugfs {
+        return None;
+    }
+    kvm_stats::debugfs_readable()
+        .err()
+        .map(|why| format!("{why}; device cases read exitless's profile and QEMU's QMP"))
+}
+
+fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareError> {
+    let plan = setting.plan;
+    let (guest_case, qd, device) = peer::guest_case(case);
+    let disk = plan.workdir.join("disk.img");
+    // A VMM's own channel may cost it time per exit (exitless's profile): device cases only.
+    let exits = match (setting.debugfs, device) {
+        (true, _) => ExitsSource::Debugfs,
+        (false, Some(_)) => ExitsSource::own_channel(vmm.kind, &plan.workdir),
+        (false, None) => ExitsSource::Unavailable("KVM's debugfs statistics cannot be read"),
+    };
+    let one = |iters: u64| -> Result<Run, CompareError> {
         // `hold`: the guest halts after its last line instead of ending the VM, so that
         // every VMM is still there to be measured (QEMU would exit at once).
-        let disk_case = peer::DISK_CASES.contains(&case);
-        let queue = if disk_case { " qd=32" } else { "" };
-        let cmdline = format!("case={case} iters={iters}{queue} hold");
-        let disk = plan.workdir.join("disk.img");
-        if disk_case {
+        let queue = qd.map(|q| format!(" qd={q}")).unwrap_or_default();
+        let cmdline = format!("case={guest_case} iters={iters}{queue} hold");
+        if device == Some(Device::Disk) {
             let image = std::fs::File::create(&disk).map_err(CompareError::Workdir)?;
             image.set_len(16 << 20).map_err(CompareError::Workdir)?;
         }
@@ -222,21 +321,41 @@ fn run_pair(
             cmdline: &cmdline,
             memory_mib: plan.memory_mib,
             workdir: &plan.workdir,
-            disk: disk_case.then_some(disk.as_path()),
+            disk: (device == Some(Device::Disk)).then_some(disk.as_path()),
+            tap: (device == Some(Device::Net)).then_some(TAP),
+            exits: &exits,
         };
-        process::run(vmm.command(&launch)?, case, plan.limit, at_done)
-    };
-    let small = one(counts[0], &mut |_| {})?;
-    let mut turnarounds = Err("not traced".to_string());
-    if let Some(t) = tracer {
-        t.clear();
-    }
-    let large = one(counts[1], &mut |pid| {
-        if let Some(t) = tracer {
-            turnarounds = t.turnarounds(pid);
+        let mut traced = Err("not traced".to_string());
+        let mut kvm_exits = Err("not read".to_string());
+        let mut first_line_tsc = 0;
+        if let Some(t) = setting.tracer {
+            t.clear();
         }
-    })?;
-    Ok((small, large, turnarounds))
+        let net = setting.net.filter(|_| device == Some(Device::Net));
+        let sample = process::run(
+            vmm.command(&launch)?,
+            net,
+            guest_case,
+            plan.limit,
+            &mut |moment, pid| match moment {
+                // Counted from the guest's first line: firmware exits (QEMU's SeaBIOS makes
+                // thousands) stay out of the turnarounds (the trace clock is the TSC).
+                Moment::FirstLine => first_line_tsc = crate::profile::rdtsc(),
+                Moment::Done => {
+                    if let Some(t) = setting.tracer {
+                        traced = t.read(pid, first_line_tsc);
+                    }
+                    kvm_exits = exits.read(pid);
+                }
+            },
+        )?;
+        Ok(Run {
+            sample,
+            traced,
+            kvm_exits,
+        })
+    };
+    Ok((one(setting.counts[0])?, one(setting.counts[1])?))
 }
 
 fn report(
@@ -244,6 +363,7 @@ fn report(
     counts: [u64; 2],
     pairs: Vec<Vec<Vec<Pair>>>,
     failed: Vec<Option<String>>,
+    tsc_khz: u64,
 ) -> CompareReport {
     let extra = (counts[1] - counts[0]).max(1) as f64;
     let mut vmms: Vec<VmmReport> = plan
@@ -265,7 +385,7 @@ fn report(
                 .iter()
                 .zip(per_case)
                 .filter(|(_, p)| !p.is_empty())
-                .map(|(case, p)| figures(case, &p, extra))
+                .map(|(case, p)| figures(case, &p, extra, tsc_khz))
                 .collect(),
         })
         .collect();
@@ -286,49 +406,85 @@ fn report(
             .map(|(_, b)| c.wall_per_iter_us.median / b);
     }
     CompareReport {
-        schema: "exitless.compare/1",
+        schema: "exitless.compare/2",
         iterations: counts,
         rounds: plan.rounds,
         memory_mib: plan.memory_mib,
         turnaround: String::new(),
+        tsc_khz,
+        kernel_exits_note: None,
+        not_run: Vec::new(),
         vmms,
     }
 }
 
-fn figures(case: &str, pairs: &[Pair], extra: f64) -> CaseFigures {
-    let over = |f: &dyn Fn(&Pair) -> f64| Spread::of(&pairs.iter().map(f).collect::<Vec<_>>());
+/// A run's time from the guest's first line to its end: firmware and process start-up (a
+/// QEMU run's SeaBIOS varies by a second) left out.
+fn loop_ms(s: &RunSample) -> f64 {
+    s.done_ms - s.first_line_ms
+}
+
+/// All the VMM's threads' CPU from the guest's first line to its end, in ns.
+fn loop_cpu_ns(s: &RunSample) -> f64 {
+    s.threads_cpu_ns as f64 - s.threads_cpu_at_first_line_ns as f64
+}
+
+fn figures(case: &str, pairs: &[Pair], extra: f64, tsc_khz: u64) -> CaseFigures {
+    let over = |f: &dyn Fn(&RunSample, &RunSample) -> f64| {
+        Spread::of(
+            &pairs
+                .iter()
+                .map(|(a, b)| f(&a.sample, &b.sample))
+                .collect::<Vec<_>>(),
+        )
+    };
     let cpu = |s: &RunSample| s.cpu.user_ms + s.cpu.system_ms;
     let mut pooled: Vec<f64> = pairs
         .iter()
-        .flat_map(|(_, _, t)| t.iter().flatten())
-        .copied()
+        .filter_map(|(_, b)| b.traced.as_ref().ok())
+        .flat_map(|t| t.turnarounds_ns.iter().copied())
         .collect();
     let samples = pooled.len();
     let turnaround_note = pairs
         .iter()
-        .find_map(|(_, _, t)| t.as_ref().err())
+        .find_map(|(a, b)| a.traced.as_ref().and(b.traced.as_ref()).err())
         .filter(|_| samples == 0)
         .cloned();
-    let turnaround_us = turnaround::percentiles(&mut pooled).map(|[min, median, p99]| Turnaround {
+    let turnaround_ns = turnaround::percentiles(&mut pooled).map(|[min, p50, p99]| Turnaround {
         min,
-        median,
+        p50,
         p99,
         samples,
     });
+    let user_exits = |(a, b): &Pair| -> Option<f64> {
+        let (a, b) = (a.traced.as_ref().ok()?, b.traced.as_ref().ok()?);
+        Some((b.userspace_exits as f64 - a.userspace_exits as f64) / extra)
+    };
+    let kvm_exits = |(a, b): &Pair| -> Option<f64> {
+        let (a, b) = (*a.kvm_exits.as_ref().ok()?, *b.kvm_exits.as_ref().ok()?);
+        Some((b as f64 - a as f64) / extra)
+    };
+    let per_pair = |f: &dyn Fn(&Pair) -> Option<f64>| -> Option<Spread> {
+        let v: Option<Vec<f64>> = pairs.iter().map(f).collect();
+        v.filter(|v| !v.is_empty()).map(|v| Spread::of(&v))
+    };
+    let hz = tsc_khz as f64 * 1e3;
     CaseFigures {
         case: case.to_string(),
-        first_line_ms: over(&|(a, b, _)| a.first_line_ms.min(b.first_line_ms)),
-        done_ms: over(&|(_, b, _)| b.done_ms),
-        guest_cycles_per_iter: over(&|(_, b, _)| {
-            b.result.cycles as f64 / b.result.iters.max(1) as f64
-        }),
-        wall_per_iter_us: over(&|(a, b, _)| (b.done_ms - a.done_ms) * 1e3 / extra),
-        cpu_per_iter_us: over(&|(a, b, _)| (cpu(b) - cpu(a)) * 1e3 / extra),
-        guest_cpu_per_iter_us: over(&|(a, b, _)| (b.cpu.guest_ms - a.cpu.guest_ms) * 1e3 / extra),
-        peak_rss_kib: over(&|(_, b, _)| b.peak_rss_kib as f64),
-        rss_beyond_guest_kib: over(&|(_, b, _)| b.rss_beyond_guest_kib as f64),
+        first_line_ms: over(&|a, b| a.first_line_ms.min(b.first_line_ms)),
+        done_ms: over(&|_, b| b.done_ms),
+        guest_cycles_per_iter: over(&|_, b| b.result.cycles as f64 / b.result.iters.max(1) as f64),
+        wall_per_iter_us: over(&|a, b| (loop_ms(b) - loop_ms(a)) * 1e3 / extra),
+        cpu_per_iter_us: over(&|a, b| (cpu(b) - cpu(a)) * 1e3 / extra),
+        guest_cpu_per_iter_us: over(&|a, b| (b.cpu.guest_ms - a.cpu.guest_ms) * 1e3 / extra),
+        peak_rss_kib: over(&|_, b| b.peak_rss_kib as f64),
+        rss_beyond_guest_kib: over(&|_, b| b.rss_beyond_guest_kib as f64),
         wall_ratio_to_exitless: None,
-        turnaround_us,
+        iters_per_s: over(&|_, b| hz * b.result.iters as f64 / b.result.cycles.max(1) as f64),
+        threads_cpu_per_iter_us: over(&|a, b| (loop_cpu_ns(b) - loop_cpu_ns(a)) / 1e3 / extra),
+        userspace_exits_per_iter: per_pair(&user_exits),
+        kernel_exits_per_iter: per_pair(&|p| Some(kvm_exits(p)? - user_exits(p)?)),
+        turnaround_ns,
         turnaround_note,
     }
 }

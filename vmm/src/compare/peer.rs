@@ -6,6 +6,7 @@ use std::process::Command;
 
 use serde::Serialize;
 
+use super::kvm_stats::ExitsSource;
 use super::CompareError;
 
 /// A VMM that can boot the bench guest.
@@ -63,10 +64,45 @@ pub struct Launch<'a> {
     pub workdir: &'a Path,
     /// A raw image attached as the VMM's virtio-blk-pci device (disk cases).
     pub disk: Option<&'a Path>,
+    /// A tap (made beforehand, up) attached as the VMM's virtio-net-pci device (net cases).
+    pub tap: Option<&'a str>,
+    /// Where KVM's exit count is read (a VMM's own channel is switched on for it).
+    pub exits: &'a ExitsSource,
 }
 
-/// Guest cases that drive a disk through the guest's virtio-pci driver.
-pub const DISK_CASES: &[&str] = &["virtio_blk"];
+/// The device a compare case drives through the guest's own virtio-pci driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Disk,
+    Net,
+}
+
+/// Compare cases that drive a device: the guest case at a queue depth.
+pub const DEVICE_CASES: &[&str] = &[
+    "virtio_blk_qd1",
+    "virtio_blk_qd32",
+    "virtio_net_qd1",
+    "virtio_net_qd32",
+];
+
+fn peer_device(case: &str) -> Option<Device> {
+    guest_case(case).2
+}
+
+/// A compare case's guest case, queue depth (device cases) and device:
+/// `virtio_blk_qd32` is the guest's `virtio_blk` at `qd=32` on a disk.
+pub fn guest_case(case: &str) -> (&str, Option<u32>, Option<Device>) {
+    let (name, qd) = match case.rsplit_once("_qd") {
+        Some((name, qd)) if qd.parse::<u32>().is_ok() => (name, qd.parse().ok()),
+        _ => (case, None),
+    };
+    let device = match name {
+        "virtio_blk" => Some(Device::Disk),
+        "virtio_net" => Some(Device::Net),
+        _ => None,
+    };
+    (name, qd, device)
+}
 
 impl Vmm {
     /// The peer named by the user (`--qemu PATH`): it must be an executable file.
@@ -94,77 +130,119 @@ impl Vmm {
 
     /// Why this VMM cannot run `case`, if it cannot.
     pub fn cannot_run(&self, case: &str) -> Option<&'static str> {
-        let disk = DISK_CASES.contains(&case);
-        (disk && self.kind == VmmKind::Firecracker).then_some(
-            "its block device is virtio-mmio; the bench guest's driver speaks virtio-pci",
-        )
+        let device = peer_device(case)?;
+        match (self.kind, device) {
+            (VmmKind::Firecracker, _) => Some(
+                "its devices are virtio-mmio by default, and with --enable-pci its BARs cannot \
+                 be moved (no BAR relocation: src/vmm/src/pci/configuration.rs) while the bench \
+                 guest's virtio-pci driver places BARs itself",
+            ),
+            (VmmKind::CloudHypervisor, Device::Net) => Some(
+                "it refuses to move its virtio-net BAR into the bench guest's window (\"failed \
+                 allocating new MMIO range\") and keeps it above 4 GiB, which the guest does \
+                 not map",
+            ),
+            _ => None,
+        }
     }
 
     /// The command that boots `launch` with 1 vCPU, console on stdout.
     pub fn command(&self, launch: &Launch) -> Result<Command, CompareError> {
         let mut cmd = Command::new(&self.path);
-        let mem = launch.memory_mib.to_string();
         match self.kind {
-            VmmKind::Exitless => {
-                cmd.arg("run")
-                    .arg("--kernel")
-                    .arg(launch.guest)
-                    .args(["--memory", &format!("{mem}M"), "--cpus", "1"])
-                    .args(["--cmdline", launch.cmdline]);
-                if let Some(disk) = launch.disk {
-                    cmd.arg("--disk").arg(format!("path={}", disk.display()));
-                }
-            }
-            VmmKind::Qemu => {
-                // microvm has PCI only through ECAM; the guest's driver uses 0xCF8: a disk
-                // case runs on the pc machine.
-                let machine = if launch.disk.is_some() {
-                    "pc"
-                } else {
-                    "microvm"
-                };
-                cmd.args(["-accel", "kvm", "-M", machine, "-m", &mem, "-smp", "1"])
-                    .args(["-nodefaults", "-no-user-config", "-display", "none"])
-                    .args(["-serial", "stdio", "-kernel"])
-                    .arg(launch.guest)
-                    .args(["-append", launch.cmdline])
-                    .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"]);
-                if let Some(disk) = launch.disk {
-                    cmd.args([
-                        "-device",
-                        "virtio-blk-pci,disable-legacy=on,drive=d",
-                        "-drive",
-                    ])
-                    .arg(format!("file={},if=none,id=d,format=raw", disk.display()));
-                }
-            }
-            VmmKind::Firecracker => {
-                let config = launch.workdir.join("firecracker.json");
-                let json = serde_json::json!({
-                    "boot-source": {
-                        "kernel_image_path": launch.guest,
-                        "boot_args": launch.cmdline,
-                    },
-                    "machine-config": {"vcpu_count": 1, "mem_size_mib": launch.memory_mib},
-                    "drives": [],
-                });
-                std::fs::write(&config, json.to_string()).map_err(CompareError::Workdir)?;
-                cmd.args(["--no-api", "--level", "Error", "--config-file"])
-                    .arg(config);
-            }
-            VmmKind::CloudHypervisor => {
-                cmd.arg("--kernel")
-                    .arg(launch.guest)
-                    .args(["--cmdline", launch.cmdline, "--cpus", "boot=1"])
-                    .args(["--memory", &format!("size={mem}M")])
-                    .args(["--serial", "tty", "--console", "off"]);
-                if let Some(disk) = launch.disk {
-                    cmd.arg("--disk")
-                        .arg(format!("path={},image_type=raw", disk.display()));
-                }
-            }
+            VmmKind::Exitless => exitless_args(&mut cmd, launch),
+            VmmKind::Qemu => qemu_args(&mut cmd, launch),
+            VmmKind::Firecracker => firecracker_args(&mut cmd, launch)?,
+            VmmKind::CloudHypervisor => cloud_hypervisor_args(&mut cmd, launch),
         }
         Ok(cmd)
+    }
+}
+
+fn exitless_args(cmd: &mut Command, launch: &Launch) {
+    cmd.arg("run")
+        .arg("--kernel")
+        .arg(launch.guest)
+        .args([
+            "--memory",
+            &format!("{}M", launch.memory_mib),
+            "--cpus",
+            "1",
+        ])
+        .args(["--cmdline", launch.cmdline]);
+    if let Some(disk) = launch.disk {
+        cmd.arg("--disk").arg(format!("path={}", disk.display()));
+    }
+    if let Some(tap) = launch.tap {
+        cmd.arg("--net").arg(format!("tap={tap}"));
+    }
+    if let ExitsSource::ExitlessProfile(path) = launch.exits {
+        cmd.arg("--profile-json").arg(path);
+    }
+}
+
+fn qemu_args(cmd: &mut Command, launch: &Launch) {
+    // microvm has PCI only through ECAM; the guest's driver uses 0xCF8: a device case runs
+    // on the pc machine.
+    let machine = if launch.disk.is_some() || launch.tap.is_some() {
+        "pc"
+    } else {
+        "microvm"
+    };
+    let mem = launch.memory_mib.to_string();
+    cmd.args(["-accel", "kvm", "-M", machine, "-m", &mem, "-smp", "1"])
+        .args(["-nodefaults", "-no-user-config", "-display", "none"])
+        .args(["-serial", "stdio", "-kernel"])
+        .arg(launch.guest)
+        .args(["-append", launch.cmdline])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"]);
+    if let Some(disk) = launch.disk {
+        cmd.args([
+            "-device",
+            "virtio-blk-pci,disable-legacy=on,drive=d",
+            "-drive",
+        ])
+        .arg(format!("file={},if=none,id=d,format=raw", disk.display()));
+    }
+    if let Some(tap) = launch.tap {
+        cmd.args(["-netdev"])
+            .arg(format!("tap,id=n,ifname={tap},script=no,downscript=no"))
+            .args(["-device", "virtio-net-pci,disable-legacy=on,netdev=n"]);
+    }
+    if let ExitsSource::Qmp(path) = launch.exits {
+        cmd.arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", path.display()));
+    }
+}
+
+fn firecracker_args(cmd: &mut Command, launch: &Launch) -> Result<(), CompareError> {
+    let config = launch.workdir.join("firecracker.json");
+    let json = serde_json::json!({
+        "boot-source": {
+            "kernel_image_path": launch.guest,
+            "boot_args": launch.cmdline,
+        },
+        "machine-config": {"vcpu_count": 1, "mem_size_mib": launch.memory_mib},
+        "drives": [],
+    });
+    std::fs::write(&config, json.to_string()).map_err(CompareError::Workdir)?;
+    cmd.args(["--no-api", "--level", "Error", "--config-file"])
+        .arg(config);
+    Ok(())
+}
+
+fn cloud_hypervisor_args(cmd: &mut Command, launch: &Launch) {
+    cmd.arg("--kernel")
+        .arg(launch.guest)
+        .args(["--cmdline", launch.cmdline, "--cpus", "boot=1"])
+        .args(["--memory", &format!("size={}M", launch.memory_mib)])
+        .args(["--serial", "tty", "--console", "off"]);
+    if let Some(disk) = launch.disk {
+        cmd.arg("--disk")
+            .arg(format!("path={},image_type=raw", disk.display()));
+    }
+    if let Some(tap) = launch.tap {
+        cmd.arg("--net").arg(format!("tap={tap}"));
     }
 }
 
@@ -193,6 +271,8 @@ mod tests {
             memory_mib: 512,
             workdir: &dir,
             disk: None,
+            tap: None,
+            exits: &ExitsSource::Debugfs,
         };
         let cmd = |kind| {
             let vmm = Vmm {
@@ -227,6 +307,8 @@ mod tests {
             memory_mib: 256,
             workdir: &dir,
             disk: Some(Path::new("/d.img")),
+            tap: Some("exlcmp0"),
+            exits: &ExitsSource::Qmp(PathBuf::from("/q.sock")),
         };
         let line = |kind| {
             let vmm = Vmm {
@@ -238,13 +320,46 @@ mod tests {
         assert!(line(VmmKind::Exitless).contains("--disk path=/d.img"));
         let qemu = line(VmmKind::Qemu);
         assert!(qemu.contains("-M pc ") && qemu.contains("virtio-blk-pci,disable-legacy=on"));
-        assert!(line(VmmKind::CloudHypervisor).contains("--disk path=/d.img,image_type=raw"));
+        assert!(qemu.contains("tap,id=n,ifname=exlcmp0,script=no"), "{qemu}");
+        assert!(
+            qemu.contains("-qmp unix:/q.sock,server=on,wait=off"),
+            "{qemu}"
+        );
+        assert!(
+            qemu.contains("virtio-net-pci,disable-legacy=on,netdev=n"),
+            "{qemu}"
+        );
+        assert!(line(VmmKind::Exitless).contains("--net tap=exlcmp0"));
+        let ch = line(VmmKind::CloudHypervisor);
+        assert!(ch.contains("--disk path=/d.img,image_type=raw"), "{ch}");
+        assert!(ch.contains("--net tap=exlcmp0"), "{ch}");
         let fc = Vmm {
             kind: VmmKind::Firecracker,
             path: PathBuf::from("/bin/true"),
         };
-        assert!(fc.cannot_run("virtio_blk").is_some());
+        assert!(fc.cannot_run("virtio_blk_qd1").is_some());
+        assert!(fc.cannot_run("virtio_net_qd32").is_some());
         assert!(fc.cannot_run("pio_out").is_none());
+        let ch = Vmm {
+            kind: VmmKind::CloudHypervisor,
+            path: PathBuf::from("/bin/true"),
+        };
+        assert!(ch.cannot_run("virtio_net_qd1").is_some());
+        assert!(ch.cannot_run("virtio_blk_qd1").is_none());
+    }
+
+    #[test]
+    fn a_device_case_names_its_guest_case_queue_depth_and_device() {
+        assert_eq!(
+            guest_case("virtio_blk_qd32"),
+            ("virtio_blk", Some(32), Some(Device::Disk))
+        );
+        assert_eq!(
+            guest_case("virtio_net_qd1"),
+            ("virtio_net", Some(1), Some(Device::Net))
+        );
+        assert_eq!(guest_case("pio_out"), ("pio_out", None, None));
+        assert_eq!(guest_case("x_qdz"), ("x_qdz", None, None));
     }
 
     #[test]

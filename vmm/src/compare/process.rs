@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::CompareError;
 use crate::bench::result::{parse_line, GuestLine, GuestResult};
+use crate::devices::virtio::net::private_net::PrivateNet;
 
 /// What one run measured.
 #[derive(Clone, Debug, Serialize)]
@@ -28,6 +29,21 @@ pub struct RunSample {
     pub rss_beyond_guest_kib: u64,
     /// Process CPU time until the guest was done (user, system, of which guest).
     pub cpu: CpuTimes,
+    /// On-CPU time of all the VMM's threads until the guest was done, in ns (schedstat:
+    /// nanoseconds, where /proc/PID/stat counts clock ticks); vCPU threads include the
+    /// time they ran the guest.
+    pub threads_cpu_ns: u64,
+    /// The same when the guest's first console line came (firmware and start-up behind).
+    pub threads_cpu_at_first_line_ns: u64,
+}
+
+/// When a run tells its caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moment {
+    /// The guest's first console line came (firmware and start-up behind).
+    FirstLine,
+    /// The guest printed its last line; the VMM still runs.
+    Done,
 }
 
 /// CPU time from /proc/PID/stat, in ms.
@@ -38,23 +54,27 @@ pub struct CpuTimes {
     pub guest_ms: f64,
 }
 
-/// Starts `cmd` and waits up to `limit` for the guest to finish its case; `at_done` gets the
-/// process id while the VMM still runs, after the guest's last line.
+/// Starts `cmd` (inside `net` when given) and waits up to `limit` for the guest to finish its
+/// case; `tell` hears the guest's first line and its last (the VMM still running), with the
+/// process id.
 pub fn run(
     mut cmd: Command,
+    net: Option<&PrivateNet>,
     case: &str,
     limit: Duration,
-    at_done: &mut dyn FnMut(u32),
+    tell: &mut dyn FnMut(Moment, u32),
 ) -> Result<RunSample, CompareError> {
     let started = Instant::now();
-    let mut child = cmd
-        .stdin(Stdio::null())
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(CompareError::Spawn)?;
+        .stderr(Stdio::piped());
+    let mut child = match net {
+        Some(net) => net.run(|| cmd.spawn()).and_then(|spawned| spawned),
+        None => cmd.spawn(),
+    }
+    .map_err(CompareError::Spawn)?;
     let last_error = last_line_of(child.stderr.take());
-    let outcome = read_until_done(&mut child, case, started, limit, at_done);
+    let outcome = read_until_done(&mut child, case, started, limit, tell);
     let _ = child.kill();
     let _ = child.wait();
     outcome.map_err(|e| match e {
@@ -86,7 +106,7 @@ fn read_until_done(
     case: &str,
     started: Instant,
     limit: Duration,
-    at_done: &mut dyn FnMut(u32),
+    tell: &mut dyn FnMut(Moment, u32),
 ) -> Result<RunSample, CompareError> {
     let stdout = child.stdout.take().ok_or(CompareError::NoConsole)?;
     let (tx, lines) = channel();
@@ -98,6 +118,7 @@ fn read_until_done(
         }
     });
     let mut first_line = None;
+    let mut cpu_at_first_line = 0;
     let mut result = None;
     loop {
         let left = limit.saturating_sub(started.elapsed());
@@ -108,15 +129,20 @@ fn read_until_done(
                 return Err(CompareError::Ended(exit_status(child)))
             }
         };
-        first_line.get_or_insert(at);
+        if first_line.is_none() {
+            first_line = Some(at);
+            cpu_at_first_line = threads_cpu_ns(child.id());
+            tell(Moment::FirstLine, child.id());
+        }
         match parse_line(line.trim_end_matches('\r')) {
             Ok(GuestLine::Result(r)) if r.case == case => result = Some(r),
             Ok(GuestLine::Error(e)) => return Err(CompareError::Guest(e)),
             Ok(GuestLine::Skip { reason, .. }) => return Err(CompareError::Guest(reason)),
             Ok(GuestLine::Done) => {
                 let result = result.ok_or(CompareError::NoResult)?;
-                let sample = sample(child.id(), started, first_line, at, result);
-                at_done(child.id());
+                let mut sample = sample(child.id(), started, first_line, at, result);
+                sample.threads_cpu_at_first_line_ns = cpu_at_first_line;
+                tell(Moment::Done, child.id());
                 return Ok(sample);
             }
             _ => {}
@@ -139,7 +165,20 @@ fn sample(
         peak_rss_kib: status_kib(pid, "VmHWM:"),
         rss_beyond_guest_kib: rss_beyond_largest_mapping(pid),
         cpu: cpu_times(pid),
+        threads_cpu_ns: threads_cpu_ns(pid),
+        threads_cpu_at_first_line_ns: 0,
     }
+}
+
+/// The sum of `/proc/PID/task/*/schedstat`'s first field: ns on a CPU, per thread.
+fn threads_cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
 }
 
 fn exit_status(child: &mut Child) -> String {
@@ -229,10 +268,19 @@ mod tests {
             echo 'EXITLESS DONE'; sleep 30";
         let started = Instant::now();
         let mut pid = None;
-        let s = run(sh(script), "pio_out", Duration::from_secs(10), &mut |p| {
-            pid = Some(p)
-        })
+        let mut heard = Vec::new();
+        let s = run(
+            sh(script),
+            None,
+            "pio_out",
+            Duration::from_secs(10),
+            &mut |m, p| {
+                heard.push(m);
+                pid = Some(p);
+            },
+        )
         .unwrap();
+        assert_eq!(heard, [Moment::FirstLine, Moment::Done]);
         assert!(pid.is_some(), "told the pid at DONE");
         assert!(
             started.elapsed() < Duration::from_secs(10),
@@ -241,36 +289,42 @@ mod tests {
         assert_eq!((s.result.iters, s.result.cycles), (10, 1000));
         assert!(s.first_line_ms <= s.done_ms);
         assert!(s.peak_rss_kib > 0);
+        assert!(s.threads_cpu_ns > 0, "schedstat read");
+        assert!(s.threads_cpu_at_first_line_ns <= s.threads_cpu_ns);
     }
 
     #[test]
     fn a_guest_that_never_finishes_or_fails_is_one_clear_error() {
         let e = run(
             sh("echo 'EXITLESS START'; sleep 30"),
+            None,
             "pio_out",
             Duration::from_millis(300),
-            &mut |_| {},
+            &mut |_, _| {},
         );
         assert!(matches!(e, Err(CompareError::Timeout(_))), "{e:?}");
         let e = run(
             sh("echo 'EXITLESS START'; exit 3"),
+            None,
             "pio_out",
             Duration::from_secs(10),
-            &mut |_| {},
+            &mut |_, _| {},
         );
         assert!(e.unwrap_err().to_string().contains("exit status: 3"));
         let e = run(
             sh("echo 'EXITLESS ERROR exception vector=8'; sleep 30"),
+            None,
             "pio_out",
             Duration::from_secs(10),
-            &mut |_| {},
+            &mut |_, _| {},
         );
         assert!(e.unwrap_err().to_string().contains("vector=8"));
         let e = run(
             sh("echo 'EXITLESS DONE'"),
+            None,
             "pio_out",
             Duration::from_secs(10),
-            &mut |_| {},
+            &mut |_, _| {},
         );
         assert!(matches!(e, Err(CompareError::NoResult)), "{e:?}");
     }

@@ -1,8 +1,15 @@
 //! A VMM's turnaround per userspace exit, measured from outside and the same way for every
 //! VMM: on each of its threads, the time from KVM's `kvm_userspace_exit` tracepoint to the
 //! thread's next `ioctl(KVM_RUN)` entry (`syscalls:sys_enter_ioctl`, filtered on the KVM_RUN
-//! command), read from tracefs. Needs root and tracefs; without them, [`Tracer::open`] says
-//! why in words that go into the report.
+//! command), read from tracefs.
+//!
+//! The events are enabled in a tracefs instance of this process's own
+//! (`instances/exitless-compare-PID`), never in the host's global buffer, with the `x86-tsc`
+//! trace clock: its timestamps are TSC counts, which [`Tracer`] turns into nanoseconds with the
+//! TSC frequency measured against CLOCK_MONOTONIC (the default clocks print microseconds). The
+//! instance is removed when the tracer is dropped, and instances left by killed runs (their
+//! process gone) are removed when the next one opens. Needs root; without it or tracefs,
+//! [`Tracer::open`] says why in words that go into the report.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -12,22 +19,34 @@ const KVM_RUN: u32 = 0xae80;
 const TRACEFS: &str = "/sys/kernel/tracing";
 const EXIT_EVENT: &str = "events/kvm/kvm_userspace_exit";
 const IOCTL_EVENT: &str = "events/syscalls/sys_enter_ioctl";
+/// Instances of this program are named this, then the process id.
+const INSTANCE_PREFIX: &str = "exitless-compare-";
+const TRACE_CLOCK: &str = "x86-tsc";
 
-/// tracefs set up for the two events; restores what it changed when dropped.
+/// A tracefs instance with the two events enabled (KVM_RUN ioctls only); removed when dropped.
 pub struct Tracer {
-    root: PathBuf,
-    saved: Vec<(PathBuf, String)>,
+    dir: PathBuf,
+    tsc_khz: u64,
+}
+
+/// What one run's trace says about the VMM's threads.
+#[derive(Clone, Debug, Default)]
+pub struct Traced {
+    /// Turnaround per userspace exit, in ns.
+    pub turnarounds_ns: Vec<f64>,
+    /// Userspace exits seen (paired with a KVM_RUN or not).
+    pub userspace_exits: u64,
 }
 
 impl Tracer {
-    /// Enables the two events (KVM_RUN ioctls only), or says why it cannot.
+    /// Creates this process's instance and enables the two events there, or says why not.
     pub fn open() -> Result<Tracer, String> {
         // SAFETY: geteuid has no memory effects.
         if unsafe { libc::geteuid() } != 0 {
             return Err("needs root (tracefs)".into());
         }
         let root = Path::new(TRACEFS);
-        if !root.join(EXIT_EVENT).exists() {
+        if !root.join("instances").exists() {
             let _ = std::process::Command::new("mount")
                 .args(["-t", "tracefs", "nodev", TRACEFS])
                 .output();
@@ -37,10 +56,22 @@ impl Tracer {
                 return Err(format!("tracefs has no {event} here"));
             }
         }
-        let mut tracer = Tracer {
-            root: root.to_path_buf(),
-            saved: Vec::new(),
+        let clocks = std::fs::read_to_string(root.join("trace_clock")).unwrap_or_default();
+        if !clocks
+            .split_whitespace()
+            .any(|c| c.trim_matches(['[', ']']) == TRACE_CLOCK)
+        {
+            return Err(format!("tracefs has no {TRACE_CLOCK} trace clock here"));
+        }
+        remove_stale_instances(&root.join("instances"));
+        let dir = instance_dir(&root.join("instances"), std::process::id());
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let tracer = Tracer {
+            dir,
+            tsc_khz: crate::profile::estimate_tsc_khz(std::time::Duration::from_millis(100)),
         };
+        tracer.set("tracing_on", "0")?;
+        tracer.set("trace_clock", TRACE_CLOCK)?;
         tracer.set("buffer_size_kb", "8192")?;
         tracer.set(
             &format!("{IOCTL_EVENT}/filter"),
@@ -52,47 +83,80 @@ impl Tracer {
         Ok(tracer)
     }
 
-    fn set(&mut self, file: &str, value: &str) -> Result<(), String> {
-        let path = self.root.join(file);
-        let old = std::fs::read_to_string(&path).unwrap_or_default();
-        std::fs::write(&path, value)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        let old = match file {
-            f if f.ends_with("/filter") && old.trim() == "none" => "0".to_string(),
-            "buffer_size_kb" => old.split_whitespace().next().unwrap_or("1408").to_string(),
-            _ => old.trim().to_string(),
-        };
-        self.saved.push((path, old));
-        Ok(())
+    /// The instance's folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
-    /// Empties the trace buffer before a run.
+    /// The TSC frequency the trace's timestamps are converted with.
+    pub fn tsc_khz(&self) -> u64 {
+        self.tsc_khz
+    }
+
+    fn set(&self, file: &str, value: &str) -> Result<(), String> {
+        let path = self.dir.join(file);
+        std::fs::write(&path, value).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+
+    /// Empties the instance's buffer before a run.
     pub fn clear(&self) {
-        let _ = std::fs::write(self.root.join("trace"), "");
+        let _ = std::fs::write(self.dir.join("trace"), "");
     }
 
-    /// The turnarounds (µs) of the threads of process `pid` since [`Tracer::clear`]; an error
-    /// says why there are none (e.g. the buffer overflowed).
-    pub fn turnarounds(&self, pid: u32) -> Result<Vec<f64>, String> {
+    /// What the trace holds for the threads of process `pid` since [`Tracer::clear`], from
+    /// TSC count `since` on (a userspace `rdtsc`: the trace clock is the same counter); an
+    /// error says why nothing (e.g. the buffer overflowed).
+    pub fn read(&self, pid: u32, since: u64) -> Result<Traced, String> {
         let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
             .map_err(|e| format!("cannot list the VMM's threads: {e}"))?
             .filter_map(|t| t.ok()?.file_name().to_str()?.parse().ok())
             .collect();
-        let trace = std::fs::read_to_string(self.root.join("trace"))
+        let trace = std::fs::read_to_string(self.dir.join("trace"))
             .map_err(|e| format!("cannot read the trace: {e}"))?;
         if let Some(lost) = lost_entries(&trace) {
             return Err(format!("the trace buffer lost {lost} events"));
         }
-        Ok(turnarounds(&trace, &tids))
+        Ok(traced(&trace, &tids, since, self.tsc_khz))
     }
 }
 
 impl Drop for Tracer {
     fn drop(&mut self) {
-        for (path, old) in self.saved.drain(..).rev() {
-            let _ = std::fs::write(path, old);
-        }
+        let _ = self.set("tracing_on", "0");
+        let _ = self.set(&format!("{EXIT_EVENT}/enable"), "0");
+        let _ = self.set(&format!("{IOCTL_EVENT}/enable"), "0");
+        let _ = std::fs::remove_dir(&self.dir);
     }
+}
+
+fn instance_dir(instances: &Path, pid: u32) -> PathBuf {
+    instances.join(format!("{INSTANCE_PREFIX}{pid}"))
+}
+
+/// Removes the instances of this program whose process is gone (a killed run's); returns
+/// how many. An instance of a live exitless process is left alone.
+pub fn remove_stale_instances(instances: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(instances) else {
+        return 0;
+    };
+    let stale = entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|name| name.strip_prefix(INSTANCE_PREFIX)?.parse::<u32>().ok())
+        .filter(|&pid| pid != std::process::id() && !is_exitless(pid))
+        .collect::<Vec<_>>();
+    stale
+        .into_iter()
+        .filter(|&pid| std::fs::remove_dir(instance_dir(instances, pid)).is_ok())
+        .count()
+}
+
+/// Whether process `pid` lives and is an exitless binary (its pid not reused by another).
+fn is_exitless(pid: u32) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| {
+        exe.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("exitless"))
+    })
 }
 
 /// `# entries-in-buffer/entries-written: 10/12` says 2 were lost.
@@ -106,36 +170,40 @@ fn lost_entries(trace: &str) -> Option<u64> {
     (written > kept).then_some(written - kept)
 }
 
-/// Pairs, per thread of `tids`, each userspace exit with the thread's next KVM_RUN.
-fn turnarounds(trace: &str, tids: &[u32]) -> Vec<f64> {
-    let mut pending: HashMap<u32, f64> = HashMap::new();
-    let mut out = Vec::new();
+/// Pairs, per thread of `tids`, each userspace exit from TSC count `since` on with the
+/// thread's next KVM_RUN; TSC timestamps turned into ns at `tsc_khz`.
+fn traced(trace: &str, tids: &[u32], since: u64, tsc_khz: u64) -> Traced {
+    let ns_per_tick = 1e6 / tsc_khz.max(1) as f64;
+    let mut pending: HashMap<u32, u64> = HashMap::new();
+    let mut out = Traced::default();
     for line in trace.lines().filter(|l| !l.starts_with('#')) {
-        let Some((tid, time, event)) = parse(line) else {
+        let Some((tid, tsc, event)) = parse(line) else {
             continue;
         };
-        if !tids.contains(&tid) {
+        if !tids.contains(&tid) || tsc < since {
             continue;
         }
         if event.starts_with("kvm_userspace_exit") {
-            pending.insert(tid, time);
+            out.userspace_exits += 1;
+            pending.insert(tid, tsc);
         } else if event.starts_with("sys_ioctl") {
             if let Some(exit) = pending.remove(&tid) {
-                out.push((time - exit) * 1e6);
+                out.turnarounds_ns
+                    .push(tsc.saturating_sub(exit) as f64 * ns_per_tick);
             }
         }
     }
     out
 }
 
-/// `  comm-1234  [001] d..1.  567.000123: event: ...` -> (1234, 567.000123, "event: ...").
-fn parse(line: &str) -> Option<(u32, f64, &str)> {
+/// `  comm-1234  [001] d..1. 1234567890: event: ...` -> (1234, 1234567890, "event: ...").
+fn parse(line: &str) -> Option<(u32, u64, &str)> {
     let bracket = line.find(" [")?;
     let tid = line[..bracket].trim().rsplit('-').next()?.parse().ok()?;
     let rest = &line[bracket..];
     let colon = rest.find(": ")?;
-    let time = rest[..colon].split_whitespace().last()?.parse().ok()?;
-    Some((tid, time, &rest[colon + 2..]))
+    let tsc = rest[..colon].split_whitespace().last()?.parse().ok()?;
+    Some((tid, tsc, &rest[colon + 2..]))
 }
 
 /// min, median and p99 of a set of turnarounds.
@@ -152,21 +220,28 @@ pub fn percentiles(values: &mut [f64]) -> Option<[f64; 3]> {
 mod tests {
     use super::*;
 
+    /// 2 GHz: 2 ticks a nanosecond.
     const TRACE: &str = "\
 # entries-in-buffer/entries-written: 6/6   #P:2
-            vcpu0-100   [001] d..1.  10.000010: kvm_userspace_exit: reason KVM_EXIT_IO (2)
-           other-200    [000] d..1.  10.000011: kvm_userspace_exit: reason KVM_EXIT_IO (2)
-            vcpu0-100   [001] .....  10.000013: sys_ioctl(fd: 0xc, cmd: 0xae80, arg: 0x0)
-           other-200    [000] .....  10.000111: sys_ioctl(fd: 0xc, cmd: 0xae80, arg: 0x0)
- qemu-system-x86-101    [001] d..1.  10.000020: kvm_userspace_exit: reason KVM_EXIT_MMIO (6)
- qemu-system-x86-101    [001] .....  10.000025: sys_ioctl(fd: 0xc, cmd: 0xae80, arg: 0x0)
+            vcpu0-100   [001] d..1.  20000000: kvm_userspace_exit: reason KVM_EXIT_IO (2)
+           other-200    [000] d..1.  20000011: kvm_userspace_exit: reason KVM_EXIT_IO (2)
+            vcpu0-100   [001] .....  20001601: sys_ioctl(fd: 0xc, cmd: 0xae80, arg: 0x0)
+           other-200    [000] .....  20009111: sys_ioctl(fd: 0xc, cmd: 0xae80, arg: 0x0)
+ qemu-system-x86-101    [001] d..1.  20020000: kvm_userspace_exit: reason KVM_EXIT_MMIO (6)
+ qemu-system-x86-101    [001] .....  20029999: sys_ioctl(fd: 0xc, cmd: 0xae80, arg: 0x0)
 ";
 
     #[test]
-    fn each_exit_pairs_with_the_same_threads_next_kvm_run() {
-        let mut got = turnarounds(TRACE, &[100, 101]);
-        got.iter_mut().for_each(|v| *v = v.round());
-        assert_eq!(got, [3.0, 5.0], "the other process's thread is left out");
+    fn each_exit_pairs_with_the_same_threads_next_kvm_run_in_ns() {
+        let got = traced(TRACE, &[100, 101], 0, 2_000_000);
+        assert_eq!(got.turnarounds_ns, [800.5, 4999.5], "other pid left out");
+        assert_eq!(got.userspace_exits, 2);
+        let later = traced(TRACE, &[100, 101], 20_010_000, 2_000_000);
+        assert_eq!(
+            later.turnarounds_ns,
+            [4999.5],
+            "exits before `since` left out"
+        );
         assert_eq!(lost_entries(TRACE), None);
         assert_eq!(
             lost_entries("# entries-in-buffer/entries-written: 10/12   #P:2"),
@@ -179,5 +254,21 @@ mod tests {
         let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
         assert_eq!(percentiles(&mut v), Some([1.0, 51.0, 99.0]));
         assert_eq!(percentiles(&mut []), None);
+    }
+
+    #[test]
+    fn only_instances_of_gone_processes_are_removed() {
+        let dir = std::env::temp_dir().join(format!("exitless-instances-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // pid_max is at most 2^22: this pid is never alive.
+        let gone = instance_dir(&dir, 4_194_400);
+        let mine = instance_dir(&dir, std::process::id());
+        let other = dir.join("someone-else");
+        for d in [&gone, &mine, &other] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        assert_eq!(remove_stale_instances(&dir), 1);
+        assert!(!gone.exists() && mine.exists() && other.exists());
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -104,6 +104,31 @@ pub struct VsockConfig {
     pub id: Option<String>,
 }
 
+/// Longest network interface name, without its NUL.
+pub const MAX_TAP_NAME_LEN: usize = 15;
+/// What [`valid_tap_name`] asks, said in errors.
+const TAP_NAME_RULE: &str = "1 to 15 characters, no '/' or whitespace";
+
+/// Whether `name` can name a network interface (checked here, before any device opens it).
+pub fn valid_tap_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_TAP_NAME_LEN
+        && !name
+            .bytes()
+            .any(|b| b == b'/' || b == 0 || b.is_ascii_whitespace())
+}
+
+/// An error saying the rule, unless `name` is a valid tap name.
+pub fn check_tap_name(name: &str) -> Result<(), ConfigError> {
+    if valid_tap_name(name) {
+        return Ok(());
+    }
+    Err(ConfigError::Net {
+        input: format!("tap={name}"),
+        reason: TAP_NAME_RULE.into(),
+    })
+}
+
 /// Splits `a=1,b=2` into pairs; `what` names the option in errors.
 fn pairs<'a>(
     input: &'a str,
@@ -135,10 +160,8 @@ impl FromStr for NetConfig {
             }
         }
         let tap = tap.ok_or_else(|| bad("tap=NAME is required".into()))?;
-        if !crate::devices::virtio::net::tap::valid_name(&tap) {
-            return Err(bad(format!(
-                "tap={tap}: 1 to 15 characters, no '/' or whitespace"
-            )));
+        if !valid_tap_name(&tap) {
+            return Err(bad(format!("tap={tap}: {TAP_NAME_RULE}")));
         }
         Ok(NetConfig {
             tap,
@@ -198,6 +221,16 @@ impl VsockConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tap_names_are_checked_in_the_config() {
+        for bad in ["", "sixteen-chars-xx", "a/b", "a b", "a\0"] {
+            assert!(!valid_tap_name(bad), "{bad:?}");
+            assert!(check_tap_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(valid_tap_name("tap0") && valid_tap_name("fifteen-chars-x"));
+        assert!(check_tap_name("tap0").is_ok());
+    }
 
     #[test]
     fn nets_parse_and_bad_ones_say_why() {

@@ -32,7 +32,7 @@ pub enum RoutingError {
     #[error("MSI needs an in-kernel local APIC (--irqchip kernel or split)")]
     NoIrqchip,
     #[error("Cannot build the GSI routing table: {0}")]
-    Table(String),
+    Table(vmm_sys_util::fam::Error),
     #[error("KVM_SET_GSI_ROUTING failed: {0}")]
     Apply(kvm_ioctls::Error),
 }
@@ -146,8 +146,7 @@ impl GsiRouting {
     /// Installs the table in KVM.
     pub fn apply(&self, vm: &VmFd) -> Result<(), RoutingError> {
         let entries: Vec<kvm_irq_routing_entry> = self.routes().iter().map(kvm_entry).collect();
-        let table = KvmIrqRouting::from_entries(&entries)
-            .map_err(|e| RoutingError::Table(format!("{e:?}")))?;
+        let table = KvmIrqRouting::from_entries(&entries).map_err(RoutingError::Table)?;
         vm.set_gsi_routing(&table).map_err(RoutingError::Apply)
     }
 }

@@ -160,26 +160,10 @@ pub struct IoEvent {
     pub datamatch: Option<u64>,
 }
 
-/// Registers an ioeventfd of exactly `len` bytes (see [`IoEvent`]).
-pub fn register_ioeventfd(
-    vm: &VmFd,
-    evt: &vmm_sys_util::eventfd::EventFd,
-    pio: bool,
-    addr: u64,
-    len: u32,
-    datamatch: Option<u64>,
-) -> Result<(), KvmError> {
-    let event = IoEvent {
-        pio,
-        addr,
-        len,
-        datamatch,
-    };
-    ioeventfd(vm, evt, &event, true)
-}
-
-/// Assigns (or with `assign` false, removes) an ioeventfd.
-pub fn ioeventfd(
+/// Assigns (or with `assign` false, removes) an ioeventfd. Only the device manager's
+/// `IoEvents` calls this, so that one place knows every ioeventfd of the VM (hotplug and BAR
+/// moves withdraw them there).
+pub(crate) fn ioeventfd(
     vm: &VmFd,
     evt: &vmm_sys_util::eventfd::EventFd,
     event: &IoEvent,

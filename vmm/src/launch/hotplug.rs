@@ -39,7 +39,7 @@ impl LaunchedVm {
         }
         let slot = self
             .slot_of(&name)
-            .ok_or_else(|| LaunchError::Hotplug(format!("{id}: no slot")))?;
+            .ok_or_else(|| LaunchError::NotPlaced(id.to_string()))?;
         Ok(format!("0000:00:{slot:02x}.0"))
     }
 
@@ -55,7 +55,7 @@ impl LaunchedVm {
     pub fn request_removal(&mut self, id: &str) -> Result<(), LaunchError> {
         let slot = self
             .slot_of(id)
-            .ok_or_else(|| LaunchError::Hotplug(format!("Device {id} is not on the VM")))?;
+            .ok_or_else(|| LaunchError::NoSuchDevice(id.to_string()))?;
         Ok(self.devices.request_removal(slot)?)
     }
 

@@ -2,15 +2,16 @@
 //! and function-mask bits of its capability. A state machine: it says which vectors to
 //! deliver and which route changed; the owner delivers them (irqfds) and reroutes (GSI table).
 
-/// Capability ID of MSI-X.
 /// Where an MSI goes: the message the guest programmed into an MSI-X table entry. The
-/// interrupt layer's own type, which the device manager routes.
+/// interrupt layer's own type: devices (the virtio-pci transport's interrupts) produce it and
+/// the device manager routes it, neither importing the other.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MsiMessage {
     pub address: u64,
     pub data: u32,
 }
 
+/// Capability ID of MSI-X.
 pub const CAP_ID: u8 = 0x11;
 /// Bytes per table entry.
 pub const ENTRY_SIZE: u64 = 16;
