@@ -38,6 +38,11 @@ as a ratio to exitless's. A peer that is missing or cannot boot the guest is rep
 line and the others go on. Every VMM is killed once its guest printed its last line."
 )]
 pub struct CompareArgs {
+    /// The exitless binary to measure, e.g. the VMM-only build that production runs
+    /// (`cargo build --release --no-default-features`; see docs/performance.md) [default: this
+    /// binary]
+    #[arg(long, value_name = "PATH")]
+    exitless: Option<PathBuf>,
     /// QEMU's x86-64 system emulator [default: qemu-system-x86_64 on PATH]
     #[arg(long, value_name = "PATH")]
     qemu: Option<PathBuf>,
@@ -95,10 +100,11 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
         }
         None => None,
     };
-    let mut vmms = vec![Vmm::named(
-        VmmKind::Exitless,
-        &std::env::current_exe().context("Cannot find the exitless binary")?,
-    )?];
+    let exitless = match &args.exitless {
+        Some(path) => path.clone(),
+        None => std::env::current_exe().context("Cannot find the exitless binary")?,
+    };
+    let mut vmms = vec![Vmm::named(VmmKind::Exitless, &exitless)?];
     vmms.extend(peers(&args)?);
     if vmms.len() == 1 {
         bail!("No VMM to compare with: none of qemu-system-x86_64, firecracker, cloud-hypervisor is on PATH (or name one with --qemu, --firecracker, --cloud-hypervisor)");

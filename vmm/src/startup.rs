@@ -45,7 +45,7 @@ impl Timeline {
         if let Some(cpu) = self.before_main {
             let _ = writeln!(
                 out,
-                "  {:>8}           before main: {:.2} ms of CPU (exec, loader, runtime)",
+                "  {:>8}           CPU time when main began: {:.2} ms (the launcher's fork, exec, runtime)",
                 "",
                 ms(cpu)
             );
@@ -150,7 +150,7 @@ mod tests {
         let first = text.find("first").unwrap();
         let second = text.find("second").unwrap();
         assert!(first < second, "{text}");
-        assert!(text.contains("1.50 ms of CPU"), "{text}");
+        assert!(text.contains("began: 1.50 ms"), "{text}");
         assert!(text.contains("    3.00     +2.00  second"), "{text}");
     }
 }
