@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kvm_bindings::{kvm_pit_config, Msrs, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_bindings::{kvm_pit_config, Msrs, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VcpuFd};
 use thiserror::Error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -456,10 +456,7 @@ fn configure_vcpu(
     cpus: u8,
     entry: Option<&BootEntry>,
 ) -> Result<(), BuildError> {
-    let mut cpuid = vm
-        .kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(|e| KvmError::Ioctl("KVM_GET_SUPPORTED_CPUID", e))?;
+    let mut cpuid = vm.supported_cpuid.get(&vm.kvm)?;
     cpuid::fixup_cpuid(&mut cpuid, id, cpus);
     fd.set_cpuid2(&cpuid)
         .map_err(|e| KvmError::Ioctl("KVM_SET_CPUID2", e))?;

@@ -11,7 +11,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::signal::Killable;
 
 use crate::config::IrqchipMode;
-use crate::kvm::{self, Capabilities, KvmError, StatsFd};
+use crate::kvm::{self, Capabilities, KvmError, StatsFd, SupportedCpuid};
 use crate::memory::{self, MemoryError};
 use crate::vcpu::{Vcpu, VcpuError, VcpuOutcome, VmControl, VmEnd};
 
@@ -55,6 +55,8 @@ pub struct Vm {
     pub irqchip: IrqchipMode,
     pub control: Arc<VmControl>,
     pub stats: Option<StatsFd>,
+    /// KVM's CPUID entries, asked once for every vCPU.
+    pub supported_cpuid: SupportedCpuid,
 }
 
 impl Vm {
@@ -82,6 +84,7 @@ impl Vm {
             irqchip,
             control: Arc::new(VmControl::default()),
             stats,
+            supported_cpuid: SupportedCpuid::default(),
         })
     }
 

@@ -4,6 +4,8 @@
 pub mod kick;
 pub mod ring;
 pub mod stats;
+mod supported_cpuid;
+pub use supported_cpuid::SupportedCpuid;
 
 use kvm_bindings::{
     kvm_enable_cap, kvm_userspace_memory_region, KVM_CAP_DISABLE_QUIRKS2, KVM_CAP_SPLIT_IRQCHIP,
