@@ -12,28 +12,6 @@
 #define VIRTIO_PCI_CAP_ISR 3
 #define VIRTIO_PCI_CAP_DEVICE 4
 
-/* Common configuration registers. */
-#define CC_DFSELECT 0x00
-#define CC_DF 0x04
-#define CC_GFSELECT 0x08
-#define CC_GF 0x0c
-#define CC_MSIX_CONFIG 0x10
-#define CC_NUM_QUEUES 0x12
-#define CC_STATUS 0x14
-#define CC_Q_SELECT 0x16
-#define CC_Q_SIZE 0x18
-#define CC_Q_MSIX 0x1a
-#define CC_Q_ENABLE 0x1c
-#define CC_Q_NOFF 0x1e
-#define CC_Q_DESC 0x20
-#define CC_Q_DRIVER 0x28
-#define CC_Q_DEVICE 0x30
-
-#define S_ACKNOWLEDGE 1
-#define S_DRIVER 2
-#define S_DRIVER_OK 4
-#define S_FEATURES_OK 8
-
 /* Ring memory for up to six queues (blk and rng, or net's two, or vsock's three). */
 #define MAX_QUEUES 6
 static struct vring_desc desc_mem[MAX_QUEUES][VQ_MAX] __attribute__((aligned(4096)));

@@ -6,6 +6,28 @@
 
 #include "guest.h"
 
+/* virtio-pci common configuration registers (offsets) and device status bits. */
+#define CC_DFSELECT 0x00
+#define CC_DF 0x04
+#define CC_GFSELECT 0x08
+#define CC_GF 0x0c
+#define CC_MSIX_CONFIG 0x10
+#define CC_NUM_QUEUES 0x12
+#define CC_STATUS 0x14
+#define CC_Q_SELECT 0x16
+#define CC_Q_SIZE 0x18
+#define CC_Q_MSIX 0x1a
+#define CC_Q_ENABLE 0x1c
+#define CC_Q_NOFF 0x1e
+#define CC_Q_DESC 0x20
+#define CC_Q_DRIVER 0x28
+#define CC_Q_DEVICE 0x30
+#define S_ACKNOWLEDGE 1
+#define S_DRIVER 2
+#define S_DRIVER_OK 4
+#define S_FEATURES_OK 8
+#define S_NEEDS_RESET 0x40
+
 #define PCI_VENDOR_VIRTIO   0x1af4
 #define PCI_DEVICE_VIRTIO_BLK 0x1042  /* 0x1040 + device id 2 */
 #define PCI_DEVICE_VIRTIO_RNG 0x1044  /* 0x1040 + device id 4 */

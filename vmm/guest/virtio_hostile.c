@@ -13,17 +13,7 @@
  *                  its figures (fds, memory) with every device running. */
 #include "virtio.h"
 
-#define CC_STATUS 0x14
-#define CC_Q_SELECT 0x16
-#define CC_Q_SIZE 0x18
-#define CC_Q_MSIX 0x1a
-#define CC_Q_ENABLE 0x1c
-#define CC_Q_NOFF 0x1e
-#define CC_Q_DESC 0x20
-#define CC_Q_DRIVER 0x28
-#define CC_Q_DEVICE 0x30
 #define S_DRIVER_OK 4
-#define S_NEEDS_RESET 0x40
 
 #define HQ_SIZE 16        /* entries of every queue driven here */
 #define RX_BUFS 4         /* receive buffers posted on net's and vsock's receive queues */
