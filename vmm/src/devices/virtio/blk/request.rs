@@ -148,16 +148,24 @@ fn total(segs: &[Segment]) -> u64 {
 /// Reads `N` bytes starting at byte `at` of the segments.
 fn read_across<const N: usize>(mem: &GuestMemoryMmap, segs: &[Segment]) -> Option<[u8; N]> {
     let mut out = [0u8; N];
+    (read_into(mem, segs, &mut out) == N).then_some(out)
+}
+
+/// Reads the guest memory of `segs`, in order, into `out` until it is full; returns how many
+/// bytes were read (fewer when the segments are shorter or a read fails).
+pub fn read_into(mem: &GuestMemoryMmap, segs: &[Segment], out: &mut [u8]) -> usize {
     let mut done = 0;
     for &(addr, len) in segs {
-        let take = (len as usize).min(N - done);
-        mem.read_slice(&mut out[done..done + take], addr).ok()?;
+        let take = (len as usize).min(out.len() - done);
+        if mem.read_slice(&mut out[done..done + take], addr).is_err() {
+            break;
+        }
         done += take;
-        if done == N {
-            return Some(out);
+        if done == out.len() {
+            break;
         }
     }
-    None
+    done
 }
 
 /// Checks a chain and turns it into a request.

@@ -73,12 +73,7 @@ impl BlockWorker {
         }
         let mut b = Bounce::new(r.data_len as usize);
         if r.op == Op::Write {
-            let mut at = 0;
-            for &(addr, len) in &r.data {
-                let end = at + len as usize;
-                let _ = self.mem.read_slice(&mut b.as_mut_slice()[at..end], addr);
-                at = end;
-            }
+            request::read_into(&self.mem, &r.data, b.as_mut_slice());
         }
         QueueCounters::add(&self.stats.bounced, 1);
         Some(b)
