@@ -19,6 +19,10 @@ const KVM_RUN: u32 = 0xae80;
 const TRACEFS: &str = "/sys/kernel/tracing";
 const EXIT_EVENT: &str = "events/kvm/kvm_userspace_exit";
 const IOCTL_EVENT: &str = "events/syscalls/sys_enter_ioctl";
+/// The guest's newlines on COM1: the first one ends its first line, where a case's counting
+/// starts (the parent reads that line later, by a scheduling delay that varies).
+const NEWLINE_EVENT: &str = "events/kvm/kvm_pio";
+const NEWLINE_FILTER: &str = "rw == 1 && port == 0x3f8 && val == 0xa";
 /// Instances of this program are named this, then the process id.
 const INSTANCE_PREFIX: &str = "exitless-compare-";
 const TRACE_CLOCK: &str = "x86-tsc";
@@ -79,6 +83,13 @@ impl Tracer {
         )?;
         tracer.set(&format!("{IOCTL_EVENT}/enable"), "1")?;
         tracer.set(&format!("{EXIT_EVENT}/enable"), "1")?;
+        // Without it, counting starts where the parent read the first line.
+        if tracer
+            .set(&format!("{NEWLINE_EVENT}/filter"), NEWLINE_FILTER)
+            .is_ok()
+        {
+            let _ = tracer.set(&format!("{NEWLINE_EVENT}/enable"), "1");
+        }
         tracer.set("tracing_on", "1")?;
         Ok(tracer)
     }
@@ -103,9 +114,10 @@ impl Tracer {
         let _ = std::fs::write(self.dir.join("trace"), "");
     }
 
-    /// What the trace holds for the threads of process `pid` since [`Tracer::clear`], from
-    /// TSC count `since` on (a userspace `rdtsc`: the trace clock is the same counter); an
-    /// error says why nothing (e.g. the buffer overflowed).
+    /// What the trace holds for the threads of process `pid` since [`Tracer::clear`], from the
+    /// guest's first newline on COM1 on, or where the trace has none from TSC count `since` on
+    /// (a userspace `rdtsc`: the trace clock is the same counter); an error says why nothing
+    /// (e.g. the buffer overflowed).
     pub fn read(&self, pid: u32, since: u64) -> Result<Traced, String> {
         let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
             .map_err(|e| format!("cannot list the VMM's threads: {e}"))?
@@ -170,19 +182,24 @@ fn lost_entries(trace: &str) -> Option<u64> {
     (written > kept).then_some(written - kept)
 }
 
-/// Pairs, per thread of `tids`, each userspace exit from TSC count `since` on with the
-/// thread's next KVM_RUN; TSC timestamps turned into ns at `tsc_khz`.
+/// Pairs, per thread of `tids`, each userspace exit from the first guest newline (or where
+/// there is none, from TSC count `since`) on with the thread's next KVM_RUN; TSC timestamps
+/// turned into ns at `tsc_khz`.
 fn traced(trace: &str, tids: &[u32], since: u64, tsc_khz: u64) -> Traced {
     let ns_per_tick = 1e6 / tsc_khz.max(1) as f64;
+    let events = || {
+        trace
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(parse)
+            .filter(|(tid, ..)| tids.contains(tid))
+    };
+    let since = events()
+        .find(|(.., event)| event.starts_with("kvm_pio"))
+        .map_or(since, |(_, tsc, _)| tsc);
     let mut pending: HashMap<u32, u64> = HashMap::new();
     let mut out = Traced::default();
-    for line in trace.lines().filter(|l| !l.starts_with('#')) {
-        let Some((tid, tsc, event)) = parse(line) else {
-            continue;
-        };
-        if !tids.contains(&tid) || tsc < since {
-            continue;
-        }
+    for (tid, tsc, event) in events().filter(|&(_, tsc, _)| tsc >= since) {
         if event.starts_with("kvm_userspace_exit") {
             out.userspace_exits += 1;
             pending.insert(tid, tsc);
@@ -241,6 +258,19 @@ mod tests {
             later.turnarounds_ns,
             [4999.5],
             "exits before `since` left out"
+        );
+        let marked = format!(
+            "{TRACE}{}",
+            "            vcpu0-100   [001] ...1.  20040000: kvm_pio: pio_write at 0x3f8 size 1 count 1 val 0xa
+            vcpu0-100   [001] d..1.  20040010: kvm_userspace_exit: reason KVM_EXIT_IO (2)
+            vcpu0-100   [001] .....  20040030: sys_ioctl(fd: 0xc, cmd: 0xae80, arg: 0x0)
+"
+        );
+        let from_newline = traced(&marked, &[100, 101], 0, 2_000_000);
+        assert_eq!(
+            (from_newline.turnarounds_ns, from_newline.userspace_exits),
+            (vec![10.0], 1),
+            "counted from the guest's first newline, wherever the parent saw it"
         );
         assert_eq!(lost_entries(TRACE), None);
         assert_eq!(
