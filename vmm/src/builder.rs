@@ -56,6 +56,10 @@ pub enum BuildError {
     NoPvhEntry,
     #[error("vCPU {0} is beyond the VM's maximum of {1}")]
     VcpuLimit(u8, u8),
+    #[error("Cannot start a thread: {0}")]
+    Thread(std::io::Error),
+    #[error("The thread creating the PIT panicked")]
+    PitThread,
 }
 
 /// The kernel to boot.
@@ -124,7 +128,13 @@ pub struct VmBuilder {
     devices: DeviceManager,
     event_loop: EventLoop,
     hypercall_rewrite_off: bool,
+    /// The in-kernel PIT being created: KVM_CREATE_PIT2 waits for a kernel thread to be made
+    /// (0.1 ms on an idle host, milliseconds on a busy one), so it overlaps device set-up and
+    /// loading; only vCPU creation needs it done.
+    pit: Option<PitCreation>,
 }
+
+type PitCreation = std::thread::JoinHandle<Result<(), kvm_ioctls::Error>>;
 
 /// A built VM, its vCPUs ready to start.
 pub struct BuiltVm {
@@ -210,20 +220,16 @@ impl VmBuilder {
     /// Creates the VM: memory, irqchip, and with an in-kernel irqchip the PIT.
     pub fn new(kvm: Kvm, spec: VmSpec) -> Result<Self, BuildError> {
         let vm = Vm::new(kvm, spec.memory, spec.irqchip)?;
-        if spec.irqchip == IrqchipMode::Kernel {
-            let pit = kvm_pit_config {
-                flags: KVM_PIT_SPEAKER_DUMMY,
-                ..Default::default()
-            };
-            vm.fd
-                .create_pit2(pit)
-                .map_err(|e| KvmError::Ioctl("KVM_CREATE_PIT2", e))?;
-        }
         // A guest's vmcall/vmmcall of the wrong vendor gets #UD instead of being rewritten and
         // re-run: on PVM the rewrite never ends (KVM_RUN would not return). Linux picks the
-        // right instruction itself, so it never needs the rewrite.
+        // right instruction itself, so it never needs the rewrite. Before the PIT: both take
+        // the VM's lock.
         let hypercall_rewrite_off =
             vm.caps.disable_quirks2 && kvm::disable_hypercall_rewrite(&vm.fd);
+        let pit = match spec.irqchip {
+            IrqchipMode::Kernel => Some(start_pit_creation(&vm)?),
+            _ => None,
+        };
         let devices = DeviceManager::new(vm.fd.clone(), spec.irqchip);
         Ok(VmBuilder {
             spec,
@@ -231,6 +237,7 @@ impl VmBuilder {
             devices,
             event_loop: EventLoop::start()?,
             hypercall_rewrite_off,
+            pit,
         })
     }
 
@@ -301,6 +308,7 @@ impl VmBuilder {
             vm,
             mut devices,
             event_loop,
+            pit,
             ..
         } = self;
         let virtio = devices
@@ -311,6 +319,10 @@ impl VmBuilder {
         let coalesced = devices.has_coalesced_zones();
         let entry = load_kernel(&vm, &spec, &devices.acpi_platform())?;
         startup::mark(moment::LOADED);
+        if let Some(pit) = pit {
+            let created = pit.join().map_err(|_| BuildError::PitThread)?;
+            created.map_err(|e| KvmError::Ioctl("KVM_CREATE_PIT2", e))?;
+        }
         let buses = devices.finish()?;
         let layout = buses.snapshot();
         let io_names = layout.buses().pio.names_by_id();
@@ -354,6 +366,20 @@ impl VmBuilder {
         }
         Ok(built)
     }
+}
+
+/// Starts creating the in-kernel PIT on a short-lived thread of its own.
+fn start_pit_creation(vm: &Vm) -> Result<PitCreation, BuildError> {
+    let fd = vm.fd.clone();
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
+    std::thread::Builder::new()
+        .name("pit-setup".into())
+        .stack_size(64 * 1024)
+        .spawn(move || fd.create_pit2(pit))
+        .map_err(BuildError::Thread)
 }
 
 /// Maps KVM's coalesced ring (one per VM) once and gives it to every vCPU; returns it for

@@ -34,7 +34,7 @@ use crate::profile::virtio::VirtioStats;
 use crate::profile::{KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
 use crate::startup::{self, moment};
 use crate::vcpu::{Vcpu, VcpuOutcome, VmEnd};
-use crate::vm::{self, RunningVm, Vm, VmError};
+use crate::vm::{self, RunningVm, VcpuThreadsAhead, Vm, VmError};
 
 /// Errors building or running a Linux VM.
 #[derive(Debug, Error)]
@@ -143,8 +143,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     })?;
     let kvm = kvm::open()?;
     startup::mark(moment::KVM_OPEN);
-    let caps = kvm::Capabilities::probe(&kvm);
-    config.validate(caps.max_vcpus)?;
+    config.validate(kvm.get_max_vcpus())?;
     let spec = VmSpec {
         kernel: KernelImage::File(config.kernel.clone()),
         initrd: config.initrd.clone(),
@@ -156,6 +155,11 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     };
     let mut builder = VmBuilder::new(kvm, spec)?;
     startup::mark(moment::VM_CREATED);
+    // Thread start and seccomp filters overlap the rest of the set-up.
+    let affinity = config.cpu_affinity.as_ref();
+    let threads_ahead = VcpuThreadsAhead::spawn(
+        (0..usize::from(config.cpus)).map(|id| (id, affinity.and_then(|a| a.host_cpu(id)))),
+    )?;
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
     builder.enable_hotplug()?;
@@ -183,13 +187,14 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         template: built.template,
     };
     launched.open_stats(&built.vcpus)?;
+    launched.started = Instant::now();
+    launched.running = Some(launched.vm.start_ahead(threads_ahead, built.vcpus)?);
+    startup::mark(moment::THREADS);
+    // Each waits for the devices thread: after the guest started.
     if opts.stdin_to_serial {
         attach_stdin(&launched.event_loop, launched.serial.clone());
     }
     attach_idle_flush(&launched.event_loop, &launched.serial);
-    launched.started = Instant::now();
-    launched.running = Some(launched.vm.start(built.vcpus)?);
-    startup::mark(moment::THREADS);
     release_freed_heap();
     Ok(launched)
 }

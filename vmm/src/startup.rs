@@ -123,13 +123,13 @@ fn process_cpu_time() -> Option<Duration> {
 /// Names of the moments, shared by whoever records and whoever reads them.
 pub mod moment {
     pub const KVM_OPEN: &str = "/dev/kvm opened";
-    pub const VM_CREATED: &str = "VM, memory, irqchip, device thread";
+    pub const VM_CREATED: &str = "VM, memory, irqchip, device thread (PIT on its own thread)";
     pub const DEVICES: &str = "devices added";
     pub const LOADED: &str = "kernel loaded, ACPI tables written";
     pub const VCPUS_CREATED: &str = "vCPUs created";
-    pub const THREADS: &str = "vCPU threads started";
+    pub const THREADS: &str = "vCPUs handed to their threads (started ahead, filters on)";
     pub const MAIN_SECCOMP: &str = "main thread's seccomp filter";
-    pub const FIRST_RUN: &str = "first KVM_RUN (vCPU filter installed)";
+    pub const FIRST_RUN: &str = "first KVM_RUN";
     pub const FIRST_LINE: &str = "guest's first serial line written";
 }
 

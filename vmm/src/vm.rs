@@ -1,6 +1,7 @@
 //! A VM: its KVM fd, guest memory, irqchip, and the threads running its vCPUs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -99,6 +100,37 @@ impl Vm {
         }
         Ok(running)
     }
+
+    /// Like [`Vm::start`], each vCPU handed to its thread from `ahead` (a vCPU without one
+    /// gets a new thread).
+    pub fn start_ahead(
+        &self,
+        ahead: VcpuThreadsAhead,
+        vcpus: Vec<Vcpu>,
+    ) -> Result<RunningVm, VmError> {
+        let mut running = RunningVm {
+            threads: Vec::new(),
+            control: self.control.clone(),
+        };
+        let mut waiting = ahead.waiting;
+        for vcpu in vcpus {
+            let Some(at) = waiting.iter().position(|t| t.id == vcpu.id) else {
+                running.add(vcpu)?;
+                continue;
+            };
+            let t = waiting.swap_remove(at);
+            let retired = vcpu.retire_flag();
+            // A thread that ended already (its filter failed) says why when joined.
+            let _ = t.vcpu.send(vcpu);
+            let _ = t.named.recv();
+            running.threads.push(VcpuThread {
+                id: t.id,
+                handle: t.handle,
+                retired,
+            });
+        }
+        Ok(running)
+    }
 }
 
 /// One vCPU's thread.
@@ -106,6 +138,47 @@ struct VcpuThread {
     id: usize,
     handle: JoinHandle<Result<VcpuOutcome, VcpuError>>,
     retired: Arc<AtomicBool>,
+}
+
+/// vCPU threads started before their vCPUs exist: each names itself `vcpuN`, pins itself and
+/// installs its seccomp filter while the VM is still being built, then waits for its vCPU
+/// ([`Vm::start_ahead`]). Dropped unused, the threads end.
+pub struct VcpuThreadsAhead {
+    waiting: Vec<WaitingThread>,
+}
+
+struct WaitingThread {
+    id: usize,
+    vcpu: SyncSender<Vcpu>,
+    named: Receiver<()>,
+    handle: JoinHandle<Result<VcpuOutcome, VcpuError>>,
+}
+
+impl VcpuThreadsAhead {
+    /// One thread per `(vCPU id, host CPU to pin it to)`.
+    pub fn spawn(vcpus: impl IntoIterator<Item = (usize, Option<usize>)>) -> Result<Self, VmError> {
+        let mut waiting = Vec::new();
+        for (id, cpu) in vcpus {
+            let (vcpu, given) = mpsc::sync_channel::<Vcpu>(1);
+            let (name_done, named) = mpsc::sync_channel(1);
+            let handle = thread::Builder::new()
+                .name(format!("vcpu{id}"))
+                .spawn(move || {
+                    let _ = name_done.send(());
+                    crate::vcpu::prepare_thread(cpu)?;
+                    let vcpu = given.recv().map_err(|_| VcpuError::NeverStarted)?;
+                    vcpu.run_on_prepared_thread()
+                })
+                .map_err(VmError::Thread)?;
+            waiting.push(WaitingThread {
+                id,
+                vcpu,
+                named,
+                handle,
+            });
+        }
+        Ok(VcpuThreadsAhead { waiting })
+    }
 }
 
 /// vCPU threads of a running VM.

@@ -38,6 +38,8 @@ pub enum VcpuError {
     Affinity(usize, io::Error),
     #[error(transparent)]
     Seccomp(#[from] crate::seccomp::SeccompError),
+    #[error("The VM was not started: its vCPU never came")]
+    NeverStarted,
 }
 
 /// How the VMM reads guest registers on each userspace exit.
@@ -172,12 +174,14 @@ impl Vcpu {
     }
 
     /// Runs until the guest ends the VM or the VMM stops it.
-    pub fn run(mut self) -> Result<VcpuOutcome, VcpuError> {
-        if let Some(cpu) = self.affinity {
-            pin_current_thread(cpu).map_err(|e| VcpuError::Affinity(cpu, e))?;
-        }
+    pub fn run(self) -> Result<VcpuOutcome, VcpuError> {
+        prepare_thread(self.affinity)?;
+        self.run_on_prepared_thread()
+    }
+
+    /// [`Vcpu::run`] on a thread [`prepare_thread`] readied (its pinning is the thread's).
+    pub fn run_on_prepared_thread(mut self) -> Result<VcpuOutcome, VcpuError> {
         kvm::kick::arm(&mut self.fd);
-        crate::seccomp::apply(crate::seccomp::ThreadKind::Vcpu)?;
         crate::startup::mark(crate::startup::moment::FIRST_RUN);
         let result = self.run_loop();
         kvm::kick::disarm();
@@ -352,6 +356,17 @@ impl Vcpu {
             kvm_stats,
         });
     }
+}
+
+/// Readies the calling thread to run a vCPU: pinned to host CPU `cpu` if given, the vCPU
+/// seccomp filter installed. A thread started before its vCPU exists calls it while the VM is
+/// still being built, so that neither is on the way to the guest's first instruction.
+pub fn prepare_thread(cpu: Option<usize>) -> Result<(), VcpuError> {
+    if let Some(cpu) = cpu {
+        pin_current_thread(cpu).map_err(|e| VcpuError::Affinity(cpu, e))?;
+    }
+    crate::seccomp::apply(crate::seccomp::ThreadKind::Vcpu)?;
+    Ok(())
 }
 
 /// The host TSC when profiling, else 0 (no rdtsc on the exit path).
