@@ -205,7 +205,10 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
 /// this thread's own seccomp filter; the threads whose filters are on do not take part.
 fn release_freed_heap() {
     // SAFETY: malloc_trim only returns free pages of the allocator's heaps to the kernel.
-    unsafe { libc::malloc_trim(0) };
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0)
+    };
 }
 
 /// The disks, the entropy source, the network cards and the socket device the config asks

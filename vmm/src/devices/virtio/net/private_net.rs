@@ -71,8 +71,13 @@ impl PrivateNet {
             let mut req = if_request(name);
             req.flags = flags;
             // SAFETY: TUNSETIFF reads and writes an ifreq, which `req` is, owned here.
-            let r =
-                unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReqFlags) };
+            let r = unsafe {
+                libc::ioctl(
+                    file.as_raw_fd(),
+                    TUNSETIFF as _,
+                    &mut req as *mut IfReqFlags,
+                )
+            };
             check(r)?;
             set_link_up(name)?;
             Ok(OwnedFd::from(file))
@@ -113,9 +118,17 @@ pub fn set_link_up(name: &str) -> io::Result<()> {
     // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write one `struct ifreq` (40 bytes: the
     // name, then the flags at the start of the union), which `req` is laid out as.
     unsafe {
-        check(libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req))?;
+        check(libc::ioctl(
+            sock.as_raw_fd(),
+            libc::SIOCGIFFLAGS as _,
+            &mut req,
+        ))?;
         req.flags |= libc::IFF_UP as libc::c_short;
-        check(libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut req))?;
+        check(libc::ioctl(
+            sock.as_raw_fd(),
+            libc::SIOCSIFFLAGS as _,
+            &mut req,
+        ))?;
     }
     Ok(())
 }

@@ -69,7 +69,7 @@ pub struct Tap {
 
 fn ioctl_int(fd: RawFd, request: libc::c_ulong, value: libc::c_ulong) -> io::Result<()> {
     // SAFETY: these tun ioctls take an integer argument by value and touch no memory of ours.
-    let r = unsafe { libc::ioctl(fd, request, value) };
+    let r = unsafe { libc::ioctl(fd, request as _, value) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -97,7 +97,7 @@ impl Tap {
         req.name[..name.len()].copy_from_slice(name.as_bytes());
         // SAFETY: TUNSETIFF reads and writes one `struct ifreq`; `req` is one, laid out as the
         // kernel's (16-byte name, then the union whose first member is the flags; 40 bytes).
-        let r = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReq) };
+        let r = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF as _, &mut req as *mut IfReq) };
         if r < 0 {
             let error = io::Error::last_os_error();
             return Err(match error.raw_os_error() {
@@ -122,7 +122,7 @@ impl Tap {
             _pad: [0; 22],
         };
         // SAFETY: TUNGETIFF writes an ifreq into `req`, which is one, and owned here.
-        let r = unsafe { libc::ioctl(file.as_raw_fd(), TUNGETIFF, &mut req as *mut IfReq) };
+        let r = unsafe { libc::ioctl(file.as_raw_fd(), TUNGETIFF as _, &mut req as *mut IfReq) };
         if r < 0 {
             return Err(TapError::NotTap(io::Error::last_os_error()));
         }
@@ -150,7 +150,7 @@ impl Tap {
     fn with_header(file: File, name: String) -> Result<Tap, TapError> {
         let hdr_len = VNET_HDR_LEN as libc::c_int;
         // SAFETY: TUNSETVNETHDRSZ reads one int from the pointer, which points at `hdr_len`.
-        let r = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETVNETHDRSZ, &hdr_len) };
+        let r = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETVNETHDRSZ as _, &hdr_len) };
         if r < 0 {
             return Err(TapError::VnetHeader(name, io::Error::last_os_error()));
         }
