@@ -127,3 +127,109 @@ pub fn observe(vcpu: &mut Vcpu, regs: RegsMode) -> (MarkerLog, Option<StatsSchem
     vcpu.set_observer(Box::new(observer));
     found
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::bench::console::LineCapture;
+    use crate::bench::guest;
+    use crate::bench::ports::ExitPort;
+    use crate::builder::{KernelImage, VcpuOptions, VmBuilder, VmSpec};
+    use crate::bus::{BusDevice, DeviceEvent};
+    use crate::config::IrqchipMode;
+    use crate::device_manager::BusKind;
+    use crate::devices::serial::SerialOutput;
+    use crate::kvm;
+
+    /// Values the guest wrote to it, each emitted as an event to observe.
+    #[derive(Default)]
+    struct ObservePort(Mutex<Vec<u32>>);
+
+    impl BusDevice for ObservePort {
+        fn read(&self, _offset: u64, data: &mut [u8]) {
+            data.fill(0);
+        }
+        fn write(&self, _offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
+            let value = u32::from(data[0]);
+            self.0.lock().unwrap().push(value);
+            Ok(DeviceEvent::Observe(value))
+        }
+    }
+
+    /// Keeps `(value, user exits so far)` of each observed exit and counts every exit.
+    #[derive(Clone, Default)]
+    struct Recording {
+        seen: Arc<Mutex<Vec<(u32, u64)>>>,
+        every: Arc<AtomicU64>,
+    }
+
+    impl ExitObserver for Recording {
+        fn observe(&mut self, value: u32, vcpu: &ObservedVcpu<'_>) {
+            self.seen.lock().unwrap().push((value, vcpu.user_exits));
+        }
+        fn wants_every_exit(&self) -> bool {
+            true
+        }
+        fn every_exit(&mut self, _fd: &VcpuFd) -> Result<(), VcpuError> {
+            self.every.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_observer_sees_only_the_exits_devices_ask_for_and_hooks_every_exit() {
+        const ITERS: u64 = 50;
+        if std::fs::metadata("/dev/kvm").is_err() {
+            crate::test_skip::skip("observer_hook", "/dev/kvm is missing on this host");
+            return;
+        }
+        let spec = VmSpec {
+            kernel: KernelImage::Embedded(guest::BENCH_GUEST),
+            initrd: None,
+            cmdline: format!("case=pio_out iters={ITERS}"),
+            memory: 64 << 20,
+            cpus: 1,
+            max_cpus: 1,
+            irqchip: IrqchipMode::Kernel,
+        };
+        let mut builder = VmBuilder::new(kvm::open().unwrap(), spec).unwrap();
+        let console = LineCapture::default();
+        builder
+            .add_console(SerialOutput::new(Box::new(console.clone())))
+            .unwrap();
+        let port = Arc::new(ObservePort::default());
+        let devices = builder.devices();
+        let exit = Arc::new(ExitPort);
+        devices
+            .add(BusKind::Pio, "exit", guest::EXIT_PORT, 4, exit)
+            .unwrap();
+        devices
+            .add(BusKind::Pio, "observe", guest::MARKER_PORT, 4, port.clone())
+            .unwrap();
+        let opts = VcpuOptions {
+            log_unmapped: false,
+            ..VcpuOptions::default()
+        };
+        let mut built = builder.build(&opts).unwrap();
+        let recording = Recording::default();
+        built.vcpus[0].set_observer(Box::new(recording.clone()));
+        let running = built.vm.start(built.vcpus).unwrap();
+        running.wait(Some(Duration::from_secs(60))).unwrap();
+        let lines = console.take_lines().join("\n");
+        let seen = recording.seen.lock().unwrap().clone();
+        let emitted = port.0.lock().unwrap().clone();
+        let values: Vec<u32> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(values, emitted, "{lines}");
+        let (begin, end) = (guest::MARKER_BEGIN, guest::MARKER_END);
+        assert_eq!(emitted, [begin, end], "{lines}");
+        // The loop's exits (one per iteration, to an unclaimed port) were not shown to it.
+        assert_eq!(seen[1].1 - seen[0].1, ITERS + 1, "{seen:?}");
+        let exits = built.profiles[0].snapshot().exit_count();
+        assert_eq!(recording.every.load(Ordering::Relaxed), exits);
+        assert!(exits > ITERS + 2, "{exits} exits");
+    }
+}
