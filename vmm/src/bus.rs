@@ -27,8 +27,9 @@ pub enum DeviceEvent {
     Reset,
     /// The guest asked to power off, with a status code.
     Shutdown(u32),
-    /// A bench-guest marker (begin/end of a measured loop); the loop snapshots its counters.
-    Marker(u32),
+    /// Show this exit, with a value, to the vCPU's exit observer if it has one (the lab's
+    /// markers); without one the guest just goes on. See [`crate::vcpu::ExitObserver`].
+    Observe(u32),
 }
 
 /// A device on a bus, reached from any vCPU thread. `offset` is relative to the start of the

@@ -134,8 +134,9 @@ const MAIN: &[libc::c_long] = &[
 ];
 
 /// What the exit path needs: KVM_RUN and the KVM ioctls a guest's register writes cause
-/// (ioeventfds and routes for a moved BAR or a programmed MSI-X vector), KVM's binary stats at
-/// the bench's markers. Devices start and reset on the devices thread, not here.
+/// (ioeventfds and routes for a moved BAR or a programmed MSI-X vector), KVM's binary stats
+/// read by an exit observer (the lab's markers). Devices start and reset on the devices
+/// thread, not here.
 const VCPU: &[libc::c_long] = &[libc::SYS_ioctl, libc::SYS_pread64];
 
 const DEVICES: &[libc::c_long] = &[

@@ -2,9 +2,9 @@
 
 use serde::Serialize;
 
+use super::observer::RegsMode;
 use crate::config::IrqchipMode;
 use crate::device_manager::Notify;
-use crate::vcpu::RegsAccess;
 
 /// What KVM is told about the bench target (port 0x7e0 / MMIO 0xd0000000) before the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -89,7 +89,7 @@ pub struct CaseConfig {
     pub guest_case: &'static str,
     pub irqchip: IrqchipMode,
     pub target: Target,
-    pub regs: RegsAccess,
+    pub regs: RegsMode,
     pub expect: Expect,
     /// Every guest interrupt handler must run once per iteration (self-IPI cases).
     pub expect_ipis: bool,
@@ -123,7 +123,7 @@ const fn cfg(
         guest_case,
         irqchip: IrqchipMode::Kernel,
         target,
-        regs: RegsAccess::SyncRegs,
+        regs: RegsMode::SyncRegs,
         expect,
         expect_ipis: false,
         textbook: None,
@@ -229,7 +229,7 @@ const fn with_irqchip(mut c: CaseConfig, irqchip: IrqchipMode) -> CaseConfig {
     c
 }
 
-const fn with_regs(mut c: CaseConfig, regs: RegsAccess) -> CaseConfig {
+const fn with_regs(mut c: CaseConfig, regs: RegsMode) -> CaseConfig {
     c.regs = regs;
     c
 }
@@ -351,8 +351,8 @@ pub const CASES: &[BenchCase] = &[
             blk("qd32", 32, Notify::Ioeventfd, true, true, NoExit),
             blk("qd32-no-event-idx", 32, Notify::Ioeventfd, true, false, NoExit),
             blk("qd32-polled", 32, Notify::Ioeventfd, false, true, NoExit),
-            blk("qd1-notify-exits", 1, Notify::VcpuThread, true, true, One),
-            blk("qd32-notify-exits", 32, Notify::VcpuThread, true, true, AtMost(1.0)),
+            blk("qd1-notify-exits", 1, Notify::MmioExit, true, true, One),
+            blk("qd32-notify-exits", 32, Notify::MmioExit, true, true, AtMost(1.0)),
             blk_durable("qd1-write-through", 1, false, false, false),
             blk_durable("qd32-write-through", 32, false, false, false),
             blk_durable("qd32-write-through-dsync", 32, false, false, true),
@@ -370,7 +370,7 @@ pub const CASES: &[BenchCase] = &[
             net("1500B", 1500, 32, Notify::Ioeventfd, true, NoExit),
             net("64B-qd1", 64, 1, Notify::Ioeventfd, true, NoExit),
             net("64B-no-event-idx", 64, 32, Notify::Ioeventfd, false, NoExit),
-            net("64B-notify-exits", 64, 32, Notify::VcpuThread, true, AtMost(1.0)),
+            net("64B-notify-exits", 64, 32, Notify::MmioExit, true, AtMost(1.0)),
             net_rx("64B-rx", 64, true),
             net_rx("1500B-rx", 1500, true),
             net_rx("64B-rx-no-event-idx", 64, false),
@@ -384,7 +384,7 @@ pub const CASES: &[BenchCase] = &[
             vsock("rr-64B", false, Notify::Ioeventfd, true, NoExit),
             vsock("stream-4KiB", true, Notify::Ioeventfd, true, NoExit),
             vsock("rr-64B-no-event-idx", false, Notify::Ioeventfd, false, NoExit),
-            vsock("rr-64B-notify-exits", false, Notify::VcpuThread, true, AtMost(2.0)),
+            vsock("rr-64B-notify-exits", false, Notify::MmioExit, true, AtMost(2.0)),
         ],
     },
     BenchCase {
@@ -392,10 +392,10 @@ pub const CASES: &[BenchCase] = &[
         what: "OUT to an unclaimed port at CPL0; the VMM reads RIP/RAX on every exit (or not at all)",
         rounds: 5,
         configs: &[
-            with_regs(cfg("no-regs", "pio_out_cpl0", Unclaimed, One), RegsAccess::None),
+            with_regs(cfg("no-regs", "pio_out_cpl0", Unclaimed, One), RegsMode::None),
             cfg("sync-regs", "pio_out_cpl0", Unclaimed, One),
-            with_regs(cfg("get-regs", "pio_out_cpl0", Unclaimed, One), RegsAccess::GetRegs),
-            with_regs(cfg("get-set-regs", "pio_out_cpl0", Unclaimed, One), RegsAccess::GetSetRegs),
+            with_regs(cfg("get-regs", "pio_out_cpl0", Unclaimed, One), RegsMode::GetRegs),
+            with_regs(cfg("get-set-regs", "pio_out_cpl0", Unclaimed, One), RegsMode::GetSetRegs),
         ],
     },
     BenchCase {

@@ -10,11 +10,11 @@ use kvm_ioctls::IoEventAddress;
 
 use super::guest;
 use super::runner::add_bench_ports;
+use crate::bench::console::LineCapture;
 use crate::builder::{KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use crate::bus::{BusDevice, DeviceEvent};
 use crate::config::IrqchipMode;
 use crate::device_manager::BusKind;
-use crate::devices::serial::LineCapture;
 use crate::kvm;
 
 /// The device behind the zone: records every value written, in delivery order.

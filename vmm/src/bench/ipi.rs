@@ -17,16 +17,16 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use thiserror::Error;
 
+use super::console::LineCapture;
 use super::guest;
 use super::host::{self, HostInfo};
+use super::observer::{self, Marker, MarkerLog, RegsMode};
 use super::result::{parse_line, GuestLine, GuestResult, ParseError};
 use super::runner::add_bench_ports;
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use crate::config::IrqchipMode;
-use crate::devices::serial::LineCapture;
 use crate::kvm::{self, KvmError, StatsSchema};
 use crate::vcpu::affinity;
-use crate::vcpu::{Marker, VcpuOutcome};
 use crate::vm::VmError;
 
 /// Value of the `"schema"` key of the IPI family's JSON document.
@@ -372,15 +372,17 @@ pub fn run_point(
         ..VcpuOptions::default()
     };
     let mut built = builder.build(&opts)?;
-    let mut schema = None;
+    let (mut schema, mut logs) = (None, Vec::new());
     for (i, vcpu) in built.vcpus.iter_mut().enumerate() {
         if let Some(cpus) = cpus.filter(|c| !c.is_empty()) {
             vcpu.pin_to(cpus[i % cpus.len()]);
         }
-        schema = vcpu.open_marker_stats().map(|s| s.schema().clone());
+        let (log, stats) = observer::observe(vcpu, RegsMode::SyncRegs);
+        logs.push(log);
+        schema = stats;
     }
     let timeout = Duration::from_secs(60) + Duration::from_millis(25 * iterations * vcpus as u64);
-    let (outcomes, ran_on) = run_sampled(built.vm.start(built.vcpus)?, vcpus, cpus, timeout)?;
+    let ran_on = run_sampled(built.vm.start(built.vcpus)?, vcpus, cpus, timeout)?;
     let output = serial.take_lines().join("\n");
     let probe = output
         .lines()
@@ -390,7 +392,7 @@ pub fn run_point(
         Err(reason) => PointOutcome::Skipped(reason),
         Ok(result) => {
             let run = GuestRun::parse(&output, result)?;
-            let mut point = measure(case, &run, &outcomes, schema.as_ref(), built.tsc_khz)?;
+            let mut point = measure(case, &run, &logs, schema.as_ref(), built.tsc_khz)?;
             for (seen, sampled) in point.host_cpus.iter_mut().zip(ran_on) {
                 seen.extend(sampled);
                 seen.sort_unstable();
@@ -405,7 +407,7 @@ pub fn run_point(
 }
 
 /// Waits for the VM's end (at most `timeout`), sampling the host CPU of each of its `vcpus`
-/// vCPU threads meanwhile; returns their outcomes and the CPUs each was seen on. A thread to be
+/// vCPU threads meanwhile; returns the CPUs each was seen on. A thread to be
 /// pinned (vCPU i to `pinned[i % len]`) is sampled only once it is: it starts where its parent
 /// ran.
 fn run_sampled(
@@ -413,7 +415,7 @@ fn run_sampled(
     vcpus: usize,
     pinned: Option<&[usize]>,
     timeout: Duration,
-) -> Result<(Vec<VcpuOutcome>, Vec<BTreeSet<usize>>), IpiError> {
+) -> Result<Vec<BTreeSet<usize>>, IpiError> {
     let mut ran_on = vec![BTreeSet::new(); vcpus];
     let mut threads: Vec<VcpuThread> = vcpu_threads()
         .into_iter()
@@ -436,8 +438,8 @@ fn run_sampled(
         }
         thread::sleep(SAMPLE_PERIOD);
     }
-    let outcomes = running.wait(Some(timeout.saturating_sub(started.elapsed())))?;
-    Ok((outcomes, ran_on))
+    running.wait(Some(timeout.saturating_sub(started.elapsed())))?;
+    Ok(ran_on)
 }
 
 /// A vCPU thread of this process, as the sampler sees it.
@@ -562,35 +564,34 @@ impl GuestRun {
     }
 }
 
-/// The first BEGIN marker and the first END after it, of vCPU `o`.
-fn span(o: &VcpuOutcome) -> Result<(&Marker, &Marker), IpiError> {
-    let at = o
-        .markers
+/// The first BEGIN marker and the first END after it, of vCPU `id`.
+fn span(id: usize, markers: &[Marker]) -> Result<(&Marker, &Marker), IpiError> {
+    let at = markers
         .iter()
         .position(|m| m.value == guest::MARKER_BEGIN)
-        .ok_or(IpiError::NoMarkers(o.id))?;
-    let end = o.markers[at..]
+        .ok_or(IpiError::NoMarkers(id))?;
+    let end = markers[at..]
         .iter()
         .find(|m| m.value == guest::MARKER_END)
-        .ok_or(IpiError::NoMarkers(o.id))?;
-    Ok((&o.markers[at], end))
+        .ok_or(IpiError::NoMarkers(id))?;
+    Ok((&markers[at], end))
 }
 
 fn measure(
     case: &'static IpiCase,
     run: &GuestRun,
-    outcomes: &[VcpuOutcome],
+    // One per vCPU, by id.
+    logs: &[MarkerLog],
     schema: Option<&StatsSchema>,
     tsc_khz: u64,
 ) -> Result<IpiPoint, IpiError> {
     let n = run.result.iters.max(1) as f64;
     let mut stats: Vec<(String, u64)> = Vec::new();
     let (mut user_exits, mut host_cpus, mut wall_cycles) = (0, Vec::new(), 0);
-    let mut ordered: Vec<&VcpuOutcome> = outcomes.iter().collect();
-    ordered.sort_by_key(|o| o.id);
-    for o in ordered {
-        let (begin, end) = span(o)?;
-        if o.id == 0 {
+    for (id, log) in logs.iter().enumerate() {
+        let markers = log.markers();
+        let (begin, end) = span(id, &markers)?;
+        if id == 0 {
             wall_cycles = end.host_tsc.saturating_sub(begin.host_tsc);
         }
         // The end marker's own exit is inside the span; the begin marker's is not.

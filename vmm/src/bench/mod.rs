@@ -3,11 +3,13 @@
 
 pub mod blk;
 pub mod cases;
+pub mod console;
 pub mod guest;
 pub mod host;
 pub mod ipi;
 mod ipi_table;
 pub mod net;
+pub mod observer;
 pub mod ports;
 pub mod report;
 pub mod result;

@@ -25,7 +25,8 @@ impl BusDevice for ExitPort {
     }
 }
 
-/// A write marks a moment (begin/end of a measured loop) for the vCPU loop to snapshot.
+/// A write marks a moment (begin/end of a measured loop): the exit is shown to the vCPU's
+/// observer, which keeps the vCPU's counters then.
 #[derive(Debug, Default)]
 pub struct MarkerPort;
 
@@ -34,7 +35,7 @@ impl BusDevice for MarkerPort {
         data.fill(0);
     }
     fn write(&self, _offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
-        Ok(DeviceEvent::Marker(le_value(data)))
+        Ok(DeviceEvent::Observe(le_value(data)))
     }
 }
 
@@ -58,7 +59,7 @@ mod tests {
     fn marker_port_reports_the_marker() {
         assert_eq!(
             MarkerPort.write(0, &[2, 0, 0, 0]).unwrap(),
-            DeviceEvent::Marker(2)
+            DeviceEvent::Observe(2)
         );
     }
 }

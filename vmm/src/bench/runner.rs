@@ -10,16 +10,18 @@ use thiserror::Error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::cases::{BenchCase, CaseConfig, Expect, Target};
+use super::console::LineCapture;
 use super::guest;
+use super::observer::{self, Marker};
 use super::ports::{ExitPort, MarkerPort};
 use super::result::{parse_line, GuestLine, GuestResult, ParseError};
 use super::virtio::{self, AttachedVirtio};
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use crate::device_manager::{BusKind, DeviceManager, DeviceManagerError};
-use crate::devices::serial::{LineCapture, SerialOutput};
+use crate::devices::serial::SerialOutput;
 use crate::kvm::{self, IoEvent, KvmError};
 use crate::profile::VcpuProfileSnapshot;
-use crate::vcpu::{Marker, Vcpu, VcpuError, VcpuOutcome};
+use crate::vcpu::{Vcpu, VcpuError};
 use crate::vm::{Vm, VmError};
 
 const GUEST_MEMORY: u64 = 64 << 20;
@@ -116,7 +118,7 @@ pub(super) fn add_bench_ports(
     builder: &mut VmBuilder,
     serial: &LineCapture,
 ) -> Result<(), RunError> {
-    builder.add_console(SerialOutput::discard().with_capture(serial.clone()))?;
+    builder.add_console(SerialOutput::new(Box::new(serial.clone())))?;
     let devices = builder.devices();
     devices.add(
         BusKind::Pio,
@@ -167,7 +169,7 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
         None => None,
     };
     let opts = VcpuOptions {
-        regs: config.regs,
+        regs: config.regs.core(),
         profiling: config.profiling,
         log_unmapped: false,
         affinity: None,
@@ -269,14 +271,14 @@ pub fn run_config_placed(
     if let Some(cpu) = placement.cpu {
         p.vcpu.pin_to(cpu);
     }
-    let schema = p.vcpu.open_marker_stats().map(|s| s.schema().clone());
+    let (markers, schema) = observer::observe(&mut p.vcpu, config.regs);
     let io_devices = p.io_devices.clone();
     let timeout = Duration::from_secs(20) + Duration::from_micros(500) * iterations as u32;
-    let outcomes = p.vm.start(vec![p.vcpu])?.wait(Some(timeout))?;
+    p.vm.start(vec![p.vcpu])?.wait(Some(timeout))?;
     let output = p.serial.take_lines().join("\n");
     let result = guest_result(&output, config.guest_case)?;
-    let outcome = outcomes.into_iter().next().ok_or(RunError::NoMarkers)?;
-    let (begin, end) = loop_markers(&outcome)?;
+    let markers = markers.markers();
+    let (begin, end) = loop_markers(&markers)?;
     let signals = p.ioeventfd.as_ref().map(|e| e.read().unwrap_or(0));
     let mut run = measure(case, config, &result, begin, end, tsc_khz);
     run.ioeventfd_signals = signals;
@@ -297,16 +299,13 @@ pub fn run_config_placed(
 
 /// The first BEGIN marker and the first END after it (a guest may mark in any order; an END
 /// without an earlier BEGIN brackets nothing).
-fn loop_markers(o: &VcpuOutcome) -> Result<(&Marker, &Marker), RunError> {
-    let at = o
-        .markers
+fn loop_markers(markers: &[Marker]) -> Result<(&Marker, &Marker), RunError> {
+    let at = markers
         .iter()
         .position(|m| m.value == guest::MARKER_BEGIN)
         .ok_or(RunError::NoMarkers)?;
-    let begin = &o.markers[at];
-    let end = o.markers[at..]
-        .iter()
-        .find(|m| m.value == guest::MARKER_END);
+    let begin = &markers[at];
+    let end = markers[at..].iter().find(|m| m.value == guest::MARKER_END);
     Ok((begin, end.ok_or(RunError::NoMarkers)?))
 }
 
@@ -447,11 +446,8 @@ mod tests {
 
     #[test]
     fn markers_out_of_order_bracket_nothing_and_never_panic() {
-        use crate::vcpu::VmEnd;
-        let outcome = |values: &[(u32, u64)]| VcpuOutcome {
-            id: 0,
-            end: VmEnd::Stopped,
-            markers: values.iter().map(|&(v, n)| marker(v, n)).collect(),
+        let outcome = |values: &[(u32, u64)]| -> Vec<Marker> {
+            values.iter().map(|&(v, n)| marker(v, n)).collect()
         };
         let o = outcome(&[(guest::MARKER_END, 5), (guest::MARKER_BEGIN, 9)]);
         assert!(matches!(loop_markers(&o), Err(RunError::NoMarkers)));

@@ -58,8 +58,12 @@ pub enum DeviceManagerError {
 pub enum Notify {
     /// A zero-length ioeventfd per queue: KVM signals it, no exit to userspace.
     Ioeventfd,
-    /// A write that exits to the vCPU thread, which signals the queue (the bench compares).
-    VcpuThread,
+    /// No ioeventfd: the notify register is plain MMIO, each write exits to userspace and the
+    /// vCPU thread that took it signals the queue (what a VMM without ioeventfds does). The
+    /// transport handles such writes in any case (one made while the guest moves the BAR,
+    /// before the ioeventfds follow, exits too), so this mode costs the core only the choice;
+    /// `exitless run` never picks it, the lab measures what ioeventfds save against it.
+    MmioExit,
 }
 
 /// Which bus a range is on.

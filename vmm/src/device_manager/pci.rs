@@ -78,7 +78,7 @@ pub struct MappedVirtio {
     pub addr: u64,
     /// The part of the BAR window allocated to it (freed when the device goes).
     pub bar: vm_allocator::RangeInclusive,
-    /// Whether its queue notifications are ioeventfds (else they exit to the vCPU thread).
+    /// Whether its queue notifications are ioeventfds (else they exit: `Notify::MmioExit`).
     pub ioeventfds: bool,
     /// The MSI route of each MSI-X vector.
     pub gsis: Vec<u32>,

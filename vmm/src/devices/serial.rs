@@ -1,19 +1,16 @@
 //! COM1: a 16550 UART (vm-superio) on the I/O bus.
 //!
-//! The guest's output is teed by [`SerialOutput`] to a sink (usually stdout), an optional log
-//! file and an optional in-memory [`LineCapture`] that the bench reads result lines from.
+//! The guest's output is teed by [`SerialOutput`] to a sink (usually stdout, any `Write`: the
+//! bench's is an in-memory line capture) and an optional log file.
 //! Output the console or log cannot take is dropped and counted, never fatal. The
 //! interrupt is an [`EventFd`] that the VMM registers as irqfd for [`COM1_IRQ`].
 
 use super::GuestFaults;
 use crate::startup;
-use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use vm_superio::serial::{Error as UartError, NoEvents};
@@ -41,116 +38,6 @@ pub enum SerialError {
         #[source]
         source: io::Error,
     },
-}
-
-/// Locks a mutex even if a holder panicked: the protected data stays consistent per call.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-#[derive(Debug, Default)]
-struct CaptureState {
-    partial: Vec<u8>,
-    lines: VecDeque<String>,
-    max_lines: usize,
-    dropped: u64,
-}
-
-impl CaptureState {
-    fn end_line(&mut self) {
-        let mut line = String::from_utf8_lossy(&self.partial).into_owned();
-        self.partial.clear();
-        if line.ends_with('\r') {
-            line.pop();
-        }
-        if self.lines.len() >= self.max_lines {
-            self.lines.pop_front();
-            self.dropped += 1;
-        }
-        self.lines.push_back(line);
-    }
-}
-
-/// A bounded, shareable capture of the guest's output, split into lines.
-///
-/// Clones share the same buffer: keep one clone, give the other to [`SerialOutput`].
-/// When more than `max_lines` complete lines are held, the oldest are dropped (and counted);
-/// a line longer than [`LineCapture::MAX_LINE_LEN`] bytes is split.
-#[derive(Debug, Clone)]
-pub struct LineCapture {
-    inner: Arc<(Mutex<CaptureState>, Condvar)>,
-}
-
-impl Default for LineCapture {
-    fn default() -> Self {
-        Self::new(Self::DEFAULT_MAX_LINES)
-    }
-}
-
-impl LineCapture {
-    /// Lines held by [`LineCapture::default`].
-    pub const DEFAULT_MAX_LINES: usize = 4096;
-    /// Longest line kept in one piece, in bytes.
-    pub const MAX_LINE_LEN: usize = 4096;
-
-    /// A capture holding at most `max_lines` complete lines (at least one).
-    pub fn new(max_lines: usize) -> Self {
-        let state = CaptureState {
-            max_lines: max_lines.max(1),
-            ..CaptureState::default()
-        };
-        Self {
-            inner: Arc::new((Mutex::new(state), Condvar::new())),
-        }
-    }
-
-    /// Adds guest output; `\n` ends a line, a trailing `\r` is stripped.
-    pub fn push_bytes(&self, bytes: &[u8]) {
-        let mut st = lock(&self.inner.0);
-        let mut ended = false;
-        for &b in bytes {
-            if b == b'\n' {
-                st.end_line();
-                ended = true;
-            } else {
-                st.partial.push(b);
-                if st.partial.len() >= Self::MAX_LINE_LEN {
-                    st.end_line();
-                    ended = true;
-                }
-            }
-        }
-        if ended {
-            self.inner.1.notify_all();
-        }
-    }
-
-    /// Removes and returns the complete lines captured so far, oldest first.
-    pub fn take_lines(&self) -> Vec<String> {
-        lock(&self.inner.0).lines.drain(..).collect()
-    }
-
-    /// Like [`LineCapture::take_lines`], but waits up to `timeout` for at least one line.
-    pub fn wait_lines(&self, timeout: Duration) -> Vec<String> {
-        let deadline = Instant::now() + timeout;
-        let mut st = lock(&self.inner.0);
-        while st.lines.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            st = match self.inner.1.wait_timeout(st, left) {
-                Ok((g, _)) => g,
-                Err(e) => e.into_inner().0,
-            };
-        }
-        st.lines.drain(..).collect()
-    }
-
-    /// Number of lines dropped because the capture was full.
-    pub fn dropped(&self) -> u64 {
-        lock(&self.inner.0).dropped
-    }
 }
 
 /// When [`SerialOutput`] passes pending output on to its sink and log file.
@@ -229,16 +116,15 @@ fn unbuffered_stdout() -> Box<dyn Write + Send> {
     }
 }
 
-/// Where the guest's serial output goes: a sink, an optional log file, an optional capture.
+/// Where the guest's serial output goes: a sink and an optional log file.
 ///
-/// Bytes reach the capture at once and the sink and log file as [`FlushPolicy`] says; pending
+/// Bytes reach the sink and log file as [`FlushPolicy`] says; pending
 /// bytes are written out on drop. Output a destination does not take is dropped and counted
 /// ([`SerialOutput::loss`]), and said once on stderr: the guest never notices, and the VM
 /// never stops for it (`exitless run ... | head` must not kill a guest mid-write).
 pub struct SerialOutput {
     sink: Destination,
     log: Option<Destination>,
-    capture: Option<LineCapture>,
     policy: FlushPolicy,
     pending: Vec<u8>,
 }
@@ -249,7 +135,6 @@ impl SerialOutput {
         Self {
             sink: Destination::new("console".into(), sink),
             log: None,
-            capture: None,
             policy: FlushPolicy::default(),
             pending: Vec::new(),
         }
@@ -260,7 +145,7 @@ impl SerialOutput {
         Self::new(unbuffered_stdout())
     }
 
-    /// Output discarded (a capture or log file may still be added).
+    /// Output discarded (a log file may still be added).
     pub fn discard() -> Self {
         Self::new(Box::new(io::sink()))
     }
@@ -276,12 +161,6 @@ impl SerialOutput {
         Ok(self)
     }
 
-    /// Also feeds everything to `capture`.
-    pub fn with_capture(mut self, capture: LineCapture) -> Self {
-        self.capture = Some(capture);
-        self
-    }
-
     /// Sets when the sink and log file are written.
     pub fn with_flush_policy(mut self, policy: FlushPolicy) -> Self {
         self.policy = policy;
@@ -291,11 +170,6 @@ impl SerialOutput {
     /// Whether output may wait for its newline (then a timer should flush partial lines).
     pub fn holds_partial_lines(&self) -> bool {
         self.policy == FlushPolicy::Newline
-    }
-
-    /// The capture, if one was added.
-    pub fn capture(&self) -> Option<&LineCapture> {
-        self.capture.as_ref()
     }
 
     /// What the console and the log file could not take so far.
@@ -324,9 +198,6 @@ impl SerialOutput {
 
 impl Write for SerialOutput {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if let Some(c) = &self.capture {
-            c.push_bytes(buf);
-        }
         self.pending.extend_from_slice(buf);
         Ok(buf.len())
     }
@@ -410,7 +281,7 @@ impl SerialDevice {
         self.faults.count()
     }
 
-    /// The output (e.g. to reach its capture).
+    /// The output (e.g. to see what it lost).
     pub fn output(&self) -> &SerialOutput {
         self.uart.writer()
     }
@@ -445,6 +316,7 @@ impl MutBusDevice for SerialDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
 
     const THR: u64 = 0;
     const IER: u64 = 1;
@@ -488,13 +360,10 @@ mod tests {
         EventFd::new(libc::EFD_NONBLOCK).unwrap()
     }
 
-    fn device(policy: FlushPolicy) -> (SerialDevice, Shared, LineCapture) {
+    fn device(policy: FlushPolicy) -> (SerialDevice, Shared) {
         let sink = Shared::default();
-        let cap = LineCapture::default();
-        let out = SerialOutput::new(Box::new(sink.clone()))
-            .with_capture(cap.clone())
-            .with_flush_policy(policy);
-        (SerialDevice::new(evt(), out), sink, cap)
+        let out = SerialOutput::new(Box::new(sink.clone())).with_flush_policy(policy);
+        (SerialDevice::new(evt(), out), sink)
     }
 
     fn put(dev: &mut SerialDevice, s: &[u8]) {
@@ -504,20 +373,16 @@ mod tests {
     }
 
     #[test]
-    fn thr_writes_reach_sink_and_capture() {
-        let (mut dev, sink, cap) = device(FlushPolicy::EveryWrite);
+    fn thr_writes_reach_the_sink_at_once() {
+        let (mut dev, sink) = device(FlushPolicy::EveryWrite);
         put(&mut dev, b"hello\r\nresult: 42\npart");
         assert_eq!(&*sink.0.lock().unwrap(), b"hello\r\nresult: 42\npart");
-        assert_eq!(cap.take_lines(), vec!["hello", "result: 42"]);
-        assert!(cap.take_lines().is_empty());
-        put(&mut dev, b"ial\n");
-        assert_eq!(cap.wait_lines(Duration::from_secs(1)), vec!["partial"]);
         assert_eq!(dev.faults(), 0);
     }
 
     #[test]
     fn newline_policy_holds_back_until_newline() {
-        let (mut dev, sink, _cap) = device(FlushPolicy::Newline);
+        let (mut dev, sink) = device(FlushPolicy::Newline);
         put(&mut dev, b"ab");
         assert!(sink.0.lock().unwrap().is_empty());
         put(&mut dev, b"\nc");
@@ -548,16 +413,17 @@ mod tests {
     #[test]
     fn a_closed_console_drops_and_counts_and_the_guest_goes_on() {
         for kind in [io::ErrorKind::BrokenPipe, io::ErrorKind::WouldBlock] {
-            let cap = LineCapture::default();
             let sink = Closing { room: 3, kind };
-            let out = SerialOutput::new(Box::new(sink)).with_capture(cap.clone());
+            let out = SerialOutput::new(Box::new(sink));
             let mut dev = SerialDevice::new(evt(), out);
             // Every byte is its own flush (EveryWrite): 3 get through, 7 are lost.
             put(&mut dev, b"abcdefghi\n");
             assert_eq!(dev.output().loss().console_bytes, 7, "{kind:?}");
             assert_eq!(dev.output().loss().log_bytes, 0);
-            // The capture still sees everything: the guest's side is unaffected.
-            assert_eq!(cap.take_lines(), vec!["abcdefghi"]);
+            // The guest's side is unaffected: the UART still takes bytes.
+            let mut lsr = [0u8];
+            dev.read(LSR, &mut lsr);
+            assert_eq!(lsr[0] & 0x60, 0x60);
         }
     }
 
@@ -593,7 +459,7 @@ mod tests {
 
     #[test]
     fn lsr_reports_thr_empty() {
-        let (mut dev, _, _) = device(FlushPolicy::EveryWrite);
+        let (mut dev, _) = device(FlushPolicy::EveryWrite);
         let mut d = [0u8];
         dev.read(LSR, &mut d);
         assert_eq!(d[0] & 0x60, 0x60, "THRE and TEMT set");
@@ -602,7 +468,7 @@ mod tests {
 
     #[test]
     fn input_is_readable_via_rbr_and_raises_irq() {
-        let (mut dev, _, _) = device(FlushPolicy::EveryWrite);
+        let (mut dev, _) = device(FlushPolicy::EveryWrite);
         dev.write(IER, &[0x01]).unwrap();
         assert_eq!(dev.enqueue_input(b"ok").unwrap(), 2);
         assert_eq!(dev.interrupt_evt().read().unwrap(), 1);
@@ -619,7 +485,7 @@ mod tests {
 
     #[test]
     fn full_fifo_accepts_only_what_fits() {
-        let (mut dev, _, _) = device(FlushPolicy::EveryWrite);
+        let (mut dev, _) = device(FlushPolicy::EveryWrite);
         let big = [b'x'; 100];
         let n = dev.enqueue_input(&big).unwrap();
         assert!(n > 0 && n < big.len());
@@ -630,7 +496,7 @@ mod tests {
 
     #[test]
     fn bad_accesses_are_counted_faults() {
-        let (mut dev, sink, _) = device(FlushPolicy::EveryWrite);
+        let (mut dev, sink) = device(FlushPolicy::EveryWrite);
         let mut d = [0u8; 2];
         dev.read(THR, &mut d);
         assert_eq!(d, [0xff, 0xff]);
@@ -640,18 +506,5 @@ mod tests {
         dev.read(0, &mut []);
         assert_eq!(dev.faults(), 5);
         assert!(sink.0.lock().unwrap().is_empty());
-    }
-
-    #[test]
-    fn capture_is_bounded() {
-        let cap = LineCapture::new(2);
-        cap.push_bytes(b"1\n2\n3\n");
-        assert_eq!(cap.dropped(), 1);
-        assert_eq!(cap.take_lines(), vec!["2", "3"]);
-        cap.push_bytes(&vec![b'a'; LineCapture::MAX_LINE_LEN + 1]);
-        let lines = cap.take_lines();
-        assert_eq!(lines.len(), 1);
-        assert_eq!(lines[0].len(), LineCapture::MAX_LINE_LEN);
-        assert!(cap.wait_lines(Duration::from_millis(1)).is_empty());
     }
 }

@@ -30,7 +30,8 @@ pub enum VmEnd {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitAction {
     Resume,
-    Marker(u32),
+    /// Show the exit to the vCPU's observer, then resume ([`DeviceEvent::Observe`]).
+    Observe(u32),
     End(VmEnd),
 }
 
@@ -106,7 +107,7 @@ const SYSTEM_EVENT_RESET: u32 = kvm_bindings::KVM_SYSTEM_EVENT_RESET;
 fn event_action(event: DeviceEvent) -> ExitAction {
     match event {
         DeviceEvent::None => ExitAction::Resume,
-        DeviceEvent::Marker(v) => ExitAction::Marker(v),
+        DeviceEvent::Observe(v) => ExitAction::Observe(v),
         DeviceEvent::Reset => ExitAction::End(VmEnd::Reset),
         DeviceEvent::Shutdown(s) => ExitAction::End(VmEnd::PowerOff(s)),
     }
@@ -240,7 +241,8 @@ mod tests {
     use crate::bus::{BusBuilder, BusDevice, MutBusDevice};
     use std::sync::{Arc, Mutex};
 
-    /// A fake device: reads return its offset, writes of 0xff ask for shutdown, 0xee for a marker.
+    /// A fake device: reads return its offset, writes of 0xff ask for shutdown, 0xee to be
+    /// observed.
     struct Fake;
 
     impl BusDevice for Fake {
@@ -250,7 +252,7 @@ mod tests {
         fn write(&self, _offset: u64, data: &[u8]) -> io::Result<DeviceEvent> {
             Ok(match data[0] {
                 0xff => DeviceEvent::Shutdown(7),
-                0xee => DeviceEvent::Marker(2),
+                0xee => DeviceEvent::Observe(2),
                 0xdd => return Err(io::Error::other("sink closed")),
                 _ => DeviceEvent::None,
             })
@@ -280,7 +282,7 @@ mod tests {
         let h = handle_exit(&b, VcpuExit::IoOut(0x3f9, &[0xff])).unwrap();
         assert_eq!(h.action, ExitAction::End(VmEnd::PowerOff(7)));
         let h = handle_exit(&b, VcpuExit::IoOut(0x3f9, &[0xee])).unwrap();
-        assert_eq!(h.action, ExitAction::Marker(2));
+        assert_eq!(h.action, ExitAction::Observe(2));
     }
 
     #[test]

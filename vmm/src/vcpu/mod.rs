@@ -6,6 +6,7 @@
 pub mod affinity;
 pub mod control;
 pub mod exit;
+pub mod observer;
 pub mod regs;
 
 use std::io;
@@ -16,12 +17,13 @@ use kvm_ioctls::{SyncReg, VcpuFd};
 use thiserror::Error;
 
 use crate::bus::{BusSnapshot, SharedBuses};
+use crate::kvm;
 use crate::kvm::ring::{CoalescedRing, CoalescedWrite};
-use crate::kvm::{self, StatsFd, StatsSnapshot};
-use crate::profile::{self, ExitReason, VcpuProfile, VcpuProfileSnapshot};
+use crate::profile::{self, ExitReason, VcpuProfile};
 pub use affinity::pin_current_thread;
 pub use control::VmControl;
 pub use exit::{dispatch, handle_exit, Buses, ExitAction, Handled, UnhandledExit, VmEnd};
+pub use observer::{ExitObserver, ObservedVcpu};
 
 /// Errors running a vCPU.
 #[derive(Debug, Error)]
@@ -42,29 +44,13 @@ pub enum VcpuError {
     NeverStarted,
 }
 
-/// How the VMM reads guest registers on each userspace exit.
+/// How the VMM reads guest registers (RIP, for its messages) on each userspace exit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum RegsAccess {
-    /// Not at all: no sync regs, no ioctl (the floor; a VMM that never needs registers).
+    /// Not at all: no sync regs, no ioctl (a VMM that never needs registers).
     None,
     /// From the kvm_run page (KVM_CAP_SYNC_REGS): no extra ioctl.
     SyncRegs,
-    /// KVM_GET_REGS per exit (what a VMM without sync_regs pays).
-    GetRegs,
-    /// KVM_GET_REGS and KVM_SET_REGS per exit.
-    GetSetRegs,
-}
-
-/// A moment the guest marked (bench begin/end): the vCPU's counters then.
-#[derive(Debug, Clone)]
-pub struct Marker {
-    pub value: u32,
-    /// Host TSC when the marker exit was handled.
-    pub host_tsc: u64,
-    /// Userspace exits so far (counted whether or not profiling is on).
-    pub user_exits: u64,
-    pub profile: VcpuProfileSnapshot,
-    pub kvm_stats: Option<StatsSnapshot>,
 }
 
 /// What a vCPU thread hands back when it ends.
@@ -72,7 +58,6 @@ pub struct Marker {
 pub struct VcpuOutcome {
     pub id: usize,
     pub end: VmEnd,
-    pub markers: Vec<Marker>,
 }
 
 /// A vCPU ready to run on its own thread.
@@ -83,10 +68,11 @@ pub struct Vcpu {
     buses: BusSnapshot,
     control: Arc<VmControl>,
     profile: Arc<VcpuProfile>,
-    stats: Option<StatsFd>,
     regs: RegsAccess,
     coalesced_ring: Option<Arc<CoalescedRing>>,
-    markers: Vec<Marker>,
+    observer: Option<Box<dyn ExitObserver>>,
+    /// The observer wants every exit (read per exit instead of asking it).
+    observe_every_exit: bool,
     warned_unmapped: bool,
     /// Unhandled exit kinds already logged (each once).
     logged_unhandled: Vec<UnhandledExit>,
@@ -120,10 +106,10 @@ impl Vcpu {
             shared_buses: buses,
             control,
             profile,
-            stats: None,
             regs,
             coalesced_ring: None,
-            markers: Vec::new(),
+            observer: None,
+            observe_every_exit: false,
             warned_unmapped: false,
             logged_unhandled: Vec::new(),
             log_unmapped: true,
@@ -156,11 +142,10 @@ impl Vcpu {
         self.coalesced_ring = Some(ring);
     }
 
-    /// Opens the vCPU's KVM stats fd so guest markers also snapshot KVM's counters; returns
-    /// it (None when KVM has no binary stats).
-    pub fn open_marker_stats(&mut self) -> Option<&StatsFd> {
-        self.stats = StatsFd::open(&self.fd).ok();
-        self.stats.as_ref()
+    /// Shows this vCPU's exits to `observer` (replacing any earlier one).
+    pub fn set_observer(&mut self, observer: Box<dyn ExitObserver>) {
+        self.observe_every_exit = observer.wants_every_exit();
+        self.observer = Some(observer);
     }
 
     /// The flag that parks this vCPU alone once set and the thread kicked.
@@ -188,7 +173,6 @@ impl Vcpu {
         Ok(VcpuOutcome {
             id: self.id,
             end: result?,
-            markers: self.markers,
         })
     }
 
@@ -247,10 +231,9 @@ impl Vcpu {
             t_entry = t_done;
             match handled.action {
                 ExitAction::Resume => {}
-                ExitAction::Marker(value) => {
-                    self.mark(value);
-                    // The snapshot is bench instrumentation: time in neither KVM_RUN nor an
-                    // exit's handling.
+                ExitAction::Observe(value) => {
+                    self.observe(value);
+                    // The observer's time is in neither KVM_RUN nor an exit's handling.
                     t_entry = tsc_if(profiling);
                 }
                 ExitAction::End(end) => return Ok(end),
@@ -268,11 +251,15 @@ impl Vcpu {
         }
     }
 
-    /// Work common to every userspace exit: registers and first-fault logging.
+    /// Work common to every userspace exit: registers, the observer's hook and first-fault
+    /// logging.
     fn after_exit(&mut self, h: &Handled) -> Result<(), VcpuError> {
-        // black_box: the value is unused, but the read is what the regs bench case measures.
-        let (rip, rax) = self.read_regs()?;
-        std::hint::black_box(rax);
+        let rip = self.read_rip();
+        if self.observe_every_exit {
+            if let Some(observer) = self.observer.as_mut() {
+                observer.every_exit(&self.fd)?;
+            }
+        }
         let io = matches!(
             h.reason,
             ExitReason::IoIn | ExitReason::IoOut | ExitReason::MmioRead | ExitReason::MmioWrite
@@ -327,34 +314,31 @@ impl Vcpu {
         );
     }
 
-    fn read_regs(&mut self) -> Result<(u64, u64), VcpuError> {
+    /// The guest's RIP for messages (0 when registers are not read).
+    fn read_rip(&mut self) -> u64 {
         match self.regs {
-            RegsAccess::None => Ok((0, 0)),
-            RegsAccess::SyncRegs => Ok(kvm::sync_rip_rax(&mut self.fd)),
-            RegsAccess::GetRegs | RegsAccess::GetSetRegs => {
-                let regs = self
-                    .fd
-                    .get_regs()
-                    .map_err(|e| VcpuError::Ioctl("KVM_GET_REGS", e))?;
-                if self.regs == RegsAccess::GetSetRegs {
-                    self.fd
-                        .set_regs(&regs)
-                        .map_err(|e| VcpuError::Ioctl("KVM_SET_REGS", e))?;
-                }
-                Ok((regs.rip, regs.rax))
+            RegsAccess::None => 0,
+            // black_box: RAX is unused, but reading it is part of what sync regs cost.
+            RegsAccess::SyncRegs => {
+                let (rip, rax) = kvm::sync_rip_rax(&mut self.fd);
+                std::hint::black_box(rax);
+                rip
             }
         }
     }
 
-    fn mark(&mut self, value: u32) {
-        let kvm_stats = self.stats.as_ref().and_then(|s| s.read().ok());
-        self.markers.push(Marker {
-            value,
-            host_tsc: profile::rdtsc(),
-            user_exits: self.user_exits,
-            profile: self.profile.snapshot(),
-            kvm_stats,
-        });
+    /// Shows the exit a device asked to be shown to the observer, if there is one.
+    #[cold]
+    fn observe(&mut self, value: u32) {
+        if let Some(observer) = self.observer.as_mut() {
+            let vcpu = ObservedVcpu {
+                id: self.id,
+                user_exits: self.user_exits,
+                profile: &self.profile,
+                fd: &self.fd,
+            };
+            observer.observe(value, &vcpu);
+        }
     }
 }
 

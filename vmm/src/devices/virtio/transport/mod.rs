@@ -412,7 +412,8 @@ impl VirtioPciDevice {
     }
 
     fn notify_write(&self, offset: u64) {
-        // Reached only without ioeventfds (the bench's "notify through the vCPU thread").
+        // Reached without ioeventfds (`Notify::MmioExit`), or while a moved BAR's ioeventfds
+        // are not yet where the guest put it.
         let q = (offset / u64::from(NOTIFY_MULTIPLIER)) as usize;
         match self.notify.get(q) {
             Some(evt) => {
