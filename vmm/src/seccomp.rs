@@ -120,8 +120,10 @@ const MAIN: &[libc::c_long] = &[
     libc::SYS_ioctl,
     libc::SYS_lseek,
     libc::SYS_newfstatat,
-    // musl opens files with open(2), glibc with openat(2): `--profile-json` at the end.
+    // musl opens files with open(2) and stats paths with stat(2), glibc with openat(2) and
+    // newfstatat(2): `--profile-json` at the end.
     libc::SYS_open,
+    libc::SYS_stat,
     libc::SYS_openat,
     libc::SYS_poll,
     libc::SYS_pread64,
