@@ -243,23 +243,7 @@ fn print_table(report: &CompareReport) {
         "{} rounds, {small} and {large} iterations, {} MiB, 1 vCPU: median (min-max)",
         report.rounds, report.memory_mib
     );
-    if report.turnaround != "measured" {
-        println!("turnaround per exit: not measured ({})", report.turnaround);
-    }
-    for why in &report.not_run {
-        println!("not run: {why}");
-    }
-    for v in report.vmms.iter().filter(|v| v.failed.is_some()) {
-        println!("{}: left out: {}", v.vmm, v.failed.as_deref().unwrap_or(""));
-    }
-    for v in &report.vmms {
-        for why in &v.not_run {
-            println!("{}: not run: {why}", v.vmm);
-        }
-        for why in &v.left_out {
-            println!("{}: {why}", v.vmm);
-        }
-    }
+    print_left_out(report);
     println!(
         "{:<15} {:<17} {:>18} {:>18} {:>12} {:>20} {:>12} {:>11} {:>13} {:>10} {:>7} {:>24}",
         "case",
@@ -317,6 +301,27 @@ fn print_table(report: &CompareReport) {
             "note: this host's KVM is PVM: the kernel counts guest CPL3 time partly as the VMM's \
              user time, so cpu us/iter does not isolate a VMM's own work (guest time is in --json)"
         );
+    }
+}
+
+/// What was not measured, or not as asked: one line each.
+fn print_left_out(report: &CompareReport) {
+    if report.turnaround != "measured" {
+        println!("turnaround per exit: not measured ({})", report.turnaround);
+    }
+    for why in &report.not_run {
+        println!("not run: {why}");
+    }
+    for v in report.vmms.iter().filter(|v| v.failed.is_some()) {
+        println!("{}: left out: {}", v.vmm, v.failed.as_deref().unwrap_or(""));
+    }
+    for v in &report.vmms {
+        for why in &v.not_run {
+            println!("{}: not run: {why}", v.vmm);
+        }
+        for why in &v.left_out {
+            println!("{}: {why}", v.vmm);
+        }
     }
 }
 

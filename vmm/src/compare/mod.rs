@@ -303,53 +303,85 @@ fn kernel_exits_note(debugfs: bool) -> Option<String> {
         .map(|why| format!("{why}; device cases read exitless's profile and QEMU's QMP"))
 }
 
+/// The files a run's devices use, in the comparison's folder (removed with it).
+struct DeviceFiles {
+    disk: PathBuf,
+    vsock: PathBuf,
+}
+
+impl DeviceFiles {
+    fn in_folder(workdir: &std::path::Path) -> Self {
+        DeviceFiles {
+            disk: workdir.join("disk.img"),
+            vsock: workdir.join("vsock.sock"),
+        }
+    }
+
+    /// A fresh 16 MiB raw image when `device` has a disk, and no socket left by the last run
+    /// (each VMM makes the socket it listens on and refuses one that is there).
+    fn prepare(&self, device: Option<Device>) -> Result<(), CompareError> {
+        if device.is_some_and(Device::has_disk) {
+            let image = std::fs::File::create(&self.disk).map_err(CompareError::Workdir)?;
+            image.set_len(16 << 20).map_err(CompareError::Workdir)?;
+        }
+        match std::fs::remove_file(&self.vsock) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CompareError::Workdir(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// What `vmm` boots for `case`.
+    fn launch<'a>(
+        &'a self,
+        plan: &'a Plan,
+        (vmm, case): (&Vmm, &str),
+        cmdline: &'a str,
+        exits: &'a ExitsSource,
+    ) -> Launch<'a> {
+        let has = |f: fn(Device) -> bool| peer::guest_case(case).2.is_some_and(f);
+        Launch {
+            guest: &plan.guest,
+            cmdline,
+            memory_mib: plan.memory_mib,
+            workdir: &plan.workdir,
+            disk: has(Device::has_disk).then_some(self.disk.as_path()),
+            tap: has(Device::has_tap).then_some(TAP),
+            vsock: (has(Device::has_vsock) && vmm.left_out(case).is_none())
+                .then_some(self.vsock.as_path()),
+            exits,
+        }
+    }
+}
+
+/// Where a run's KVM exit count comes from. A VMM's own channel may cost it time per exit
+/// (exitless's profile) and memory: driven device cases only.
+fn exits_source(setting: &Setting, vmm: &Vmm, device: Option<Device>) -> ExitsSource {
+    match (setting.debugfs, device) {
+        (true, _) => ExitsSource::Debugfs,
+        (false, Some(d)) if d.driven() => ExitsSource::own_channel(vmm.kind, &setting.plan.workdir),
+        (false, _) => ExitsSource::Unavailable("KVM's debugfs statistics cannot be read"),
+    }
+}
+
 fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareError> {
     let plan = setting.plan;
     let (guest_case, qd, device) = peer::guest_case(case);
-    let disk = plan.workdir.join("disk.img");
-    let vsock = plan.workdir.join("vsock.sock");
-    let has = |f: fn(Device) -> bool| device.is_some_and(f);
-    // A VMM's own channel may cost it time per exit (exitless's profile) and memory: driven
-    // device cases only.
-    let exits = match (setting.debugfs, device) {
-        (true, _) => ExitsSource::Debugfs,
-        (false, Some(d)) if d.driven() => ExitsSource::own_channel(vmm.kind, &plan.workdir),
-        (false, _) => ExitsSource::Unavailable("KVM's debugfs statistics cannot be read"),
-    };
+    let files = DeviceFiles::in_folder(&plan.workdir);
+    let exits = exits_source(setting, vmm, device);
     let one = |iters: u64| -> Result<Run, CompareError> {
         // `hold`: the guest halts after its last line instead of ending the VM, so that
         // every VMM is still there to be measured (QEMU would exit at once).
         let queue = qd.map(|q| format!(" qd={q}")).unwrap_or_default();
         let cmdline = format!("case={guest_case} iters={iters}{queue} hold");
-        if has(Device::has_disk) {
-            let image = std::fs::File::create(&disk).map_err(CompareError::Workdir)?;
-            image.set_len(16 << 20).map_err(CompareError::Workdir)?;
-        }
-        // Each VMM makes the socket it listens on and refuses one that is there.
-        match std::fs::remove_file(&vsock) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(CompareError::Workdir(e))
-            }
-            _ => {}
-        }
-        let launch = Launch {
-            guest: &plan.guest,
-            cmdline: &cmdline,
-            memory_mib: plan.memory_mib,
-            workdir: &plan.workdir,
-            disk: has(Device::has_disk).then_some(disk.as_path()),
-            tap: has(Device::has_tap).then_some(TAP),
-            vsock: (has(Device::has_vsock) && vmm.left_out(case).is_none())
-                .then_some(vsock.as_path()),
-            exits: &exits,
-        };
+        files.prepare(device)?;
+        let launch = files.launch(plan, (vmm, case), &cmdline, &exits);
         let mut traced = Err("not traced".to_string());
         let mut kvm_exits = Err("not read".to_string());
         let mut first_line_tsc = 0;
         if let Some(t) = setting.tracer {
             t.clear();
         }
-        let net = setting.net.filter(|_| has(Device::has_tap));
+        let net = setting.net.filter(|_| device.is_some_and(Device::has_tap));
         let sample = process::run(
             vmm.command(&launch)?,
             net,
