@@ -224,14 +224,12 @@ pub fn run(
     if let Err(why) = &tracer {
         progress(&format!("turnaround per exit not measured: {why}"));
     }
+    drop_page_caches(plan, &mut progress);
     let net = net_for(plan);
-    let mut not_run = Vec::new();
-    if let Some(Err(why)) = &net {
-        for case in plan.cases.iter().filter(|c| needs_tap(c)) {
-            progress(&format!("{case} not run: {why}"));
-            not_run.push(format!("{case}: {why}"));
-        }
-    }
+    let not_run = tap_cases_not_run(plan, &net);
+    not_run
+        .iter()
+        .for_each(|why| progress(&format!("not run: {why}")));
     let setting = Setting {
         plan,
         counts,
@@ -282,6 +280,31 @@ pub fn run(
     report.not_run = not_run;
     report.kernel_exits_note = kernel_exits_note(debugfs);
     Ok(report)
+}
+
+/// Each VMM binary's page cache dropped, to be faulted in from disk (see
+/// [`process::drop_page_cache`]); one that cannot be is said and measured as found.
+fn drop_page_caches(plan: &Plan, progress: &mut impl FnMut(&str)) {
+    for vmm in &plan.vmms {
+        if let Err(e) = process::drop_page_cache(&vmm.path) {
+            let name = vmm.kind.name();
+            progress(&format!(
+                "{name}: page cache as found (cannot drop it: {e})"
+            ));
+        }
+    }
+}
+
+/// The cases with a tap, each with why it is not run, when no tap could be made.
+fn tap_cases_not_run(plan: &Plan, net: &Option<Result<PrivateNet, String>>) -> Vec<String> {
+    let Some(Err(why)) = net else {
+        return Vec::new();
+    };
+    plan.cases
+        .iter()
+        .filter(|c| needs_tap(c))
+        .map(|case| format!("{case}: {why}"))
+        .collect()
 }
 
 fn needs_tap(case: &str) -> bool {

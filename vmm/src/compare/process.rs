@@ -89,6 +89,24 @@ pub fn run(
     })
 }
 
+/// Drops `program`'s page cache (written back first), so that its first run faults its text
+/// in from disk, as after a reboot. How a file's cache was filled shapes the text a process
+/// maps: a binary just copied by `cp` mapped ~130 kB more of its text per VM (peak RSS) than
+/// the same bytes faulted in from disk (and ~60 kB more when read through `read`), and text
+/// whose cache is still dirty counts as private dirty. Done once per VMM before the first
+/// round: that round's first line includes reading the binary.
+pub fn drop_page_cache(program: &std::path::Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(program)?;
+    file.sync_data()?;
+    // SAFETY: advice on a file descriptor this function owns; no memory is involved.
+    let advised = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    match advised {
+        0 => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
+}
+
 /// Reads a child's stderr to its end on a thread of its own; gives its last non-empty line.
 fn last_line_of(
     stderr: Option<std::process::ChildStderr>,
@@ -313,6 +331,21 @@ mod tests {
         );
         assert!(s.threads_cpu_ns > 0, "schedstat read");
         assert!(s.threads_cpu_at_first_line_ns <= s.threads_cpu_ns);
+    }
+
+    #[test]
+    fn a_program_s_page_cache_is_dropped_and_its_bytes_stay() {
+        let path = std::env::temp_dir().join(format!("exitless-cache-{}", std::process::id()));
+        std::fs::write(&path, vec![7u8; 300 << 10]).unwrap();
+        let dropped = drop_page_cache(&path);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        dropped.unwrap();
+        assert!(bytes.len() == 300 << 10 && bytes.iter().all(|b| *b == 7));
+        assert!(
+            drop_page_cache(&path).is_err(),
+            "a missing program is an error"
+        );
     }
 
     #[test]
