@@ -36,7 +36,11 @@ const SHARED_CASES: &[&str] = &[
 (N/5 and N), so that start-up cancels out of the per-iteration figures. Rounds interleave the \
 VMMs; each figure is min/median/max over the rounds, with the median wall time per iteration \
 as a ratio to exitless's. A peer that is missing or cannot boot the guest is reported in one \
-line and the others go on. Every VMM is killed once its guest printed its last line; its memory is sampled just before: peak RSS (VmHWM) and private dirty memory (Private_Dirty summed over /proc/PID/smaps), in kB. For the VMMs' memory with devices attached, add the pio_out_devices case."
+line and the others go on. Every VMM is killed once its guest printed its last line; its \
+memory is sampled just before: peak RSS (VmHWM) and private dirty memory (Private_Dirty summed \
+over /proc/PID/smaps), in kB. Each VMM binary's page cache is written back and dropped before \
+the first round, so that its text faults in from disk as after a reboot, whatever wrote the \
+file last. For the VMMs' memory with devices attached, add the pio_out_devices case."
 )]
 pub struct CompareArgs {
     /// The exitless binary to measure, e.g. the VMM-only build that production runs
@@ -59,8 +63,8 @@ pub struct CompareArgs {
     /// virtio_net_qd1, virtio_net_qd32: 64-byte frames sent to each VMM's virtio-net-pci on a
     /// tap in a network namespace of the comparison's own, needs root; pio_out_devices:
     /// pio_out with a 16 MiB raw disk, a virtio-net on that tap and vsock (cid 3) attached to
-    /// every VMM but not driven, for memory and start-up with devices, needs root; QEMU's
-    /// vsock is left out: vhost-vsock)
+    /// every VMM but not driven, for memory and start-up with devices, needs root; QEMU
+    /// gets no vsock: its vhost-vsock-pci needs /dev/vhost-vsock)
     #[arg(
         long,
         value_delimiter = ',',
