@@ -26,6 +26,7 @@ const SHARED_CASES: &[&str] = &[
     "virtio_blk_qd32",
     "virtio_net_qd1",
     "virtio_net_qd32",
+    "pio_out_devices",
 ];
 
 #[derive(Args)]
@@ -35,7 +36,11 @@ const SHARED_CASES: &[&str] = &[
 (N/5 and N), so that start-up cancels out of the per-iteration figures. Rounds interleave the \
 VMMs; each figure is min/median/max over the rounds, with the median wall time per iteration \
 as a ratio to exitless's. A peer that is missing or cannot boot the guest is reported in one \
-line and the others go on. Every VMM is killed once its guest printed its last line."
+line and the others go on. Every VMM is killed once its guest printed its last line; its \
+memory is sampled just before: peak RSS (VmHWM) and private dirty memory (Private_Dirty summed \
+over /proc/PID/smaps), in kB. Each VMM binary's page cache is written back and dropped before \
+the first round, so that its text faults in from disk as after a reboot, whatever wrote the \
+file last. For the VMMs' memory with devices attached, add the pio_out_devices case."
 )]
 pub struct CompareArgs {
     /// The exitless binary to measure, e.g. the VMM-only build that production runs
@@ -56,7 +61,10 @@ pub struct CompareArgs {
     /// cpuid, msr_read, msr_write; virtio_blk_qd1, virtio_blk_qd32: 4 KiB random requests
     /// at queue depth 1 or 32 to each VMM's virtio-blk-pci, a 16 MiB raw image;
     /// virtio_net_qd1, virtio_net_qd32: 64-byte frames sent to each VMM's virtio-net-pci on a
-    /// tap in a network namespace of the comparison's own, needs root)
+    /// tap in a network namespace of the comparison's own, needs root; pio_out_devices:
+    /// pio_out with a 16 MiB raw disk, a virtio-net on that tap and vsock (cid 3) attached to
+    /// every VMM but not driven, for memory and start-up with devices, needs root; QEMU
+    /// gets no vsock: its vhost-vsock-pci needs /dev/vhost-vsock)
     #[arg(
         long,
         value_delimiter = ',',
@@ -239,22 +247,9 @@ fn print_table(report: &CompareReport) {
         "{} rounds, {small} and {large} iterations, {} MiB, 1 vCPU: median (min-max)",
         report.rounds, report.memory_mib
     );
-    if report.turnaround != "measured" {
-        println!("turnaround per exit: not measured ({})", report.turnaround);
-    }
-    for why in &report.not_run {
-        println!("not run: {why}");
-    }
-    for v in report.vmms.iter().filter(|v| v.failed.is_some()) {
-        println!("{}: left out: {}", v.vmm, v.failed.as_deref().unwrap_or(""));
-    }
-    for v in &report.vmms {
-        for why in &v.not_run {
-            println!("{}: not run: {why}", v.vmm);
-        }
-    }
+    print_left_out(report);
     println!(
-        "{:<13} {:<17} {:>18} {:>18} {:>12} {:>20} {:>12} {:>10} {:>10} {:>7} {:>24}",
+        "{:<15} {:<17} {:>18} {:>18} {:>12} {:>20} {:>12} {:>11} {:>13} {:>10} {:>7} {:>24}",
         "case",
         "vmm",
         "first line ms",
@@ -262,8 +257,9 @@ fn print_table(report: &CompareReport) {
         "cycles/iter",
         "wall us/iter",
         "cpu us/iter",
-        "peak RSS",
-        "beyond",
+        "peak RSS kB",
+        "priv dirty kB",
+        "beyond kB",
         "ratio",
         "turnaround ns min/p50/p99"
     );
@@ -281,7 +277,7 @@ fn print_table(report: &CompareReport) {
                 .wall_ratio_to_exitless
                 .map_or("-".into(), |r| format!("{r:.2}x"));
             println!(
-                "{:<13} {:<17} {:>18} {:>18} {:>12.0} {:>20} {:>12.1} {:>8.1}M {:>8.1}M {:>7} {:>24}",
+                "{:<15} {:<17} {:>18} {:>18} {:>12.0} {:>20} {:>12.1} {:>11.0} {:>13.0} {:>10.0} {:>7} {:>24}",
                 case,
                 v.vmm,
                 spread(&c.first_line_ms, 1),
@@ -289,8 +285,9 @@ fn print_table(report: &CompareReport) {
                 c.guest_cycles_per_iter.median,
                 spread(&c.wall_per_iter_us, 2),
                 c.cpu_per_iter_us.median,
-                c.peak_rss_kib.median / 1024.0,
-                c.rss_beyond_guest_kib.median / 1024.0,
+                c.peak_rss_kib.median,
+                c.private_dirty_kib.median,
+                c.rss_beyond_guest_kib.median,
                 ratio,
                 c.turnaround_ns.map_or("-".into(), |t| format!(
                     "{:.0}/{:.0}/{:.0}",
@@ -311,12 +308,33 @@ fn print_table(report: &CompareReport) {
     }
 }
 
+/// What was not measured, or not as asked: one line each.
+fn print_left_out(report: &CompareReport) {
+    if report.turnaround != "measured" {
+        println!("turnaround per exit: not measured ({})", report.turnaround);
+    }
+    for why in &report.not_run {
+        println!("not run: {why}");
+    }
+    for v in report.vmms.iter().filter(|v| v.failed.is_some()) {
+        println!("{}: left out: {}", v.vmm, v.failed.as_deref().unwrap_or(""));
+    }
+    for v in &report.vmms {
+        for why in &v.not_run {
+            println!("{}: not run: {why}", v.vmm);
+        }
+        for why in &v.left_out {
+            println!("{}: {why}", v.vmm);
+        }
+    }
+}
+
 /// Per request of the device cases: rate, exits, and the CPU all of a VMM's threads used.
 fn print_device_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
     let device_cases: Vec<&str> = cases
         .iter()
         .map(|c| c.case.as_str())
-        .filter(|c| compare::peer::guest_case(c).2.is_some())
+        .filter(|c| compare::peer::guest_case(c).2.is_some_and(|d| d.driven()))
         .collect();
     if device_cases.is_empty() {
         return;

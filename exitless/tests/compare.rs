@@ -236,3 +236,83 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
         "progress on stderr: {err}"
     );
 }
+
+/// Why the devices case cannot run here (said as a skip), if it cannot.
+fn devices_case_missing() -> Option<&'static str> {
+    // SAFETY: geteuid reads the caller's id; no memory is involved.
+    let root = unsafe { libc::geteuid() } == 0;
+    if std::fs::metadata("/dev/kvm").is_err() {
+        Some("/dev/kvm is missing on this host")
+    } else if !root {
+        Some("the devices case's tap in a network namespace needs root")
+    } else if !Path::new("/dev/net/tun").exists() {
+        Some("/dev/net/tun is missing on this host")
+    } else if Vmm::on_path(VmmKind::Firecracker).is_none() {
+        Some("firecracker is not on PATH (../shared/peers.md says how to build it)")
+    } else {
+        None
+    }
+}
+
+#[test]
+fn the_devices_case_runs_exitless_and_firecracker_and_gives_private_dirty_memory() {
+    if let Some(why) = devices_case_missing() {
+        vmm::test_skip::skip("compare_devices", why);
+        return;
+    }
+    let json =
+        std::env::temp_dir().join(format!("exitless-compare-dev-{}.json", std::process::id()));
+    // Only Firecracker beside exitless: the others are named as programs that cannot boot
+    // anything, so they are left out after one attempt.
+    let o = compare(&[
+        "--qemu",
+        "/bin/false",
+        "--cloud-hypervisor",
+        "/bin/false",
+        "--cases",
+        "pio_out,pio_out_devices",
+        "--iterations",
+        "50",
+        "--rounds",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).ok();
+    assert_eq!(report["not_run"], serde_json::json!([]), "{report:#}");
+    for name in ["exitless", "firecracker"] {
+        let vmm = report["vmms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["vmm"] == name)
+            .unwrap_or_else(|| panic!("{name} in {report:#}"));
+        assert!(vmm["failed"].is_null(), "{vmm}");
+        assert_eq!(vmm["left_out"], serde_json::json!([]), "{vmm}");
+        let cases = vmm["cases"].as_array().unwrap();
+        let names: Vec<&str> = cases.iter().filter_map(|c| c["case"].as_str()).collect();
+        assert_eq!(names, ["pio_out", "pio_out_devices"], "{vmm}");
+        for c in cases {
+            let peak = c["peak_rss_kib"]["median"].as_f64().unwrap();
+            let dirty = c["private_dirty_kib"]["median"].as_f64().unwrap();
+            assert!(0.0 < dirty && dirty <= peak, "{name}: {c}");
+            assert!(c["first_line_ms"]["median"].as_f64() > Some(0.0), "{c}");
+        }
+    }
+    assert!(out.contains("priv dirty kB"), "{out}");
+    assert!(
+        !out.contains("requests/s"),
+        "attached devices are not driven: {out}"
+    );
+    assert!(
+        !err.contains("firecracker: pio_out"),
+        "firecracker is not left out: {err}"
+    );
+}

@@ -20,7 +20,8 @@ use peer::{Device, Launch, Vmm, VmmKind};
 use process::{Moment, RunSample};
 use turnaround::{Traced, Tracer};
 
-/// The tap net cases attach, in a network namespace of the comparison's own.
+/// The tap net cases (and `*_devices` cases) attach, in a network namespace of the
+/// comparison's own.
 const TAP: &str = "exlcmp0";
 
 #[derive(Debug, Error)]
@@ -112,6 +113,8 @@ pub struct CaseFigures {
     /// Of the process's CPU, what the kernel counted as guest time, per iteration.
     pub guest_cpu_per_iter_us: Spread,
     pub peak_rss_kib: Spread,
+    /// Private dirty memory (`Private_Dirty:` summed over smaps), sampled with peak RSS.
+    pub private_dirty_kib: Spread,
     pub rss_beyond_guest_kib: Spread,
     /// This VMM's median wall time per iteration over exitless's, same sitting.
     pub wall_ratio_to_exitless: Option<f64>,
@@ -150,6 +153,8 @@ pub struct VmmReport {
     pub failed: Option<String>,
     /// Cases this VMM cannot run, each with why.
     pub not_run: Vec<String>,
+    /// Devices this VMM runs a case without: "CASE without DEVICE: why".
+    pub left_out: Vec<String>,
     pub cases: Vec<CaseFigures>,
 }
 
@@ -166,7 +171,7 @@ pub struct CompareReport {
     pub tsc_khz: u64,
     /// Why the in-kernel exit column is empty, if it is.
     pub kernel_exits_note: Option<String>,
-    /// Device cases not run for any VMM, each with why (e.g. no tap can be made).
+    /// Cases not run for any VMM, each with why (e.g. no tap can be made).
     pub not_run: Vec<String>,
     pub vmms: Vec<VmmReport>,
 }
@@ -219,12 +224,12 @@ pub fn run(
     if let Err(why) = &tracer {
         progress(&format!("turnaround per exit not measured: {why}"));
     }
+    drop_page_caches(plan, &mut progress);
     let net = net_for(plan);
-    let mut not_run = Vec::new();
-    if let Some(Err(why)) = &net {
-        progress(&format!("net cases not run: {why}"));
-        not_run.push(format!("virtio_net: {why}"));
-    }
+    let not_run = tap_cases_not_run(plan, &net);
+    not_run
+        .iter()
+        .for_each(|why| progress(&format!("not run: {why}")));
     let setting = Setting {
         plan,
         counts,
@@ -234,8 +239,7 @@ pub fn run(
     };
     for round in 1..=plan.rounds {
         for (c, case) in plan.cases.iter().enumerate() {
-            let device = peer::guest_case(case).2;
-            if device == Some(Device::Net) && setting.net.is_none() {
+            if needs_tap(case) && setting.net.is_none() {
                 continue;
             }
             for (v, vmm) in plan.vmms.iter().enumerate() {
@@ -278,13 +282,38 @@ pub fn run(
     Ok(report)
 }
 
-/// The tap's namespace when the plan has net cases: made, or why not.
-fn net_for(plan: &Plan) -> Option<Result<PrivateNet, String>> {
-    let wants_net = plan
-        .cases
+/// Each VMM binary's page cache dropped, to be faulted in from disk (see
+/// [`process::drop_page_cache`]); one that cannot be is said and measured as found.
+fn drop_page_caches(plan: &Plan, progress: &mut impl FnMut(&str)) {
+    for vmm in &plan.vmms {
+        if let Err(e) = process::drop_page_cache(&vmm.path) {
+            let name = vmm.kind.name();
+            progress(&format!(
+                "{name}: page cache as found (cannot drop it: {e})"
+            ));
+        }
+    }
+}
+
+/// The cases with a tap, each with why it is not run, when no tap could be made.
+fn tap_cases_not_run(plan: &Plan, net: &Option<Result<PrivateNet, String>>) -> Vec<String> {
+    let Some(Err(why)) = net else {
+        return Vec::new();
+    };
+    plan.cases
         .iter()
-        .any(|c| peer::guest_case(c).2 == Some(Device::Net));
-    wants_net.then(tap_net)
+        .filter(|c| needs_tap(c))
+        .map(|case| format!("{case}: {why}"))
+        .collect()
+}
+
+fn needs_tap(case: &str) -> bool {
+    peer::guest_case(case).2.is_some_and(Device::has_tap)
+}
+
+/// The tap's namespace when the plan has cases with a tap: made, or why not.
+fn net_for(plan: &Plan) -> Option<Result<PrivateNet, String>> {
+    plan.cases.iter().any(|c| needs_tap(c)).then(tap_net)
 }
 
 /// What the report says of the in-kernel exit column when debugfs cannot be read.
@@ -297,41 +326,85 @@ fn kernel_exits_note(debugfs: bool) -> Option<String> {
         .map(|why| format!("{why}; device cases read exitless's profile and QEMU's QMP"))
 }
 
+/// The files a run's devices use, in the comparison's folder (removed with it).
+struct DeviceFiles {
+    disk: PathBuf,
+    vsock: PathBuf,
+}
+
+impl DeviceFiles {
+    fn in_folder(workdir: &std::path::Path) -> Self {
+        DeviceFiles {
+            disk: workdir.join("disk.img"),
+            vsock: workdir.join("vsock.sock"),
+        }
+    }
+
+    /// A fresh 16 MiB raw image when `device` has a disk, and no socket left by the last run
+    /// (each VMM makes the socket it listens on and refuses one that is there).
+    fn prepare(&self, device: Option<Device>) -> Result<(), CompareError> {
+        if device.is_some_and(Device::has_disk) {
+            let image = std::fs::File::create(&self.disk).map_err(CompareError::Workdir)?;
+            image.set_len(16 << 20).map_err(CompareError::Workdir)?;
+        }
+        match std::fs::remove_file(&self.vsock) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CompareError::Workdir(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// What `vmm` boots for `case`.
+    fn launch<'a>(
+        &'a self,
+        plan: &'a Plan,
+        (vmm, case): (&Vmm, &str),
+        cmdline: &'a str,
+        exits: &'a ExitsSource,
+    ) -> Launch<'a> {
+        let has = |f: fn(Device) -> bool| peer::guest_case(case).2.is_some_and(f);
+        Launch {
+            guest: &plan.guest,
+            cmdline,
+            memory_mib: plan.memory_mib,
+            workdir: &plan.workdir,
+            disk: has(Device::has_disk).then_some(self.disk.as_path()),
+            tap: has(Device::has_tap).then_some(TAP),
+            vsock: (has(Device::has_vsock) && vmm.left_out(case).is_none())
+                .then_some(self.vsock.as_path()),
+            exits,
+        }
+    }
+}
+
+/// Where a run's KVM exit count comes from. A VMM's own channel may cost it time per exit
+/// (exitless's profile) and memory: driven device cases only.
+fn exits_source(setting: &Setting, vmm: &Vmm, device: Option<Device>) -> ExitsSource {
+    match (setting.debugfs, device) {
+        (true, _) => ExitsSource::Debugfs,
+        (false, Some(d)) if d.driven() => ExitsSource::own_channel(vmm.kind, &setting.plan.workdir),
+        (false, _) => ExitsSource::Unavailable("KVM's debugfs statistics cannot be read"),
+    }
+}
+
 fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareError> {
     let plan = setting.plan;
     let (guest_case, qd, device) = peer::guest_case(case);
-    let disk = plan.workdir.join("disk.img");
-    // A VMM's own channel may cost it time per exit (exitless's profile): device cases only.
-    let exits = match (setting.debugfs, device) {
-        (true, _) => ExitsSource::Debugfs,
-        (false, Some(_)) => ExitsSource::own_channel(vmm.kind, &plan.workdir),
-        (false, None) => ExitsSource::Unavailable("KVM's debugfs statistics cannot be read"),
-    };
+    let files = DeviceFiles::in_folder(&plan.workdir);
+    let exits = exits_source(setting, vmm, device);
     let one = |iters: u64| -> Result<Run, CompareError> {
         // `hold`: the guest halts after its last line instead of ending the VM, so that
         // every VMM is still there to be measured (QEMU would exit at once).
         let queue = qd.map(|q| format!(" qd={q}")).unwrap_or_default();
         let cmdline = format!("case={guest_case} iters={iters}{queue} hold");
-        if device == Some(Device::Disk) {
-            let image = std::fs::File::create(&disk).map_err(CompareError::Workdir)?;
-            image.set_len(16 << 20).map_err(CompareError::Workdir)?;
-        }
-        let launch = Launch {
-            guest: &plan.guest,
-            cmdline: &cmdline,
-            memory_mib: plan.memory_mib,
-            workdir: &plan.workdir,
-            disk: (device == Some(Device::Disk)).then_some(disk.as_path()),
-            tap: (device == Some(Device::Net)).then_some(TAP),
-            exits: &exits,
-        };
+        files.prepare(device)?;
+        let launch = files.launch(plan, (vmm, case), &cmdline, &exits);
         let mut traced = Err("not traced".to_string());
         let mut kvm_exits = Err("not read".to_string());
         let mut first_line_tsc = 0;
         if let Some(t) = setting.tracer {
             t.clear();
         }
-        let net = setting.net.filter(|_| device == Some(Device::Net));
+        let net = setting.net.filter(|_| device.is_some_and(Device::has_tap));
         let sample = process::run(
             vmm.command(&launch)?,
             net,
@@ -379,6 +452,11 @@ fn report(
                 .cases
                 .iter()
                 .filter_map(|c| vmm.cannot_run(c).map(|why| format!("{c}: {why}")))
+                .collect(),
+            left_out: plan
+                .cases
+                .iter()
+                .filter_map(|c| vmm.left_out(c).map(|why| format!("{c} without {why}")))
                 .collect(),
             cases: plan
                 .cases
@@ -478,6 +556,7 @@ fn figures(case: &str, pairs: &[Pair], extra: f64, tsc_khz: u64) -> CaseFigures 
         cpu_per_iter_us: over(&|a, b| (cpu(b) - cpu(a)) * 1e3 / extra),
         guest_cpu_per_iter_us: over(&|a, b| (b.cpu.guest_ms - a.cpu.guest_ms) * 1e3 / extra),
         peak_rss_kib: over(&|_, b| b.peak_rss_kib as f64),
+        private_dirty_kib: over(&|_, b| b.private_dirty_kib as f64),
         rss_beyond_guest_kib: over(&|_, b| b.rss_beyond_guest_kib as f64),
         wall_ratio_to_exitless: None,
         iters_per_s: over(&|_, b| hz * b.result.iters as f64 / b.result.cycles.max(1) as f64),

@@ -66,15 +66,43 @@ pub struct Launch<'a> {
     pub disk: Option<&'a Path>,
     /// A tap (made beforehand, up) attached as the VMM's virtio-net-pci device (net cases).
     pub tap: Option<&'a str>,
+    /// A vsock device (guest context id 3) joined to a Unix socket at this path, which must
+    /// not exist yet; QEMU leaves it out (see [`Vmm::left_out`]).
+    pub vsock: Option<&'a Path>,
     /// Where KVM's exit count is read (a VMM's own channel is switched on for it).
     pub exits: &'a ExitsSource,
 }
 
-/// The device a compare case drives through the guest's own virtio-pci driver.
+/// The devices a compare case attaches to every VMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
+    /// A disk the guest's virtio-pci driver drives.
     Disk,
+    /// A tap the guest's virtio-pci driver drives.
     Net,
+    /// A disk, a tap and vsock, attached but not driven (the guest runs a loop case): what
+    /// devices cost a VMM in memory and start-up.
+    Attached,
+}
+
+impl Device {
+    pub fn has_disk(self) -> bool {
+        matches!(self, Device::Disk | Device::Attached)
+    }
+
+    /// Whether the case needs the comparison's tap (and so root).
+    pub fn has_tap(self) -> bool {
+        matches!(self, Device::Net | Device::Attached)
+    }
+
+    pub fn has_vsock(self) -> bool {
+        self == Device::Attached
+    }
+
+    /// Whether the guest drives the device (its figures are per request).
+    pub fn driven(self) -> bool {
+        self != Device::Attached
+    }
 }
 
 /// Compare cases that drive a device: the guest case at a queue depth.
@@ -85,13 +113,20 @@ pub const DEVICE_CASES: &[&str] = &[
     "virtio_net_qd32",
 ];
 
+/// A compare case name ending in this runs its guest case with [`Device::Attached`].
+const ATTACHED_SUFFIX: &str = "_devices";
+
 fn peer_device(case: &str) -> Option<Device> {
     guest_case(case).2
 }
 
 /// A compare case's guest case, queue depth (device cases) and device:
-/// `virtio_blk_qd32` is the guest's `virtio_blk` at `qd=32` on a disk.
+/// `virtio_blk_qd32` is the guest's `virtio_blk` at `qd=32` on a disk; `pio_out_devices` is
+/// the guest's `pio_out` with a disk, a tap and vsock attached.
 pub fn guest_case(case: &str) -> (&str, Option<u32>, Option<Device>) {
+    if let Some(name) = case.strip_suffix(ATTACHED_SUFFIX) {
+        return (name, None, Some(Device::Attached));
+    }
     let (name, qd) = match case.rsplit_once("_qd") {
         Some((name, qd)) if qd.parse::<u32>().is_ok() => (name, qd.parse().ok()),
         _ => (case, None),
@@ -132,6 +167,8 @@ impl Vmm {
     pub fn cannot_run(&self, case: &str) -> Option<&'static str> {
         let device = peer_device(case)?;
         match (self.kind, device) {
+            // Attached devices are not driven: transport and BARs do not matter.
+            (_, Device::Attached) => None,
             (VmmKind::Firecracker, _) => Some(
                 "its devices are virtio-mmio by default, and with --enable-pci its BARs cannot \
                  be moved (no BAR relocation: src/vmm/src/pci/configuration.rs) while the bench \
@@ -146,6 +183,15 @@ impl Vmm {
         }
     }
 
+    /// What this VMM runs `case` without, and why (the case runs all the same).
+    pub fn left_out(&self, case: &str) -> Option<&'static str> {
+        let device = peer_device(case)?;
+        (self.kind == VmmKind::Qemu && device.has_vsock()).then_some(
+            "vsock: QEMU's is vhost-vsock-pci, which needs the host kernel's vhost_vsock \
+             (/dev/vhost-vsock)",
+        )
+    }
+
     /// The command that boots `launch` with 1 vCPU, console on stdout.
     pub fn command(&self, launch: &Launch) -> Result<Command, CompareError> {
         let mut cmd = Command::new(&self.path);
@@ -158,6 +204,9 @@ impl Vmm {
         Ok(cmd)
     }
 }
+
+/// The guest context id of every VMM's vsock device.
+const VSOCK_CID: u32 = 3;
 
 fn exitless_args(cmd: &mut Command, launch: &Launch) {
     cmd.arg("run")
@@ -175,6 +224,10 @@ fn exitless_args(cmd: &mut Command, launch: &Launch) {
     }
     if let Some(tap) = launch.tap {
         cmd.arg("--net").arg(format!("tap={tap}"));
+    }
+    if let Some(socket) = launch.vsock {
+        cmd.arg("--vsock")
+            .arg(format!("cid={VSOCK_CID},socket={}", socket.display()));
     }
     if let ExitsSource::ExitlessProfile(path) = launch.exits {
         cmd.arg("--profile-json").arg(path);
@@ -217,7 +270,7 @@ fn qemu_args(cmd: &mut Command, launch: &Launch) {
 
 fn firecracker_args(cmd: &mut Command, launch: &Launch) -> Result<(), CompareError> {
     let config = launch.workdir.join("firecracker.json");
-    let json = serde_json::json!({
+    let mut json = serde_json::json!({
         "boot-source": {
             "kernel_image_path": launch.guest,
             "boot_args": launch.cmdline,
@@ -225,6 +278,20 @@ fn firecracker_args(cmd: &mut Command, launch: &Launch) -> Result<(), CompareErr
         "machine-config": {"vcpu_count": 1, "mem_size_mib": launch.memory_mib},
         "drives": [],
     });
+    if let Some(disk) = launch.disk {
+        json["drives"] = serde_json::json!([{
+            "drive_id": "disk",
+            "path_on_host": disk,
+            "is_root_device": false,
+            "is_read_only": false,
+        }]);
+    }
+    if let Some(tap) = launch.tap {
+        json["network-interfaces"] = serde_json::json!([{"iface_id": "net", "host_dev_name": tap}]);
+    }
+    if let Some(socket) = launch.vsock {
+        json["vsock"] = serde_json::json!({"guest_cid": VSOCK_CID, "uds_path": socket});
+    }
     std::fs::write(&config, json.to_string()).map_err(CompareError::Workdir)?;
     cmd.args(["--no-api", "--level", "Error", "--config-file"])
         .arg(config);
@@ -243,6 +310,10 @@ fn cloud_hypervisor_args(cmd: &mut Command, launch: &Launch) {
     }
     if let Some(tap) = launch.tap {
         cmd.arg("--net").arg(format!("tap={tap}"));
+    }
+    if let Some(socket) = launch.vsock {
+        cmd.arg("--vsock")
+            .arg(format!("cid={VSOCK_CID},socket={}", socket.display()));
     }
 }
 
@@ -272,6 +343,7 @@ mod tests {
             workdir: &dir,
             disk: None,
             tap: None,
+            vsock: None,
             exits: &ExitsSource::Debugfs,
         };
         let cmd = |kind| {
@@ -308,6 +380,7 @@ mod tests {
             workdir: &dir,
             disk: Some(Path::new("/d.img")),
             tap: Some("exlcmp0"),
+            vsock: None,
             exits: &ExitsSource::Qmp(PathBuf::from("/q.sock")),
         };
         let line = |kind| {
@@ -359,6 +432,10 @@ mod tests {
             ("virtio_net", Some(1), Some(Device::Net))
         );
         assert_eq!(guest_case("pio_out"), ("pio_out", None, None));
+        assert_eq!(
+            guest_case("pio_out_devices"),
+            ("pio_out", None, Some(Device::Attached))
+        );
         assert_eq!(guest_case("x_qdz"), ("x_qdz", None, None));
     }
 
@@ -371,5 +448,56 @@ mod tests {
         assert!(err.to_string().contains("not an executable"), "{err}");
         assert!(Vmm::named(VmmKind::Qemu, Path::new("/nonexistent/qemu")).is_err());
         assert!(Vmm::named(VmmKind::Qemu, Path::new("/bin/true")).is_ok());
+    }
+
+    #[test]
+    fn attached_devices_give_every_vmm_a_disk_a_tap_and_vsock_but_qemu_no_vsock() {
+        let dir = std::env::temp_dir().join(format!("exitless-attached-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let launch = Launch {
+            guest: Path::new("/g.elf"),
+            cmdline: "case=pio_out",
+            memory_mib: 512,
+            workdir: &dir,
+            disk: Some(Path::new("/d.img")),
+            tap: Some("exlcmp0"),
+            vsock: Some(Path::new("/v.sock")),
+            exits: &ExitsSource::Debugfs,
+        };
+        let vmm = |kind| Vmm {
+            kind,
+            path: PathBuf::from("/bin/true"),
+        };
+        let line = |kind| args(&vmm(kind).command(&launch).unwrap()).join(" ");
+        for kind in [VmmKind::Exitless, VmmKind::CloudHypervisor] {
+            let l = line(kind);
+            assert!(l.contains("--vsock cid=3,socket=/v.sock"), "{l}");
+            assert!(l.contains("--net tap=exlcmp0") && l.contains("--disk path=/d.img"));
+        }
+        let qemu = line(VmmKind::Qemu);
+        assert!(
+            !qemu.contains("vsock") && qemu.contains("ifname=exlcmp0"),
+            "{qemu}"
+        );
+        line(VmmKind::Firecracker);
+        let config = std::fs::read_to_string(dir.join("firecracker.json")).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+        assert_eq!(config["drives"][0]["path_on_host"], "/d.img", "{config}");
+        assert_eq!(config["drives"][0]["is_root_device"], false);
+        assert_eq!(config["network-interfaces"][0]["host_dev_name"], "exlcmp0");
+        assert_eq!(config["vsock"]["guest_cid"], 3);
+        assert_eq!(config["vsock"]["uds_path"], "/v.sock");
+        for kind in VmmKind::PEERS {
+            assert!(
+                vmm(kind).cannot_run("pio_out_devices").is_none(),
+                "{kind:?}"
+            );
+        }
+        assert!(vmm(VmmKind::Qemu).left_out("pio_out_devices").is_some());
+        assert!(vmm(VmmKind::Firecracker)
+            .left_out("pio_out_devices")
+            .is_none());
+        assert!(vmm(VmmKind::Qemu).left_out("virtio_blk_qd1").is_none());
     }
 }
