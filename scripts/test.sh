@@ -10,11 +10,6 @@ if ! command -v cc >/dev/null || ! command -v cargo >/dev/null; then
     exit 1
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
-# exitless builds for musl (.cargo/config.toml).
-if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
-    rustup target add x86_64-unknown-linux-musl \
-        || { echo "test.sh: cannot add the x86_64-unknown-linux-musl target (rustup target add)" >&2; exit 1; }
-fi
 # QEMU boots the exported bench guest in one test (skipped with a reason when it is absent).
 if ! command -v qemu-system-x86_64 >/dev/null && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     apt-get install -y -qq qemu-system-x86 >/dev/null 2>&1 \

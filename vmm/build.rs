@@ -51,9 +51,6 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR is set by cargo"));
     let mut build = cc::Build::new();
     build
-        // The guest is freestanding x86-64: the host's C compiler builds it whatever libc
-        // the VMM itself links (there is no x86_64-linux-musl-gcc to look for).
-        .target("x86_64-unknown-linux-gnu")
         .files(SOURCES)
         .include("guest")
         .pic(false)
