@@ -356,6 +356,9 @@ impl VmBuilder {
             built.vcpus.push(vcpu);
         }
         startup::mark(moment::VCPUS_CREATED);
+        if spec.max_cpus <= spec.cpus {
+            built.vm.supported_cpuid.forget();
+        }
         let mut template = template;
         if coalesced {
             template.coalesced_ring = share_coalesced_ring(&mut built.vcpus)?;
