@@ -197,6 +197,7 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
     if let Some(socket) = api_socket {
         return serve_api(&args, config, vm, socket, timeout, verbose);
     }
+    launch::release_unused_stack();
     let mut terminal = RawTerminal::enter();
     // From here the main thread only waits, reports and stops the VM.
     vmm::seccomp::apply(vmm::seccomp::ThreadKind::Main)?;

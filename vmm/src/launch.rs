@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 mod hotplug;
+mod start_up_memory;
 pub use hotplug::HotplugDevice;
+pub use start_up_memory::release_unused_stack;
 
 use crate::boot::BootError;
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VcpuTemplate, VmBuilder, VmSpec};
@@ -195,20 +197,8 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         attach_stdin(&launched.event_loop, launched.serial.clone());
     }
     attach_idle_flush(&launched.event_loop, &launched.serial);
-    release_freed_heap();
+    start_up_memory::release_freed_heap();
     Ok(launched)
-}
-
-/// Hands the heap memory start-up used and freed (the parsed command line, the kernel file,
-/// ACPI tables, CPUID lists) back to the host: heaps are never trimmed while the VM runs (see
-/// `seccomp`), so it would stay private dirty memory for the VM's whole life. Called before
-/// this thread's own seccomp filter; the threads whose filters are on do not take part.
-fn release_freed_heap() {
-    // SAFETY: malloc_trim only returns free pages of the allocator's heaps to the kernel.
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::malloc_trim(0)
-    };
 }
 
 /// The disks, the entropy source, the network cards and the socket device the config asks

@@ -239,6 +239,7 @@ impl Vmm {
             stdin_to_serial: false,
         };
         let vm = launch::launch(&slot.config, opts)?;
+        launch::release_unused_stack();
         slot.booted = Some(vm);
         slot.state = VmState::Running;
         slot.pending_removal.clear();
