@@ -66,6 +66,20 @@ fn compare(args: &[&str]) -> std::process::Output {
         .expect("exitless runs")
 }
 
+/// Runs compare with `args` (which name `json`), checks it succeeded, and returns the JSON
+/// report it wrote (the file removed) with its stdout and stderr.
+fn report_of(args: &[&str], json: &Path) -> (serde_json::Value, String, String) {
+    let o = compare(args);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let report = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    std::fs::remove_file(json).ok();
+    (report, out.into_owned(), err.into_owned())
+}
+
 /// Exit code 1 and one stderr line holding `needle`.
 fn refused(args: &[&str], needle: &str) {
     let o = compare(args);
@@ -139,15 +153,7 @@ fn exitless_and_qemu_give_figures_for_every_case_and_the_json_has_them() {
         );
     }
     let stale = stale_instance();
-    let o = compare(&args);
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
-    );
-    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    std::fs::remove_file(&json).ok();
+    let (report, out, err) = report_of(&args, &json);
     assert_eq!(report["schema"], "exitless.compare/2");
     assert_eq!(report["iterations"], serde_json::json!([40, 200]));
     let names: Vec<&str> = report["vmms"]
@@ -264,28 +270,23 @@ fn the_devices_case_runs_exitless_and_firecracker_and_gives_private_dirty_memory
         std::env::temp_dir().join(format!("exitless-compare-dev-{}.json", std::process::id()));
     // Only Firecracker beside exitless: the others are named as programs that cannot boot
     // anything, so they are left out after one attempt.
-    let o = compare(&[
-        "--qemu",
-        "/bin/false",
-        "--cloud-hypervisor",
-        "/bin/false",
-        "--cases",
-        "pio_out,pio_out_devices",
-        "--iterations",
-        "50",
-        "--rounds",
-        "1",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
+    let (report, out, err) = report_of(
+        &[
+            "--qemu",
+            "/bin/false",
+            "--cloud-hypervisor",
+            "/bin/false",
+            "--cases",
+            "pio_out,pio_out_devices",
+            "--iterations",
+            "50",
+            "--rounds",
+            "1",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &json,
     );
-    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    std::fs::remove_file(&json).ok();
     assert_eq!(report["not_run"], serde_json::json!([]), "{report:#}");
     for name in ["exitless", "firecracker"] {
         let vmm = report["vmms"]
