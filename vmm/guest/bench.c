@@ -16,15 +16,7 @@ struct hvm_start_info {
     u32 memmap_entries, reserved;
 };
 
-struct tss64 {
-    u32 reserved0;
-    u64 rsp[3];
-    u64 reserved1;
-    u64 ist[7];
-    u64 reserved2;
-    u16 reserved3, iomap_base;
-    u8 iomap[8192 + 1];
-} __attribute__((packed));
+TSS64_WITH_IO_BITMAP(tss64, 8192);
 
 struct idt_gate {
     u16 off_lo, sel;

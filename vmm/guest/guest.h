@@ -10,6 +10,19 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned char u8;
 
+/* A 64-bit TSS named `name` whose I/O permission bitmap covers the ports below
+ * 8 * `bitmap_bytes` (plus the all-ones byte the CPU may read past the bitmap's end). */
+#define TSS64_WITH_IO_BITMAP(name, bitmap_bytes)                                                 \
+    struct name {                                                                                \
+        u32 reserved0;                                                                           \
+        u64 rsp[3];                                                                              \
+        u64 reserved1;                                                                           \
+        u64 ist[7];                                                                              \
+        u64 reserved2;                                                                           \
+        u16 reserved3, iomap_base;                                                               \
+        u8 iomap[(bitmap_bytes) + 1];                                                            \
+    } __attribute__((packed))
+
 static inline void outb(u16 port, u8 v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(port)); }
 static inline void outw(u16 port, u16 v) { __asm__ volatile("outw %0, %1" ::"a"(v), "Nd"(port)); }
 static inline void outl(u16 port, u32 v) { __asm__ volatile("outl %0, %1" ::"a"(v), "Nd"(port)); }

@@ -185,15 +185,7 @@ static u32 ipi_cpu_setup(void)
 
 /* A CPL3 stack, a TSS (its own CPL0 stack for interrupts, an I/O bitmap open to the ports
  * below 0x800) and a GDT per AP: the shared ones serve vCPU 0 only. */
-struct ap_tss {
-    u32 reserved0;
-    u64 rsp[3];
-    u64 reserved1;
-    u64 ist[7];
-    u64 reserved2;
-    u16 reserved3, iomap_base;
-    u8 iomap[256 + 1];
-} __attribute__((packed));
+TSS64_WITH_IO_BITMAP(ap_tss, 256);
 
 static struct ap_tss ap_tss[IPI_MAX_CPUS] __attribute__((aligned(64)));
 static u64 ap_gdt[IPI_MAX_CPUS][8] __attribute__((aligned(64)));
