@@ -10,18 +10,10 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{device_count, exitless, export_guest, Image, Stream};
+use common::{device_count, exitless, export_guest, kvm_available, Image, Stream};
 use vmm::devices::virtio::blk::io::dirty_pages;
 
 const BLOCKS: u64 = 16;
-
-fn kvm_available(test: &str) -> bool {
-    let ok = Path::new("/dev/kvm").exists();
-    if !ok {
-        vmm::test_skip::skip(test, "/dev/kvm is missing on this host");
-    }
-    ok
-}
 
 /// Runs the guest's pattern check on `disk` with `extra` options; returns its console and the
 /// disk's entry in the profile.

@@ -3,19 +3,10 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{exitless, export_guest, qemu, Stream};
-
-fn kvm_available() -> bool {
-    let ok = Path::new("/dev/kvm").exists();
-    if !ok {
-        vmm::test_skip::skip("guest_portability", "/dev/kvm is missing on this host");
-    }
-    ok
-}
+use common::{exitless, export_guest, kvm_available, qemu, Stream};
 
 fn stdout_of(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
@@ -23,7 +14,7 @@ fn stdout_of(o: &Output) -> String {
 
 #[test]
 fn every_vcpu_of_an_smp_guest_reports_in_with_its_apic_id() {
-    if !kvm_available() {
+    if !kvm_available("guest_portability") {
         return;
     }
     let guest = export_guest("smp");
@@ -102,7 +93,7 @@ fn qemu_boots_the_exported_guest_and_it_reports_results() {
 
 #[test]
 fn a_running_vm_reports_its_profile_on_sigusr1_and_at_intervals() {
-    if !kvm_available() {
+    if !kvm_available("guest_portability") {
         return;
     }
     let guest = export_guest("usr1");
@@ -156,7 +147,7 @@ fn a_running_vm_reports_its_profile_on_sigusr1_and_at_intervals() {
 /// its output dropped, counted and said once, and the serial log must still get all of it.
 #[test]
 fn a_closed_console_does_not_stop_the_vm() {
-    if !kvm_available() {
+    if !kvm_available("guest_portability") {
         return;
     }
     let guest = export_guest("closed-console");
@@ -217,7 +208,7 @@ fn a_closed_console_does_not_stop_the_vm() {
 /// off in every VM exitless builds, so the guest's vmcall ends in #UD, which it counts.
 #[test]
 fn the_bench_guest_runs_every_case_under_run_and_ends() {
-    if !kvm_available() {
+    if !kvm_available("guest_portability") {
         return;
     }
     let guest = export_guest("all-cases");

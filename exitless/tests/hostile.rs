@@ -18,22 +18,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{device_count, exitless, export_guest, private_tap, Image, Stream};
+use common::{
+    device_count, exitless, export_guest, guest_pattern, kvm_available, private_tap, Image, Stream,
+};
 
 const GUEST_WAIT: Duration = Duration::from_secs(120);
-
-fn kvm_available(test: &str) -> bool {
-    let ok = Path::new("/dev/kvm").exists();
-    if !ok {
-        vmm::test_skip::skip(test, "/dev/kvm is missing on this host");
-    }
-    ok
-}
-
-/// What guest/virtio_hostile.c (and virtio_cases.c) write to byte `i` of 4 KiB block `block`.
-fn pattern(seed: u64, block: u64, i: u64) -> u8 {
-    ((seed * 131 + block * 31 + i * 7 + (i >> 9)) & 0xff) as u8
-}
 
 /// Fields of /proc/PID/stat after the command name: utime + stime (in clock ticks).
 fn stat_ticks(stat: &str) -> u64 {
@@ -358,7 +347,7 @@ fn disk_mismatches(image: &Image, writes: u64) -> Vec<u64> {
     let expected = |n: usize| {
         let (block, i) = ((n / 4096) as u64, (n % 4096) as u64);
         if block < writes {
-            pattern(SEED, block, i)
+            guest_pattern(SEED, block, i)
         } else {
             0
         }

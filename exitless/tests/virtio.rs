@@ -8,29 +8,16 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{exitless, export_guest, qemu, Image, Stream};
+use common::{exitless, export_guest, guest_pattern, kvm_available, qemu, Image, Stream};
 
 const BLOCKS: usize = 16;
 const SEED: u64 = 7;
-
-fn kvm_available(test: &str) -> bool {
-    let ok = Path::new("/dev/kvm").exists();
-    if !ok {
-        vmm::test_skip::skip(test, "/dev/kvm is missing on this host");
-    }
-    ok
-}
-
-/// What guest/virtio_cases.c writes to byte `i` of 4 KiB block `block`.
-fn pattern(seed: u64, block: u64, i: u64) -> u8 {
-    ((seed * 131 + block * 31 + i * 7 + (i >> 9)) & 0xff) as u8
-}
 
 /// Bytes of `image` that differ from the guest's pattern in the first BLOCKS blocks.
 fn pattern_mismatches(image: &Image) -> usize {
     let data = std::fs::read(&image.0).unwrap();
     (0..BLOCKS * 4096)
-        .filter(|&n| data[n] != pattern(SEED, (n / 4096) as u64, (n % 4096) as u64))
+        .filter(|&n| data[n] != guest_pattern(SEED, (n / 4096) as u64, (n % 4096) as u64))
         .count()
 }
 

@@ -84,6 +84,21 @@ pub fn qemu(test: &str) -> Option<&'static str> {
     found.then_some("qemu-system-x86_64")
 }
 
+/// Whether /dev/kvm exists; where it does not, says that `test` skipped and why.
+pub fn kvm_available(test: &str) -> bool {
+    let ok = std::path::Path::new("/dev/kvm").exists();
+    if !ok {
+        vmm::test_skip::skip(test, "/dev/kvm is missing on this host");
+    }
+    ok
+}
+
+/// What the guest's disk drivers (guest/virtio_cases.c, guest/virtio_hostile.c) write to
+/// byte `i` of 4 KiB block `block`.
+pub fn guest_pattern(seed: u64, block: u64, i: u64) -> u8 {
+    ((seed * 131 + block * 31 + i * 7 + (i >> 9)) & 0xff) as u8
+}
+
 /// A zero-filled raw disk image in the temp folder (`tag` keeps tests apart), removed when
 /// dropped.
 pub struct Image(pub std::path::PathBuf);
