@@ -304,9 +304,13 @@ fn attach_idle_flush(events: &EventLoop, serial: &Arc<Mutex<SerialDevice>>) {
     }
     let added = SerialIdleFlush::new(serial.clone())
         .map_err(|e| e.to_string())
-        .and_then(|f| {
-            let f = Arc::new(Mutex::new(f));
-            events.handle().add(f).map_err(|e| e.to_string())
+        .and_then(|(flush, watch)| {
+            let flush = Arc::new(Mutex::new(flush));
+            events.handle().add(flush).map_err(|e| e.to_string())?;
+            if let Ok(mut serial) = serial.lock() {
+                serial.output_mut().set_partial_watch(watch);
+            }
+            Ok(())
         });
     if let Err(e) = added {
         eprintln!("exitless: partial console lines wait for their newline: {e}");

@@ -5,6 +5,7 @@
 //! Output the console or log cannot take is dropped and counted, never fatal. The
 //! interrupt is an [`EventFd`] that the VMM registers as irqfd for [`COM1_IRQ`].
 
+use super::serial_idle_flush::PartialLineWatch;
 use super::GuestFaults;
 use crate::startup;
 use std::fs::File;
@@ -127,6 +128,8 @@ pub struct SerialOutput {
     log: Option<Destination>,
     policy: FlushPolicy,
     pending: Vec<u8>,
+    /// Told when output waits for its newline (a timer then flushes it).
+    partial_watch: Option<PartialLineWatch>,
 }
 
 impl SerialOutput {
@@ -137,6 +140,7 @@ impl SerialOutput {
             log: None,
             policy: FlushPolicy::default(),
             pending: Vec::new(),
+            partial_watch: None,
         }
     }
 
@@ -170,6 +174,13 @@ impl SerialOutput {
     /// Whether output may wait for its newline (then a timer should flush partial lines).
     pub fn holds_partial_lines(&self) -> bool {
         self.policy == FlushPolicy::Newline
+    }
+
+    /// Tells `watch` whenever output starts waiting for its newline; it is told once now, so
+    /// that what waits already is flushed too.
+    pub fn set_partial_watch(&mut self, watch: PartialLineWatch) {
+        watch.tell();
+        self.partial_watch = Some(watch);
     }
 
     /// What the console and the log file could not take so far.
@@ -211,6 +222,8 @@ impl Write for SerialOutput {
         };
         if due {
             self.flush_pending();
+        } else if let (false, Some(watch)) = (self.pending.is_empty(), &self.partial_watch) {
+            watch.tell();
         }
         Ok(())
     }
@@ -284,6 +297,11 @@ impl SerialDevice {
     /// The output (e.g. to see what it lost).
     pub fn output(&self) -> &SerialOutput {
         self.uart.writer()
+    }
+
+    /// The output, to change where it goes.
+    pub fn output_mut(&mut self) -> &mut SerialOutput {
+        self.uart.writer_mut()
     }
 
     /// Writes out any output held back by [`FlushPolicy::Newline`].
