@@ -91,14 +91,7 @@ impl Vm {
 
     /// Starts one thread per vCPU.
     pub fn start(&self, vcpus: Vec<Vcpu>) -> Result<RunningVm, VmError> {
-        let mut running = RunningVm {
-            threads: Vec::new(),
-            control: self.control.clone(),
-        };
-        for vcpu in vcpus {
-            running.add(vcpu)?;
-        }
-        Ok(running)
+        self.start_ahead(VcpuThreadsAhead::default(), vcpus)
     }
 
     /// Like [`Vm::start`], each vCPU handed to its thread from `ahead` (a vCPU without one
@@ -112,23 +105,7 @@ impl Vm {
             threads: Vec::new(),
             control: self.control.clone(),
         };
-        let mut waiting = ahead.waiting;
-        for vcpu in vcpus {
-            let Some(at) = waiting.iter().position(|t| t.id == vcpu.id) else {
-                running.add(vcpu)?;
-                continue;
-            };
-            let t = waiting.swap_remove(at);
-            let retired = vcpu.retire_flag();
-            // A thread that ended already (its filter failed) says why when joined.
-            let _ = t.vcpu.send(vcpu);
-            let _ = t.named.recv();
-            running.threads.push(VcpuThread {
-                id: t.id,
-                handle: t.handle,
-                retired,
-            });
-        }
+        running.hand_over(ahead, vcpus)?;
         Ok(running)
     }
 }
@@ -142,7 +119,8 @@ struct VcpuThread {
 
 /// vCPU threads started before their vCPUs exist: each names itself `vcpuN`, pins itself and
 /// installs its seccomp filter while the VM is still being built, then waits for its vCPU
-/// ([`Vm::start_ahead`]). Dropped unused, the threads end.
+/// ([`Vm::start_ahead`]). Dropped unused, the threads end. Every vCPU thread starts this way.
+#[derive(Default)]
 pub struct VcpuThreadsAhead {
     waiting: Vec<WaitingThread>,
 }
@@ -157,27 +135,34 @@ struct WaitingThread {
 impl VcpuThreadsAhead {
     /// One thread per `(vCPU id, host CPU to pin it to)`.
     pub fn spawn(vcpus: impl IntoIterator<Item = (usize, Option<usize>)>) -> Result<Self, VmError> {
-        let mut waiting = Vec::new();
-        for (id, cpu) in vcpus {
-            let (vcpu, given) = mpsc::sync_channel::<Vcpu>(1);
-            let (name_done, named) = mpsc::sync_channel(1);
-            let handle = thread::Builder::new()
-                .name(format!("vcpu{id}"))
-                .spawn(move || {
-                    let _ = name_done.send(());
-                    crate::vcpu::prepare_thread(cpu)?;
-                    let vcpu = given.recv().map_err(|_| VcpuError::NeverStarted)?;
-                    vcpu.run_on_prepared_thread()
-                })
-                .map_err(VmError::Thread)?;
-            waiting.push(WaitingThread {
-                id,
-                vcpu,
-                named,
-                handle,
-            });
-        }
+        let waiting = vcpus
+            .into_iter()
+            .map(|(id, cpu)| WaitingThread::spawn(id, cpu))
+            .collect::<Result<_, _>>()?;
         Ok(VcpuThreadsAhead { waiting })
+    }
+}
+
+impl WaitingThread {
+    /// The thread of vCPU `id`, named `vcpuN` (how Kata finds vCPU threads).
+    fn spawn(id: usize, cpu: Option<usize>) -> Result<Self, VmError> {
+        let (vcpu, given) = mpsc::sync_channel::<Vcpu>(1);
+        let (name_done, named) = mpsc::sync_channel(1);
+        let handle = thread::Builder::new()
+            .name(format!("vcpu{id}"))
+            .spawn(move || {
+                let _ = name_done.send(());
+                crate::vcpu::prepare_thread(cpu)?;
+                let vcpu = given.recv().map_err(|_| VcpuError::NeverStarted)?;
+                vcpu.run_on_prepared_thread()
+            })
+            .map_err(VmError::Thread)?;
+        Ok(WaitingThread {
+            id,
+            vcpu,
+            named,
+            handle,
+        })
     }
 }
 
@@ -191,24 +176,28 @@ impl RunningVm {
     /// Starts `vcpu` on a thread of its own named `vcpuN` (how Kata finds vCPU threads), also
     /// while the VM runs (a hot-added vCPU). A paused VM's new vCPU parks at once.
     pub fn add(&mut self, vcpu: Vcpu) -> Result<(), VmError> {
-        let id = vcpu.id;
-        let retired = vcpu.retire_flag();
-        // The thread names itself as it starts; waiting for that means whoever looks for
-        // `vcpuN` threads (Kata) once this returns finds it.
-        let (named, started) = std::sync::mpsc::sync_channel(1);
-        let handle = thread::Builder::new()
-            .name(format!("vcpu{id}"))
-            .spawn(move || {
-                let _ = named.send(());
-                vcpu.run()
-            })
-            .map_err(VmError::Thread)?;
-        let _ = started.recv();
-        self.threads.push(VcpuThread {
-            id,
-            handle,
-            retired,
-        });
+        self.hand_over(VcpuThreadsAhead::default(), vec![vcpu])
+    }
+
+    /// Gives each vCPU to its thread in `ahead`, or to a new one.
+    fn hand_over(&mut self, ahead: VcpuThreadsAhead, vcpus: Vec<Vcpu>) -> Result<(), VmError> {
+        let mut waiting = ahead.waiting;
+        for vcpu in vcpus {
+            let t = match waiting.iter().position(|t| t.id == vcpu.id) {
+                Some(at) => waiting.swap_remove(at),
+                None => WaitingThread::spawn(vcpu.id, vcpu.host_cpu())?,
+            };
+            let retired = vcpu.retire_flag();
+            // A thread that ended already (its filter failed) says why when joined.
+            let _ = t.vcpu.send(vcpu);
+            // Named once this returns: whoever looks for `vcpuN` threads (Kata) finds it.
+            let _ = t.named.recv();
+            self.threads.push(VcpuThread {
+                id: t.id,
+                handle: t.handle,
+                retired,
+            });
+        }
         Ok(())
     }
 

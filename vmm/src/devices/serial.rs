@@ -128,6 +128,8 @@ pub struct SerialOutput {
     log: Option<Destination>,
     policy: FlushPolicy,
     pending: Vec<u8>,
+    /// `pending` holds a newline (known from the writes, so no byte is scanned twice).
+    pending_newline: bool,
     /// Told when output waits for its newline (a timer then flushes it).
     partial_watch: Option<PartialLineWatch>,
 }
@@ -140,6 +142,7 @@ impl SerialOutput {
             log: None,
             policy: FlushPolicy::default(),
             pending: Vec::new(),
+            pending_newline: false,
             partial_watch: None,
         }
     }
@@ -200,16 +203,18 @@ impl SerialOutput {
             log.put(&self.pending);
         }
         self.sink.put(&self.pending);
-        if startup::enabled() && self.pending.contains(&b'\n') {
+        if startup::enabled() && self.pending_newline {
             startup::mark(startup::moment::FIRST_LINE);
         }
         self.pending.clear();
+        self.pending_newline = false;
     }
 }
 
 impl Write for SerialOutput {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.pending.extend_from_slice(buf);
+        self.pending_newline |= buf.contains(&b'\n');
         Ok(buf.len())
     }
 
@@ -217,7 +222,7 @@ impl Write for SerialOutput {
         let due = match self.policy {
             FlushPolicy::EveryWrite => true,
             FlushPolicy::Newline => {
-                self.pending.len() >= PENDING_MAX || self.pending.contains(&b'\n')
+                self.pending.len() >= PENDING_MAX || self.pending_newline
             }
         };
         if due {

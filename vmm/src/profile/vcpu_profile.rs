@@ -153,14 +153,6 @@ pub struct VcpuProfile {
     coalesced_mmio: ZeroedTable<CoalescedSlot>,
 }
 
-fn stats_table(len: usize) -> ZeroedTable<ExitStats> {
-    ZeroedTable::new(len)
-}
-
-fn coalesced_table(len: usize) -> ZeroedTable<CoalescedSlot> {
-    ZeroedTable::new(len)
-}
-
 /// Position of `reason` in `VcpuProfile::by_device`, if it has devices.
 fn device_table_index(reason: ExitReason) -> Option<usize> {
     match reason {
@@ -182,15 +174,15 @@ impl VcpuProfile {
             kvm_run_count: AtomicU64::new(0),
             kvm_run_cycles: AtomicU64::new(0),
             host_cpu_mask: [const { AtomicU64::new(0) }; CPU_MASK_WORDS],
-            by_reason: stats_table(ExitReason::ALL.len()),
+            by_reason: ZeroedTable::new(ExitReason::ALL.len()),
             by_device: [
-                stats_table(io_devices + 1),
-                stats_table(io_devices + 1),
-                stats_table(mmio_devices + 1),
-                stats_table(mmio_devices + 1),
+                ZeroedTable::new(io_devices + 1),
+                ZeroedTable::new(io_devices + 1),
+                ZeroedTable::new(mmio_devices + 1),
+                ZeroedTable::new(mmio_devices + 1),
             ],
-            coalesced_pio: coalesced_table(io_devices + 1),
-            coalesced_mmio: coalesced_table(mmio_devices + 1),
+            coalesced_pio: ZeroedTable::new(io_devices + 1),
+            coalesced_mmio: ZeroedTable::new(mmio_devices + 1),
         }
     }
 

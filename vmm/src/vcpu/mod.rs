@@ -153,18 +153,18 @@ impl Vcpu {
         self.retired.clone()
     }
 
-    /// Makes [`Vcpu::run`] pin its thread to host CPU `cpu` before entering the guest.
+    /// Pins the thread this vCPU is started on to host CPU `cpu` (see [`Vcpu::host_cpu`]).
     pub fn pin_to(&mut self, cpu: usize) {
         self.affinity = Some(cpu);
     }
 
-    /// Runs until the guest ends the VM or the VMM stops it.
-    pub fn run(self) -> Result<VcpuOutcome, VcpuError> {
-        prepare_thread(self.affinity)?;
-        self.run_on_prepared_thread()
+    /// The host CPU this vCPU's thread is to be pinned to, if any.
+    pub fn host_cpu(&self) -> Option<usize> {
+        self.affinity
     }
 
-    /// [`Vcpu::run`] on a thread [`prepare_thread`] readied (its pinning is the thread's).
+    /// Runs until the guest ends the VM or the VMM stops it, on a thread [`prepare_thread`]
+    /// readied (pinned to [`Vcpu::host_cpu`], filtered).
     pub fn run_on_prepared_thread(mut self) -> Result<VcpuOutcome, VcpuError> {
         kvm::kick::arm(&mut self.fd);
         crate::startup::mark(crate::startup::moment::FIRST_RUN);
@@ -177,7 +177,7 @@ impl Vcpu {
     }
 
     /// The exit loop, a function of its own in the exit path's section:
-    /// its code and place do not change with what is inlined into [`Vcpu::run`]'s set-up.
+    /// its code and place do not change with what is inlined into [`Vcpu::run_on_prepared_thread`].
     #[inline(never)]
     #[link_section = ".text.hot.exitless_exit_path"]
     fn run_loop(&mut self) -> Result<VmEnd, VcpuError> {
