@@ -221,9 +221,7 @@ impl Write for SerialOutput {
     fn flush(&mut self) -> io::Result<()> {
         let due = match self.policy {
             FlushPolicy::EveryWrite => true,
-            FlushPolicy::Newline => {
-                self.pending.len() >= PENDING_MAX || self.pending_newline
-            }
+            FlushPolicy::Newline => self.pending.len() >= PENDING_MAX || self.pending_newline,
         };
         if due {
             self.flush_pending();
