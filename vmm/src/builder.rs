@@ -219,6 +219,9 @@ impl VcpuTemplate {
 impl VmBuilder {
     /// Creates the VM: memory, irqchip, and with an in-kernel irqchip the PIT.
     pub fn new(kvm: Kvm, spec: VmSpec) -> Result<Self, BuildError> {
+        // First, so that the devices thread installs its seccomp filter while the VM is
+        // created (see `launch`).
+        let event_loop = EventLoop::start()?;
         let vm = Vm::new(kvm, spec.memory, spec.irqchip)?;
         // A guest's vmcall/vmmcall of the wrong vendor gets #UD instead of being rewritten and
         // re-run: on PVM the rewrite never ends (KVM_RUN would not return). Linux picks the
@@ -235,7 +238,7 @@ impl VmBuilder {
             spec,
             vm,
             devices,
-            event_loop: EventLoop::start()?,
+            event_loop,
             hypercall_rewrite_off,
             pit,
         })

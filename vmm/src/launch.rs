@@ -155,13 +155,15 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         max_cpus: config.max_vcpus.unwrap_or(config.cpus).max(config.cpus),
         irqchip: config.irqchip,
     };
-    let mut builder = VmBuilder::new(kvm, spec)?;
-    startup::mark(moment::VM_CREATED);
-    // Thread start and seccomp filters overlap the rest of the set-up.
+    // The vCPU threads start, and install their seccomp filters (~0.2 ms of CPU each), while
+    // the VM is created: started after it, they took the main thread's CPU while it wrote the
+    // ACPI tables and loaded the kernel (0.15 -> 0.3-0.5 ms on 2 host CPUs).
     let affinity = config.cpu_affinity.as_ref();
     let threads_ahead = VcpuThreadsAhead::spawn(
         (0..usize::from(config.cpus)).map(|id| (id, affinity.and_then(|a| a.host_cpu(id)))),
     )?;
+    let mut builder = VmBuilder::new(kvm, spec)?;
+    startup::mark(moment::VM_CREATED);
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
     builder.enable_hotplug()?;
