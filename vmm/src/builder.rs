@@ -322,6 +322,10 @@ impl VmBuilder {
         let coalesced = devices.has_coalesced_zones();
         let entry = load_kernel(&vm, &spec, &devices.acpi_platform())?;
         startup::mark(moment::LOADED);
+        // Asked while the PIT is still being created (KVM_CREATE_PIT2 waits for a kernel
+        // thread, holding the VM's lock that vCPU creation needs); the vCPUs take it from
+        // the cache.
+        vm.supported_cpuid.get(&vm.kvm)?;
         if let Some(pit) = pit {
             let created = pit.join().map_err(|_| BuildError::PitThread)?;
             created.map_err(|e| KvmError::Ioctl("KVM_CREATE_PIT2", e))?;
