@@ -123,7 +123,8 @@ fn process_cpu_time() -> Option<Duration> {
 /// Names of the moments, shared by whoever records and whoever reads them.
 pub mod moment {
     pub const KVM_OPEN: &str = "/dev/kvm opened";
-    pub const VM_CREATED: &str = "VM, memory, irqchip, device thread (PIT on its own thread)";
+    pub const VM_CREATED: &str =
+        "threads started (vCPUs ahead, devices), VM, memory, irqchip (PIT on its own thread)";
     pub const DEVICES: &str = "devices added";
     pub const LOADED: &str = "kernel loaded, ACPI tables written";
     pub const VCPUS_CREATED: &str = "vCPUs created";
