@@ -132,11 +132,11 @@ fn redirect_stderr(path: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// musl's own allocator gives freed memory back with munmap at once (34 calls between creating
-/// the VM and its first run, against 2 for dlmalloc), and in a process that holds a VM each
-/// munmap runs KVM's MMU notifier and a TLB shootdown to the other CPUs: ~0.3 ms later to the
-/// first line. dlmalloc keeps freed memory for reuse below its trim threshold. The exit path
-/// allocates nothing, so its one lock is never taken there (docs/performance.md).
+/// musl's own allocator gives freed memory back with munmap at once (22-34 calls between
+/// creating the VM and its first run, against 2 with dlmalloc), and in a process that holds a
+/// VM each munmap runs KVM's MMU notifier and a TLB shootdown to the other CPUs: it took musl's
+/// start-up gain away. dlmalloc keeps freed memory for reuse below its trim threshold. The exit
+/// path allocates nothing, so its one lock is never taken there (docs/performance.md).
 #[cfg(target_env = "musl")]
 #[global_allocator]
 static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
