@@ -1,42 +1,43 @@
 //! KVM_GET_SUPPORTED_CPUID, asked once per VM and kept for every vCPU (also hot-added ones, so
 //! only while the VM can add one). On a PVM host it takes ~0.65 ms (KVM runs CPUID for every
 //! leaf, each trapping to the hypervisor below), the largest single step of creating a vCPU,
-//! so the builder asks it on a short-lived thread ([`SupportedCpuid::fetch_ahead`]) while the
-//! main thread writes the ACPI tables and loads the kernel.
+//! so the builder hands [`SupportedCpuid::fetch_task`] to its set-up thread (the one that
+//! created the PIT) while the main thread writes the ACPI tables and loads the kernel.
 
+use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::JoinHandle;
 
 use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::Kvm;
 
 use super::KvmError;
 
-type Pending = JoinHandle<Result<CpuId, kvm_ioctls::Error>>;
+type Answer = Result<CpuId, kvm_ioctls::Error>;
 
 /// The CPUID entries KVM supports, asked ahead or at the first vCPU.
 #[derive(Debug, Default)]
 pub struct SupportedCpuid {
     value: OnceLock<CpuId>,
-    pending: Mutex<Option<Pending>>,
+    /// Where the answer of a [`SupportedCpuid::fetch_task`] arrives.
+    pending: Mutex<Option<Receiver<Answer>>>,
 }
 
 impl SupportedCpuid {
-    /// Starts asking `kvm` on a thread of its own; [`SupportedCpuid::get`] waits for the
-    /// answer (or asks itself if no thread could start). Not while the VM, its memory slot
-    /// or its irqchip is being created: a CPU inside this long ioctl delays the SRCU grace
-    /// periods and TLB-flush IPIs those wait for (measured: memory slot 0.4 -> 1.1 ms,
-    /// irqchip 0.03 -> 0.84 ms; see docs/performance.md).
-    pub fn fetch_ahead(&self, kvm: &Arc<Kvm>) {
+    /// A task that asks `kvm` and hands the answer to [`SupportedCpuid::get`], for a thread
+    /// other than the caller's; `None` once the entries are kept. Not to be run while the VM,
+    /// its memory slot or its irqchip is being created: a CPU inside this long ioctl delays the
+    /// SRCU grace periods and TLB-flush IPIs those wait for (measured: memory slot 0.4 -> 1.1
+    /// ms, irqchip 0.03 -> 0.84 ms; see docs/performance.md). Dropped unrun, `get` asks itself.
+    pub fn fetch_task(&self, kvm: &Arc<Kvm>) -> Option<impl FnOnce() + Send + 'static> {
         if self.value.get().is_some() {
-            return;
+            return None;
         }
+        let (answer, pending) = mpsc::sync_channel(1);
+        *self.pending_lock() = Some(pending);
         let kvm = kvm.clone();
-        let spawned = std::thread::Builder::new()
-            .name("cpuid-query".into())
-            .stack_size(64 * 1024)
-            .spawn(move || kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES));
-        *self.pending_lock() = spawned.ok();
+        Some(move || {
+            let _ = answer.send(kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES));
+        })
     }
 
     /// The entries: the answer asked ahead, or asked of `kvm` the first time.
@@ -45,9 +46,9 @@ impl SupportedCpuid {
             return Ok(v.clone());
         }
         let pending = self.pending_lock().take();
-        let fetched = match pending.map(JoinHandle::join) {
+        let fetched = match pending.map(|p| p.recv()) {
             Some(Ok(answer)) => answer,
-            // No thread, or it died without an answer: ask here.
+            // No task, or it was dropped unrun: ask here.
             Some(Err(_)) | None => kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES),
         }
         .map_err(|e| KvmError::Ioctl("KVM_GET_SUPPORTED_CPUID", e))?;
@@ -60,7 +61,7 @@ impl SupportedCpuid {
         self.value.take();
     }
 
-    fn pending_lock(&self) -> std::sync::MutexGuard<'_, Option<Pending>> {
+    fn pending_lock(&self) -> std::sync::MutexGuard<'_, Option<Receiver<Answer>>> {
         self.pending
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -101,13 +102,17 @@ mod tests {
         let kvm = Arc::new(kvm);
         let direct = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).unwrap();
         let kept = SupportedCpuid::default();
-        kept.fetch_ahead(&kvm);
-        assert!(kept.pending_lock().is_some(), "a thread asks");
+        let task = kept.fetch_task(&kvm).expect("nothing kept yet");
+        assert!(kept.pending_lock().is_some(), "an answer is awaited");
+        std::thread::spawn(task).join().unwrap();
         assert_eq!(kept.get(&kvm).unwrap().as_slice(), direct.as_slice());
-        assert!(kept.pending_lock().is_none(), "its answer was taken");
-        // Kept: asking ahead again starts no thread.
-        kept.fetch_ahead(&kvm);
-        assert!(kept.pending_lock().is_none());
+        assert!(kept.pending_lock().is_none(), "the answer was taken");
+        // Kept: no more task.
+        assert!(kept.fetch_task(&kvm).is_none());
         assert_eq!(kept.get(&kvm).unwrap().as_slice(), direct.as_slice());
+        // A task dropped unrun: the entries are asked directly.
+        let unrun = SupportedCpuid::default();
+        drop(unrun.fetch_task(&kvm));
+        assert_eq!(unrun.get(&kvm).unwrap().as_slice(), direct.as_slice());
     }
 }
