@@ -566,6 +566,8 @@ fn timing_lists_every_start_up_moment_in_order_up_to_the_first_line() {
         moment::VM_CREATED,
         moment::DEVICES,
         moment::LOADED,
+        moment::VCPU_FDS,
+        moment::CPUID_READY,
         moment::VCPUS_CREATED,
         moment::THREADS,
         moment::MAIN_SECCOMP,
@@ -585,6 +587,10 @@ fn timing_lists_every_start_up_moment_in_order_up_to_the_first_line() {
     assert!(pos(moment::FIRST_RUN) < pos(moment::FIRST_LINE), "{stderr}");
     assert!(
         pos(moment::KVM_OPEN) < pos(moment::VCPUS_CREATED),
+        "{stderr}"
+    );
+    assert!(
+        pos(moment::VCPU_FDS) < pos(moment::VCPUS_CREATED),
         "{stderr}"
     );
     assert!(last > 0.0, "{stderr}");

@@ -127,7 +127,9 @@ pub mod moment {
         "threads started (vCPUs ahead, devices), VM, memory, irqchip (PIT on its own thread)";
     pub const DEVICES: &str = "devices added";
     pub const LOADED: &str = "kernel loaded, ACPI tables written";
-    pub const VCPUS_CREATED: &str = "vCPUs created";
+    pub const VCPU_FDS: &str = "KVM_CREATE_VCPU (while the set-up thread asks CPUID)";
+    pub const CPUID_READY: &str = "KVM's CPUID entries in hand, PIT created";
+    pub const VCPUS_CREATED: &str = "vCPUs configured (CPUID, MSRs, LAPIC, entry registers)";
     pub const THREADS: &str = "vCPUs handed to their threads (started ahead, filters on)";
     pub const MAIN_SECCOMP: &str = "main thread's seccomp filter";
     pub const FIRST_RUN: &str = "first KVM_RUN";
