@@ -10,6 +10,8 @@ if ! command -v cc >/dev/null || ! command -v cargo >/dev/null; then
     exit 1
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+# The build's target (.cargo/config.toml; rust-toolchain.toml also asks rustup for it).
+rustup target add x86_64-unknown-linux-musl >/dev/null 2>&1 || true
 # QEMU boots the exported bench guest in one test (skipped with a reason when it is absent).
 if ! command -v qemu-system-x86_64 >/dev/null && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     apt-get install -y -qq qemu-system-x86 >/dev/null 2>&1 \
