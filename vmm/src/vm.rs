@@ -87,7 +87,7 @@ impl Vm {
             irqchip,
             control: Arc::new(VmControl::default()),
             stats,
-            supported_cpuid: SupportedCpuid::default(),
+            supported_cpuid: SupportedCpuid::for_new_vm(),
         })
     }
 
