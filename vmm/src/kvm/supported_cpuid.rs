@@ -77,10 +77,11 @@ impl SupportedCpuid {
     }
 
     /// A task that asks `kvm` and hands the answer to [`SupportedCpuid::get`], for a thread
-    /// other than the caller's; `None` once the entries are kept or an answer is on its way. Not to be run while the VM,
-    /// its memory slot or its irqchip is being created: a CPU inside this long ioctl delays the
-    /// SRCU grace periods and TLB-flush IPIs those wait for (measured: memory slot 0.4 -> 1.1
-    /// ms, irqchip 0.03 -> 0.84 ms; see docs/performance.md). Dropped unrun, `get` asks itself.
+    /// other than the caller's; `None` once the entries are kept or an answer is on its way.
+    /// Not to be run while the VM, its memory slot or its irqchip is being created: a CPU
+    /// inside this long ioctl delays the SRCU grace periods and TLB-flush IPIs those wait for
+    /// (measured: memory slot 0.4 -> 1.1 ms, irqchip 0.03 -> 0.84 ms; see
+    /// docs/performance.md). Dropped unrun, `get` asks itself.
     pub fn fetch_task(&self, kvm: &Arc<Kvm>) -> Option<impl FnOnce() + Send + 'static> {
         if self.value.get().is_some() || self.pending_lock().is_some() {
             return None;
