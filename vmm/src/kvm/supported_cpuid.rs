@@ -125,12 +125,21 @@ impl SupportedCpuid {
 mod tests {
     use super::*;
 
+    /// Keeps the test thread, and the threads it starts, on the CPU it runs on: KVM's answer
+    /// carries the APIC ID of the CPU that asked (leaf 1 EBX, leaf 0xB EDX), so answers asked
+    /// on two threads are equal only if both ran on one CPU.
+    fn stay_on_this_cpu() {
+        let cpu = crate::profile::current_cpu().expect("sched_getcpu");
+        crate::vcpu::pin_current_thread(cpu).expect("pin the test thread");
+    }
+
     #[test]
     fn kept_entries_equal_what_kvm_says() {
         let Ok(kvm) = Kvm::new() else {
             crate::test_skip::skip("kept_entries_equal_what_kvm_says", "/dev/kvm is missing");
             return;
         };
+        stay_on_this_cpu();
         let direct = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).unwrap();
         let kept = SupportedCpuid::default();
         assert_eq!(kept.get(&kvm).unwrap().as_slice(), direct.as_slice());
@@ -152,6 +161,7 @@ mod tests {
             );
             return;
         };
+        stay_on_this_cpu();
         let kvm = Arc::new(kvm);
         let direct = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).unwrap();
         let kept = SupportedCpuid::default();
@@ -178,6 +188,7 @@ mod tests {
             );
             return;
         };
+        stay_on_this_cpu();
         let direct = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).unwrap();
         // A slot of the test's own: VMs other tests create take from the process's.
         let ahead = Ahead(Mutex::new(None));
