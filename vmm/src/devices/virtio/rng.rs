@@ -113,8 +113,18 @@ fn host_random(buf: &mut [u8]) -> std::io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
         let rest = &mut buf[done..];
-        // SAFETY: getrandom writes at most `rest.len()` bytes into the valid buffer `rest`.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        // The system call, not libc's getrandom(): in the static musl build std declares that
+        // symbol weak, so under LTO nothing pulls it from libc.a and the call would go to
+        // address 0 (docs/performance.md, "Lean by default").
+        // SAFETY: getrandom(2) writes at most `rest.len()` bytes into the valid buffer `rest`.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getrandom,
+                rest.as_mut_ptr(),
+                rest.len(),
+                0 as libc::c_uint,
+            )
+        };
         if n < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {
