@@ -180,6 +180,9 @@ const DISK_IO: &[libc::c_long] = &[
 ];
 
 const API: &[libc::c_long] = &[
+    // std retries an accept4 that failed with EINVAL as accept(2): what the listener's accept
+    // does once the server shuts its socket down to end it.
+    libc::SYS_accept,
     libc::SYS_accept4,
     // A connection thread per client.
     libc::SYS_clone,

@@ -130,26 +130,6 @@ pub fn parse(buf: &[u8]) -> Result<Parsed, HttpError> {
     Ok(Parsed::Complete(request, head + length))
 }
 
-/// The reason phrase of a status the API uses.
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        204 => "No Content",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        409 => "Conflict",
-        411 => "Length Required",
-        413 => "Payload Too Large",
-        429 => "Too Many Requests",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        _ => "Unknown",
-    }
-}
-
 /// What a reply carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Body {
@@ -158,12 +138,11 @@ pub enum Body {
     Text(String),
 }
 
-/// A whole reply: status line, headers, body.
+/// A whole reply: status line, headers, body. The status line is Cloud Hypervisor's to the
+/// byte: the code, a space and no reason phrase (valid HTTP/1.1; `ch-remote` reads everything
+/// after `HTTP/1.1 ` up to the line's end as the number, so a reason phrase breaks it).
 pub fn response(status: u16, body: &Body, close: bool) -> Vec<u8> {
-    let mut head = format!(
-        "HTTP/1.1 {status} {}\r\nServer: exitless\r\n",
-        reason(status)
-    );
+    let mut head = format!("HTTP/1.1 {status} \r\nServer: exitless\r\n");
     let (kind, text) = match body {
         Body::None => (None, ""),
         Body::Json(t) => (Some("application/json"), t.as_str()),
@@ -257,9 +236,12 @@ mod tests {
         let r = String::from_utf8(response(204, &Body::None, false)).unwrap();
         assert_eq!(
             r,
-            "HTTP/1.1 204 No Content\r\nServer: exitless\r\nContent-Length: 0\r\n\r\n"
+            "HTTP/1.1 204 \r\nServer: exitless\r\nContent-Length: 0\r\n\r\n"
         );
         let r = String::from_utf8(response(200, &Body::Json("{}".into()), true)).unwrap();
+        assert!(r.starts_with("HTTP/1.1 200 \r\n"), "{r}");
+        let r400 = response(400, &Body::Text("Bad".into()), false);
+        assert!(r400.starts_with(b"HTTP/1.1 400 \r\n"));
         assert!(r.contains("Content-Type: application/json\r\n"), "{r}");
         assert!(
             r.contains("Content-Length: 2\r\nConnection: close\r\n\r\n{}"),

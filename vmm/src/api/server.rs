@@ -7,8 +7,8 @@
 //! answered 503 and closed.
 
 use std::io::{self, Write};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::FileTypeExt;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -51,6 +51,11 @@ pub enum ApiServerError {
 /// The running server; dropping it stops the listener and removes the socket file.
 pub struct ApiServer {
     path: PathBuf,
+    /// The socket file as bound (device and inode): removed at the end only if still ours.
+    bound: Option<(u64, u64)>,
+    /// The listening socket (shared with the listener thread), shut down to end its accept:
+    /// whatever happened to the path, the stop does not depend on it.
+    socket: UnixListener,
     stop: Arc<AtomicBool>,
     listener: Option<JoinHandle<()>>,
     /// Requests handed to the VMM whose replies are not written yet.
@@ -80,6 +85,13 @@ impl ApiServer {
     /// Listens on `path`; requests for the VM go to `calls`.
     pub fn start(path: &Path, calls: Sender<ApiCall>) -> Result<ApiServer, ApiServerError> {
         let listener = bind(path)?;
+        let bound = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+        let socket = listener
+            .try_clone()
+            .map_err(|error| ApiServerError::Listen {
+                path: path.display().to_string(),
+                error,
+            })?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let answering = Arc::new(AtomicUsize::new(0));
@@ -96,6 +108,8 @@ impl ApiServer {
             .map_err(ApiServerError::Thread)?;
         Ok(ApiServer {
             path: path.to_path_buf(),
+            bound,
+            socket,
             stop,
             listener: Some(thread),
             answering,
@@ -115,12 +129,18 @@ impl Drop for ApiServer {
             thread::sleep(Duration::from_millis(1));
         }
         self.stop.store(true, Ordering::Release);
-        // Wakes the listener's accept; it sees the flag and ends.
-        let _ = UnixStream::connect(&self.path);
+        // Ends the listener's accept (EINVAL on a shut-down listening socket); it sees the
+        // flag and ends. Not a connection to the path: the file may be gone or replaced.
+        // SAFETY: shutdown(2) on a socket this server owns; no memory is involved.
+        unsafe { libc::shutdown(self.socket.as_raw_fd(), libc::SHUT_RDWR) };
         if let Some(t) = self.listener.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| Some((m.dev(), m.ino())) == self.bound);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -266,6 +286,16 @@ impl Connection {
                 self.buf.extend_from_slice(&chunk[..n]);
                 Ok(true)
             }
+            // More descriptors than MAX_FDS: the kernel and vmm-sys-util closed them all, and
+            // the bytes that came with them are gone, so the request cannot be answered as
+            // sent; the client hears why before the connection closes.
+            Err(e) if e.errno() == libc::ENOBUFS => Err(HttpError::new(
+                400,
+                format!(
+                    "A request may bring at most {MAX_FDS} file descriptors; \
+                     this one brought more (all closed)"
+                ),
+            )),
             Err(e) if matches!(e.errno(), libc::EAGAIN | libc::ETIMEDOUT) => {
                 if self.buf.is_empty() {
                     return Ok(false); // idle: just close

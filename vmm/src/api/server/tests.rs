@@ -268,6 +268,29 @@ fn file_descriptors_arrive_with_the_request_that_carries_them() {
 }
 
 #[test]
+fn a_request_with_too_many_descriptors_is_answered_400_and_they_are_closed() {
+    let rig = Rig::new("manyfds");
+    let (sent, kept): (Vec<_>, Vec<_>) = (0..200).map(|_| UnixStream::pair().unwrap()).unzip();
+    let raw: Vec<_> = sent.iter().map(|s| s.as_raw_fd()).collect();
+    let body = r#"{"mac":"02:00:00:4b:52:01"}"#;
+    let r = rig
+        .client()
+        .request_with_fds("PUT", "vm.add-net", Some(body), &raw)
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("at most 16 file descriptors"), "{}", r.body);
+    assert_eq!(rig.fds.load(Ordering::SeqCst), 0, "none reached the VMM");
+    // Once our ends are closed, each peer reads its end of file only if the server closed
+    // the copies it received too.
+    drop(sent);
+    for mut peer in kept {
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(peer.read(&mut [0u8; 1]).unwrap(), 0, "a copy is still open");
+    }
+    rig.ping();
+}
+
+#[test]
 fn a_socket_in_use_is_refused_and_a_stale_one_replaced() {
     let rig = Rig::new("stale");
     let (calls, _r) = channel();
