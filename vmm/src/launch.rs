@@ -81,6 +81,25 @@ pub enum LaunchError {
     },
 }
 
+impl LaunchError {
+    /// Whether what the client gave is at fault (a file that cannot be opened or used, a tap
+    /// that is not one, a socket path in use), not the host: the API answers 400, not 500.
+    pub fn is_input_fault(&self) -> bool {
+        use crate::devices::virtio::net::tap::TapError;
+        match self {
+            LaunchError::Tap(TapError::OpenTun(_)) => false,
+            LaunchError::Config(_)
+            | LaunchError::KernelFile { .. }
+            | LaunchError::KernelTooBig { .. }
+            | LaunchError::Disk(_)
+            | LaunchError::Tap(_)
+            | LaunchError::Vsock(_)
+            | LaunchError::SerialFile { .. } => true,
+            _ => false,
+        }
+    }
+}
+
 /// Launch choices that are not part of the VM configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct LaunchOptions {

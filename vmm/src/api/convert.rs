@@ -223,9 +223,10 @@ impl DiskConfig {
             &["vhost_user", "vhost_socket", "backing_files"],
         )?;
         match self.extra.get("image_type").and_then(Value::as_str) {
-            None | Some("Raw") => Ok(()),
+            None | Some("Raw" | "Unknown") => Ok(()),
             Some(other) => Err(refuse(format!(
-                "disks[].image_type {other} is not supported by exitless (Raw only)"
+                "disks[].image_type {other} is not supported by exitless (Raw, or Unknown \
+                 for a raw image it checks)"
             ))),
         }
     }
@@ -237,10 +238,18 @@ impl DiskConfig {
             .path
             .as_ref()
             .ok_or_else(|| refuse("disks[].path is required".into()))?;
+        let image_type = self.extra.get("image_type").and_then(Value::as_str);
         Ok(config::DiskConfig {
             path: PathBuf::from(path),
             readonly: self.readonly,
             direct: self.direct,
+            // exitless's own: `"lock": false` shares the image with another writer on purpose.
+            lock: self
+                .extra
+                .get("lock")
+                .and_then(Value::as_bool)
+                .unwrap_or(true),
+            probe_format: image_type == Some("Unknown"),
             id: self.id.clone(),
         })
     }
@@ -306,17 +315,8 @@ mod tests {
 
     #[test]
     fn a_kata_body_becomes_exitless_config() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/kata-wire-sequence.json"
-        );
-        let Ok(text) = std::fs::read_to_string(path) else {
-            return crate::test_skip::skip(
-                "kata_body",
-                "../shared/kata-wire-sequence.json is missing",
-            );
-        };
-        let seq: Value = serde_json::from_str(&text).unwrap();
+        let text = include_str!("fixtures/kata_clh_sandbox.json");
+        let seq: Value = serde_json::from_str(text).unwrap();
         let create = &seq["requests"][1]["body"];
         let c: VmConfig = serde_json::from_value(create.clone()).unwrap();
         let vm = c.to_vm_config().unwrap();

@@ -1,4 +1,5 @@
-//! `--disk path=FILE[,readonly=on][,direct=on]`: a raw image file behind a virtio-blk device.
+//! `--disk path=FILE[,readonly=on][,direct=on][,lock=off]`: a raw image file behind a virtio-blk
+//! device.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -8,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::ConfigError;
 
 /// One disk.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DiskConfig {
     /// The raw image file.
@@ -20,9 +21,43 @@ pub struct DiskConfig {
     /// Open the image O_DIRECT (bypassing the host's page cache).
     #[serde(default)]
     pub direct: bool,
+    /// Lock the image while the disk is attached: exclusive when writable, shared when
+    /// read-only, so that no other device or program writes it meanwhile. Off (`lock=off`)
+    /// only to share an image with another writer on purpose.
+    #[serde(default = "on", skip_serializing_if = "is_on")]
+    pub lock: bool,
+    /// Probe the image's format before use (the API's `image_type: "Unknown"`): raw goes on,
+    /// any other format is refused by name.
+    #[serde(default, skip_serializing_if = "is_off")]
+    pub probe_format: bool,
     /// The device's id in the API (`_disk0`, or the client's); none from the command line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+}
+
+impl Default for DiskConfig {
+    fn default() -> Self {
+        DiskConfig {
+            path: PathBuf::new(),
+            readonly: false,
+            direct: false,
+            lock: true,
+            probe_format: false,
+            id: None,
+        }
+    }
+}
+
+fn on() -> bool {
+    true
+}
+
+fn is_on(b: &bool) -> bool {
+    *b
+}
+
+fn is_off(b: &bool) -> bool {
+    !*b
 }
 
 fn bad(input: &str, reason: String) -> ConfigError {
@@ -43,10 +78,10 @@ fn on_off(input: &str, key: &str, value: &str) -> Result<bool, ConfigError> {
 impl FromStr for DiskConfig {
     type Err = ConfigError;
 
-    /// `path=FILE` with optional `,readonly=on|off` and `,direct=on|off`.
+    /// `path=FILE` with optional `,readonly=on|off`, `,direct=on|off` and `,lock=on|off`.
     fn from_str(input: &str) -> Result<Self, ConfigError> {
         let mut path = None;
-        let (mut readonly, mut direct) = (false, false);
+        let (mut readonly, mut direct, mut lock) = (false, false, true);
         for part in input.split(',') {
             let (key, value) = part
                 .split_once('=')
@@ -55,10 +90,11 @@ impl FromStr for DiskConfig {
                 "path" if !value.is_empty() => path = Some(PathBuf::from(value)),
                 "readonly" => readonly = on_off(input, key, value)?,
                 "direct" => direct = on_off(input, key, value)?,
+                "lock" => lock = on_off(input, key, value)?,
                 _ => {
                     return Err(bad(
                         input,
-                        format!("unknown key '{key}' (path=, readonly=, direct=)"),
+                        format!("unknown key '{key}' (path=, readonly=, direct=, lock=)"),
                     ))
                 }
             }
@@ -68,7 +104,8 @@ impl FromStr for DiskConfig {
             path,
             readonly,
             direct,
-            id: None,
+            lock,
+            ..DiskConfig::default()
         })
     }
 }
@@ -84,13 +121,16 @@ mod tests {
         let d: DiskConfig = "path=b.img,readonly=on".parse().unwrap();
         assert!(d.readonly && !d.direct);
         let d: DiskConfig = "path=b.img,direct=on".parse().unwrap();
-        assert!(d.direct && !d.readonly);
+        assert!(d.direct && !d.readonly && d.lock);
+        let d: DiskConfig = "path=b.img,lock=off".parse().unwrap();
+        assert!(!d.lock);
         for (input, why) in [
             ("b.img", "'b.img' is not key=value"),
             ("path=a,size=3", "unknown key 'size'"),
             ("readonly=on", "path=FILE is required"),
             ("path=a,readonly=maybe", "readonly=maybe: use on or off"),
             ("path=a,direct=2", "direct=2: use on or off"),
+            ("path=a,lock=later", "lock=later: use on or off"),
             ("path=", "unknown key 'path'"),
         ] {
             let e = input.parse::<DiskConfig>().unwrap_err().to_string();

@@ -73,7 +73,8 @@ pub enum ControlError {
 impl ControlError {
     /// The HTTP status: Cloud Hypervisor's where it has one (404 for a missing VM or device,
     /// 400 for a bad config, 409 for a duplicate id, 429 for a pending resize), 405 for a
-    /// request the VM's state does not allow, 500 when the host failed.
+    /// request the VM's state does not allow; 400 when a file, tap or socket the client named
+    /// cannot be used, 500 when the host failed.
     pub fn status(&self) -> u16 {
         match self {
             ControlError::NotCreated | ControlError::UnknownDevice(_) => 404,
@@ -83,6 +84,7 @@ impl ControlError {
             ControlError::AlreadyCreated | ControlError::WrongState { .. } => 405,
             ControlError::DuplicateId(_) => 409,
             ControlError::ResizePending => 429,
+            ControlError::Launch(e) if e.is_input_fault() => 400,
             ControlError::Launch(_) => 500,
         }
     }

@@ -220,3 +220,74 @@ fn a_guest_reset_reboots_the_vm() {
     vmm.stop();
     let _ = std::fs::remove_file(kernel);
 }
+
+/// A scratch file in the temp folder, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str, head: &[u8]) -> Scratch {
+        let name = format!("exitless-control-{tag}-{}.img", std::process::id());
+        let path = std::env::temp_dir().join(name);
+        let mut bytes = head.to_vec();
+        bytes.resize(1 << 20, 0);
+        std::fs::write(&path, bytes).unwrap();
+        Scratch(path)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn files_and_fds_a_client_names_wrongly_are_refused_400_with_the_reason() {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        crate::test_skip::skip("control_bad_files", "/dev/kvm is missing on this host");
+        return;
+    }
+    let kernel = bench_kernel("bad-files");
+    let mut vmm = Vmm::new();
+    let body = create_body(kernel.to_str().unwrap(), "case=pio_out iters=100000000");
+    vmm.handle(R::VmCreate(body));
+    assert_eq!(status(&vmm.handle(R::VmBoot)), 204);
+    let refused = |vmm: &mut Vmm, r: R, why: &str| {
+        let a = vmm.handle(r);
+        assert_eq!(status(&a), 400, "{}", message(&a));
+        assert!(message(&a).contains(why), "{why}: {}", message(&a));
+    };
+    let missing = "/nonexistent/exitless-disk.img";
+    let add = |body: serde_json::Value| R::VmAddDisk(disk(body));
+    refused(&mut vmm, add(serde_json::json!({"path": missing})), missing);
+    // One writable image, attached once: a second device on it is refused, naming the file.
+    let image = Scratch::new("locked", b"");
+    let path = image.0.to_str().unwrap();
+    let first = vmm.handle(add(serde_json::json!({"path": path})));
+    assert_eq!(status(&first), 200, "{}", message(&first));
+    refused(
+        &mut vmm,
+        add(serde_json::json!({"path": path})),
+        "is in use",
+    );
+    let ro = add(serde_json::json!({"path": path, "readonly": true}));
+    refused(&mut vmm, ro, "this VM");
+    // image_type Unknown (ch-remote's): raw goes on, any other format is named.
+    let qcow = Scratch::new("qcow2", b"QFI\xfb\0\0\0\x03");
+    let qcow2 = serde_json::json!({"path": qcow.0, "image_type": "Unknown"});
+    refused(&mut vmm, add(qcow2), "qcow2");
+    let raw = Scratch::new("raw", b"");
+    let unknown = vmm.handle(add(
+        serde_json::json!({"path": raw.0, "image_type": "Unknown"}),
+    ));
+    assert_eq!(status(&unknown), 200, "{}", message(&unknown));
+    // A descriptor that is not a tap: refused, and closed.
+    let (sent, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let net: schema::NetConfig = serde_json::from_value(serde_json::json!({})).unwrap();
+    refused(&mut vmm, R::VmAddNet(net, vec![sent.into()]), "not");
+    peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    use std::io::Read;
+    assert_eq!(peer.read(&mut [0u8; 1]).unwrap(), 0, "the fd was closed");
+    vmm.stop();
+    let _ = std::fs::remove_file(kernel);
+}

@@ -9,6 +9,7 @@
 //! without it every write completes only once its data is on stable storage (write-through).
 
 pub mod direct;
+pub mod image;
 pub mod io;
 pub mod request;
 
@@ -54,6 +55,12 @@ pub enum BlockError {
     Size { path: String, size: u64 },
     #[error("Disk {0}: the file system refuses direct I/O (O_DIRECT); direct=off works")]
     DirectRefused(String),
+    #[error("Disk {path} is in use: {holder} holds a lock on it (lock=off shares it on purpose)")]
+    Locked { path: String, holder: String },
+    #[error("Cannot lock disk {path}: {error}")]
+    Lock { path: String, error: std::io::Error },
+    #[error("Disk {path} is a {format} image; exitless serves raw images only")]
+    Format { path: String, format: &'static str },
 }
 
 /// What the device did with the driver's requests, for tests and the bench.
@@ -134,6 +141,14 @@ impl Block {
                 .map_err(open_err)?;
             (file, None)
         };
+        if disk.lock {
+            image::lock(&file, &path, disk.readonly)?;
+        }
+        if disk.probe_format {
+            if let Some(format) = image::probe_format(&file).map_err(open_err)? {
+                return Err(BlockError::Format { path, format });
+            }
+        }
         let meta = file.metadata().map_err(open_err)?;
         let size = meta.len();
         if size % SECTOR != 0 {
