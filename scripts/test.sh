@@ -30,11 +30,31 @@ fi
 if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     apt-get install -y -qq fonts-dejavu-core >/dev/null 2>&1 || echo "test.sh: could not install fonts-dejavu-core" >&2
 fi
+# compare reads KVM_RUN turnarounds from tracefs; mounted here so its tests find it at once.
+if [ "$(id -u)" -eq 0 ] && [ -d /sys/kernel/tracing ] && [ ! -e /sys/kernel/tracing/instances ]; then
+    mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || echo "test.sh: could not mount tracefs" >&2
+fi
 bash scripts/fetch-guest.sh guest
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --profile ci -- -D warnings
 # The VMM without the lab (no bench, compare, bench guest): the core must build on its own.
 cargo clippy -p exitless --no-default-features --profile ci -- -D warnings
+
+# Test what ships: the release binaries exactly as the README builds them (static musl, fat
+# LTO, panic=abort), the VMM-only one first so that the default build is the one left in
+# target/.../release. The end-to-end tests run against these (EXITLESS_BIN, EXITLESS_VMM_BIN),
+# not against the test profile's build, which differs in LTO and panic strategy.
+shipped_start=$(date +%s)
+release=target/x86_64-unknown-linux-musl/release
+shipped=target/shipped
+mkdir -p "$shipped"
+cargo build --release --no-default-features
+cp "$release/exitless" "$shipped/exitless-vmm"
+cargo build --release
+cp "$release/exitless" "$release/exitless-chart" "$shipped/"
+bash scripts/check-weak-calls.sh "$shipped/exitless" "$shipped/exitless-vmm"
+export EXITLESS_BIN=$PWD/$shipped/exitless EXITLESS_VMM_BIN=$PWD/$shipped/exitless-vmm
+echo "test.sh: release builds and their checks took $(( $(date +%s) - shipped_start )) s"
 # Tests that cannot run here say why (vmm::test_skip); cargo hides it, so count them here.
 skips=$(mktemp)
 results=$(mktemp)

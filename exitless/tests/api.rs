@@ -1,124 +1,17 @@
 //! `exitless --api-socket`: the process Kata Containers starts, driven over its socket as Kata
-//! drives it (../shared/kata-wire-sequence.json), and hotplug proven with the bench guest's
+//! drives it (vmm/src/api/fixtures/kata_clh_sandbox.json), and hotplug proven with the bench guest's
 //! own driver (a disk added, used and ejected; a CPU added and started).
 
 mod common;
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{exitless, export_guest, Stream};
+use common::api_vmm::{json, kvm_or_skip, ok, Vmm};
+use common::{exitless, export_guest};
 use serde_json::Value;
-use vmm::api::client::{ApiClient, Reply};
-
-/// A running `exitless --api-socket`, killed if the test ends early.
-struct Vmm {
-    child: Child,
-    socket: PathBuf,
-    stderr: Stream,
-}
-
-impl Vmm {
-    fn start(tag: &str) -> Vmm {
-        let socket =
-            std::env::temp_dir().join(format!("exitless-api-{tag}-{}.sock", std::process::id()));
-        let mut child = exitless()
-            .args(["-v", "--api-socket"])
-            .arg(&socket)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = Stream::spawn(child.stderr.take().unwrap());
-        let vmm = Vmm {
-            child,
-            socket,
-            stderr,
-        };
-        // As Kata does: ping every 10 ms until it answers.
-        let start = Instant::now();
-        while vmm.try_client().is_none() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "no answer on the API socket"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        vmm
-    }
-
-    fn try_client(&self) -> Option<ApiClient> {
-        let mut c = ApiClient::connect(&self.socket, Duration::from_secs(30)).ok()?;
-        (c.request("GET", "vmm.ping", None).ok()?.status == 200).then_some(c)
-    }
-
-    fn client(&self) -> ApiClient {
-        self.try_client().expect("the API answers")
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Open file descriptors of the VMM process.
-    fn fds(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, |d| d.count())
-    }
-
-    /// Thread names of the VMM process.
-    fn threads(&self) -> Vec<String> {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid())) else {
-            return Vec::new();
-        };
-        tasks
-            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-            .map(|c| c.trim().to_string())
-            .collect()
-    }
-
-    /// Waits up to `limit` for the process to end; its exit status then.
-    fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
-    }
-}
-
-impl Drop for Vmm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn kvm_or_skip(test: &str) -> bool {
-    if std::fs::metadata("/dev/kvm").is_err() {
-        vmm::test_skip::skip(test, "/dev/kvm is missing on this host");
-        return false;
-    }
-    true
-}
-
-fn ok(r: Reply, what: &str) -> Reply {
-    assert!(
-        r.status == 200 || r.status == 204,
-        "{what}: {} {}",
-        r.status,
-        r.body
-    );
-    r
-}
-
-fn json(r: &Reply) -> Value {
-    serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body))
-}
+use vmm::api::client::ApiClient;
 
 fn info(c: &mut ApiClient) -> Value {
     json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"))
@@ -319,20 +212,19 @@ fn the_kata_request_sequence_is_answered_as_kata_expects() {
     if !kvm_or_skip("api_kata_sequence") {
         return;
     }
-    let seq_path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/kata-wire-sequence.json"
-    );
-    let Ok(seq) = std::fs::read_to_string(seq_path) else {
-        return vmm::test_skip::skip(
-            "api_kata_sequence",
-            "../shared/kata-wire-sequence.json is missing",
-        );
-    };
     let Some((_ns, tap)) = kata_tap("api_kata_sequence") else {
         return;
     };
     let kernel = export_guest("api-kata");
+    for bin in common::builds() {
+        walk_kata_sequence(&bin, &kernel, &tap);
+    }
+    let _ = std::fs::remove_file(&kernel);
+}
+
+/// The sequence of fixtures/kata_clh_sandbox.json against build `bin`, tap fd included.
+fn walk_kata_sequence(bin: &Path, kernel: &Path, tap: &impl AsRawFd) {
+    let seq = include_str!("../../vmm/src/api/fixtures/kata_clh_sandbox.json");
     let dir = std::env::temp_dir().join(format!("exitless-kata-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("rootfs.img"), vec![0u8; 1 << 20]).unwrap();
@@ -342,7 +234,7 @@ fn the_kata_request_sequence_is_answered_as_kata_expects() {
         .replace("@VMDIR@", dir.to_str().unwrap())
         .replace("@KERNEL@", kernel.to_str().unwrap());
     let seq: Value = serde_json::from_str(&seq).unwrap();
-    let mut vmm = Vmm::start("kata");
+    let mut vmm = Vmm::start_build(bin, "kata");
     let mut c = vmm.client();
     let mut disk_id = String::new();
     for r in seq["requests"].as_array().unwrap() {
@@ -408,7 +300,6 @@ fn the_kata_request_sequence_is_answered_as_kata_expects() {
         vmm.stderr.text
     );
     let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_file(&kernel);
 }
 
 fn remote(socket: &Path, args: &[&str]) -> std::process::Output {

@@ -1,10 +1,12 @@
 //! `exitless bench` from the command line: bad input gets one clear line and a non-zero exit;
 //! a small run reports sane structure.
 
+mod common;
+
 use std::process::{Command, Output};
 
 fn exitless(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_exitless"))
+    common::exitless()
         .args(args)
         .output()
         .expect("exitless runs")
@@ -73,7 +75,7 @@ fn non_numeric_iterations_are_rejected_by_the_parser() {
 
 #[test]
 fn missing_kvm_device_is_one_clear_line() {
-    let o = Command::new(env!("CARGO_BIN_EXE_exitless"))
+    let o = common::exitless()
         .args(["bench", "--cases", "cpuid"])
         .env("EXITLESS_KVM_DEVICE", "/nonexistent/kvm")
         .output()
@@ -86,7 +88,7 @@ fn missing_kvm_device_is_one_clear_line() {
 
 #[test]
 fn non_kvm_device_is_one_clear_line() {
-    let o = Command::new(env!("CARGO_BIN_EXE_exitless"))
+    let o = common::exitless()
         .args(["bench", "--cases", "cpuid"])
         .env("EXITLESS_KVM_DEVICE", "/dev/null")
         .output()
@@ -179,15 +181,19 @@ fn kvm_without_permission_is_one_clear_line() {
     };
     // The one limit of the environment: a build directory other users cannot reach. Anything
     // else that fails below is exitless's to fix, "Permission denied" included.
-    let bin = env!("CARGO_BIN_EXE_exitless");
+    let bin = common::exitless_path();
     let reachable = unprivileged()
-        .args(["test", "-x", bin])
+        .args(["test", "-x"])
+        .arg(&bin)
         .status()
         .is_ok_and(|s| s.success());
     if !reachable {
         vmm::test_skip::skip(
             "kvm_without_permission",
-            &format!("{bin} is not executable by an unprivileged user (a closed directory)"),
+            &format!(
+                "{} is not executable by an unprivileged user (a closed directory)",
+                bin.display()
+            ),
         );
         return;
     }
@@ -220,7 +226,7 @@ fn scaling_runs_a_row_per_placement_and_vm_count() {
         return;
     }
     let json = std::env::temp_dir().join(format!("exitless-scaling-{}.json", std::process::id()));
-    let o = Command::new(env!("CARGO_BIN_EXE_exitless"))
+    let o = common::exitless()
         .args([
             "bench",
             "--scaling",

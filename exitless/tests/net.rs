@@ -70,13 +70,21 @@ fn frames_cross_the_tap_both_ways_and_the_profile_counts_them() {
         }
     };
     let guest = export_guest("net-tap");
+    for bin in common::builds() {
+        frames_both_ways(&bin, &net, &guest);
+    }
+    std::fs::remove_file(&guest).ok();
+}
+
+/// The guest's frame out through the tap and the host's frames echoed back, with `bin`.
+fn frames_both_ways(bin: &Path, net: &PrivateNet, guest: &Path) {
     let json = guest.with_extension("profile.json");
     let (child, sock) = net
         .run(|| {
             let sock = PacketSocket::bind("exl0", ETHERTYPE).unwrap();
-            let child = exitless()
+            let child = Command::new(bin)
                 .args(["run", "--kernel"])
-                .arg(&guest)
+                .arg(guest)
                 .args(["--memory", "64M", "--timeout", "60"])
                 .args(["--net", "tap=exl0,mac=52:54:00:aa:bb:cc"])
                 .args(["--cmdline", &format!("case=net_check iters={ECHOES}")])
@@ -100,7 +108,6 @@ fn frames_cross_the_tap_both_ways_and_the_profile_counts_them() {
         check_echo(&echo, &sent, &GUEST_MAC);
     }
     let o = child.wait_with_output().unwrap();
-    std::fs::remove_file(&guest).ok();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success(),
@@ -148,7 +155,7 @@ fn a_tap_this_process_may_not_create_is_one_line_that_says_what_is_needed() {
     let guest = export_guest("net-noperm");
     let o = Command::new("unshare")
         .args(["--user", "--map-root-user"])
-        .arg(env!("CARGO_BIN_EXE_exitless"))
+        .arg(common::exitless_path())
         .args(["run", "--kernel"])
         .arg(&guest)
         .args(["--net", "tap=exl-noperm", "--timeout", "10"])
@@ -217,7 +224,6 @@ fn qemu_virtio_net_passes_the_guest_driver_check() {
         check_echo(&buf[..n], &sent, &GUEST_MAC);
     }
     let o = child.wait_with_output().unwrap();
-    std::fs::remove_file(&guest).ok();
     let out = String::from_utf8_lossy(&o.stdout);
     // isa-debug-exit makes QEMU exit with (status << 1) | 1; the guest reports status 0.
     assert_eq!(o.status.code(), Some(1), "{out}");

@@ -16,7 +16,12 @@ use common::{private_tap, Image, Stream};
 const MIB: u64 = 1 << 20;
 
 fn exitless() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_exitless"));
+    run_with(&common::exitless_path())
+}
+
+/// `run` of build `bin`.
+fn run_with(bin: &Path) -> Command {
+    let mut cmd = Command::new(bin);
     cmd.arg("run").stdin(Stdio::null());
     cmd
 }
@@ -238,10 +243,7 @@ fn timeout_stops_the_vm_with_code_124_and_writes_the_profile() {
 
 #[test]
 fn help_states_every_default() {
-    let out = Command::new(env!("CARGO_BIN_EXE_exitless"))
-        .args(["run", "--help"])
-        .output()
-        .unwrap();
+    let out = common::exitless().args(["run", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
     for opt in [
         "--kernel",
@@ -339,6 +341,17 @@ fn boot_until(test: &str, cpus: &str, extra: &[&str]) -> Option<serde_json::Valu
 
 /// Like [`boot_until`], with `args` added to the exitless command line (devices).
 fn boot_with(test: &str, cpus: &str, args: &[String], extra: &[&str]) -> Option<serde_json::Value> {
+    boot_with_build(&common::exitless_path(), test, cpus, args, extra)
+}
+
+/// [`boot_with`] with build `bin`.
+fn boot_with_build(
+    bin: &Path,
+    test: &str,
+    cpus: &str,
+    args: &[String],
+    extra: &[&str],
+) -> Option<serde_json::Value> {
     if !have_kvm(test) || !have_vmlinux(test) {
         return None;
     }
@@ -348,7 +361,7 @@ fn boot_with(test: &str, cpus: &str, args: &[String], extra: &[&str]) -> Option<
     );
     let json = std::env::temp_dir().join(format!("exitless-{test}-{}.json", std::process::id()));
     let initrd = root().join("guest/initramfs.cpio.gz");
-    let mut cmd = exitless();
+    let mut cmd = run_with(bin);
     cmd.arg("--kernel").arg(vmlinux());
     if initrd.exists() {
         cmd.arg("--initrd").arg(&initrd);
@@ -401,13 +414,15 @@ fn reason_count(vcpu: &serde_json::Value, reason: &str) -> u64 {
 
 #[test]
 fn boots_linux_to_its_e820_map_and_profiles_the_console() {
-    let Some(profile) = boot_until_e820("boot1", "1") else {
-        return;
-    };
-    assert_eq!(profile["schema"], "exitless.profile/1");
-    let vcpu0 = &profile["vcpus"][0];
-    assert_eq!(vcpu0["id"], 0);
-    assert!(reason_count(vcpu0, "IO_OUT") > 0, "{vcpu0:#}");
+    for bin in common::builds() {
+        let Some(profile) = boot_with_build(&bin, "boot1", "1", &[], &[]) else {
+            return;
+        };
+        assert_eq!(profile["schema"], "exitless.profile/1");
+        let vcpu0 = &profile["vcpus"][0];
+        assert_eq!(vcpu0["id"], 0);
+        assert!(reason_count(vcpu0, "IO_OUT") > 0, "{vcpu0:#}");
+    }
 }
 
 /// Only that a two-vCPU VM starts and its boot vCPU gets as far: the kernel brings up the

@@ -30,9 +30,9 @@ fn ctrl_c_on_the_console_stops_the_vm_and_restores_the_terminal() {
     if !available() {
         return;
     }
-    let exe = env!("CARGO_BIN_EXE_exitless");
+    let exe = common::exitless_path().display().to_string();
     let guest = std::env::temp_dir().join(format!("exitless-tty-{}.elf", std::process::id()));
-    assert!(Command::new(exe)
+    assert!(Command::new(&exe)
         .args(["bench", "--export-guest"])
         .arg(&guest)
         .status()

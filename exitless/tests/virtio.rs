@@ -27,8 +27,13 @@ fn check_cmdline(extra: &str) -> String {
 
 /// Runs the guest's check; returns its console and the run's profile (JSON).
 fn run_check(guest: &Path, disk: &str, rng: bool) -> (String, serde_json::Value) {
+    run_check_with(&common::exitless_path(), guest, disk, rng)
+}
+
+/// [`run_check`] with build `bin`.
+fn run_check_with(bin: &Path, guest: &Path, disk: &str, rng: bool) -> (String, serde_json::Value) {
     let json = guest.with_extension("profile.json");
-    let mut cmd = exitless();
+    let mut cmd = std::process::Command::new(bin);
     cmd.args(["run", "--kernel"])
         .arg(guest)
         .args(["--memory", "64M", "--timeout", "60", "--disk", disk])
@@ -56,9 +61,15 @@ fn the_guest_writes_flushes_and_reads_back_its_disk_and_gets_random_bytes() {
         return;
     }
     let guest = export_guest("virtio-check");
-    let image = Image::new("virtio-check", 16);
-    let (out, profile) = run_check(&guest, &image.disk_arg(false), true);
+    for bin in common::builds() {
+        check_disk_and_rng(&bin, &guest);
+    }
     std::fs::remove_file(&guest).ok();
+}
+
+fn check_disk_and_rng(bin: &Path, guest: &Path) {
+    let image = Image::new("virtio-check", 16);
+    let (out, profile) = run_check_with(bin, guest, &image.disk_arg(false), true);
     // The profile shows each device's queue work: the requests the guest made, all served.
     let devices = profile["virtio"].as_array().expect("virtio in the profile");
     let names: Vec<&str> = devices

@@ -21,6 +21,14 @@ fn the_guest_reaches_a_host_port_and_a_host_program_reaches_a_guest_port() {
         return vmm::test_skip::skip("virtio_vsock", "/dev/kvm is missing on this host");
     }
     let guest = export_guest("vsock");
+    for bin in common::builds() {
+        round_trips(&bin, &guest);
+    }
+    std::fs::remove_file(&guest).ok();
+}
+
+/// The guest's connection to a host port and a host program's to a guest port, with `bin`.
+fn round_trips(bin: &Path, guest: &Path) {
     let path = guest.with_extension("vsock.sock");
     let echo = UnixListener::bind(format!("{}_1234", path.display())).unwrap();
     let echo_thread = std::thread::spawn(move || {
@@ -38,9 +46,9 @@ fn the_guest_reaches_a_host_port_and_a_host_program_reaches_a_guest_port() {
         }
     });
     let json = guest.with_extension("profile.json");
-    let child = exitless()
+    let child = std::process::Command::new(bin)
         .args(["run", "--kernel"])
-        .arg(&guest)
+        .arg(guest)
         .args(["--memory", "64M", "--timeout", "60", "--vsock"])
         .arg(format!("cid=7,socket={}", path.display()))
         .args([
@@ -86,7 +94,6 @@ fn the_guest_reaches_a_host_port_and_a_host_program_reaches_a_guest_port() {
     }
     drop((host, reader));
     let o = child.wait_with_output().unwrap();
-    std::fs::remove_file(&guest).ok();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success(),

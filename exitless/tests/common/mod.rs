@@ -3,6 +3,8 @@
 // Each test file uses its own part of this module.
 #![allow(dead_code)]
 
+pub mod api_vmm;
+
 use std::io::Read;
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
@@ -52,9 +54,26 @@ impl Stream {
     }
 }
 
-/// The exitless binary under test.
+/// The exitless binary under test: the one `EXITLESS_BIN` names (scripts/test.sh points it at
+/// the release binary built as the README builds it: what ships), else the test build's.
+pub fn exitless_path() -> std::path::PathBuf {
+    std::env::var_os("EXITLESS_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_exitless").into())
+}
+
+/// Every build the end-to-end tests of each device, of `run` and of the Kata sequence run
+/// against: [`exitless_path`], and the VMM-only build that `EXITLESS_VMM_BIN` names (the
+/// README's `--no-default-features` release build; scripts/test.sh sets both).
+pub fn builds() -> Vec<std::path::PathBuf> {
+    let mut all = vec![exitless_path()];
+    all.extend(std::env::var_os("EXITLESS_VMM_BIN").map(std::path::PathBuf::from));
+    all
+}
+
+/// A command running the exitless binary under test ([`exitless_path`]).
 pub fn exitless() -> std::process::Command {
-    std::process::Command::new(env!("CARGO_BIN_EXE_exitless"))
+    std::process::Command::new(exitless_path())
 }
 
 /// The embedded bench guest written to a file of its own (`tag` keeps tests apart).
