@@ -95,8 +95,10 @@ pub struct RunOptions {
     #[arg(long, value_name = "SECS")]
     profile_interval: Option<f64>,
     /// A raw disk image as a virtio-blk device (repeatable; readonly=on refuses the guest's
-    /// writes, direct=on opens it O_DIRECT) [default: none]
-    #[arg(long, value_name = "path=FILE[,readonly=on]")]
+    /// writes, direct=on opens it O_DIRECT). The image is locked while attached (exclusive,
+    /// shared when read-only): a second writer is refused; lock=off shares it on purpose
+    /// [default: none]
+    #[arg(long, value_name = "path=FILE[,readonly=on][,direct=on][,lock=off]")]
     disk: Vec<String>,
     /// A virtio-rng device fed from the host's getrandom(2) [default: off]
     #[arg(long)]
