@@ -233,3 +233,198 @@ fn the_bench_guest_runs_every_case_under_run_and_ends() {
     );
     assert!(out.contains("EXITLESS DONE"), "{out}");
 }
+
+/// What fs_check expects in the host file it reads and writes to the one it creates (see
+/// guest/virtio_fs.c): byte `i` of the file.
+fn fs_pattern(i: u64) -> u8 {
+    ((i * 7 + (i >> 8) * 13 + (i >> 16) * 29 + 3) & 0xff) as u8
+}
+
+/// virtiofsd (the Rust one) serving a directory of its own on a socket; killed and its
+/// directory removed when dropped.
+struct Virtiofsd {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+}
+
+impl Virtiofsd {
+    /// virtiofsd's binary, if this host can run it (as root), else `test` is reported skipped.
+    fn find(test: &str) -> Option<std::path::PathBuf> {
+        // SAFETY: geteuid reads the caller's id; no memory is involved.
+        if unsafe { libc::geteuid() } != 0 {
+            vmm::test_skip::skip(test, "virtiofsd with --sandbox none needs root");
+            return None;
+        }
+        let installed = std::path::PathBuf::from("/root/.cargo/bin/virtiofsd");
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let found = std::iter::once(installed)
+            .chain(std::env::split_paths(&path).map(|d| d.join("virtiofsd")))
+            .find(|p| p.is_file());
+        if found.is_none() {
+            vmm::test_skip::skip(test, "virtiofsd is not installed (cargo install virtiofsd)");
+        }
+        found
+    }
+
+    /// Starts `binary` on a fresh directory (`tag` keeps tests apart) holding `files`, and
+    /// waits (up to 10 s) for its socket.
+    fn start(binary: &std::path::Path, tag: &str, files: &[(&str, &[u8])]) -> Self {
+        let dir = std::env::temp_dir().join(format!("exitless-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("share")).unwrap();
+        for (name, bytes) in files {
+            std::fs::write(dir.join("share").join(name), bytes).unwrap();
+        }
+        let child = Command::new(binary)
+            .arg("--socket-path")
+            .arg(dir.join("vfs.sock"))
+            .arg("--shared-dir")
+            .arg(dir.join("share"))
+            .args(["--cache", "auto", "--sandbox", "none"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let fsd = Virtiofsd { child, dir };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !fsd.socket().exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(fsd.socket().exists(), "virtiofsd made no socket");
+        fsd
+    }
+
+    fn socket(&self) -> std::path::PathBuf {
+        self.dir.join("vfs.sock")
+    }
+
+    fn shared(&self, name: &str) -> std::path::PathBuf {
+        self.dir.join("share").join(name)
+    }
+}
+
+impl Drop for Virtiofsd {
+    fn drop(&mut self) {
+        // It ends by itself once QEMU goes; kill it in case it did not.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The exported guest under QEMU (TCG, 120 s at most) with guest memory QEMU shares with
+/// virtiofsd and a vhost-user-fs-pci device of tag kataShared on `fsd`'s socket.
+fn qemu_with_virtio_fs(
+    qemu: &str,
+    guest: &std::path::Path,
+    fsd: &Virtiofsd,
+    cmdline: &str,
+) -> Output {
+    let chardev = format!("socket,id=vfs,path={}", fsd.socket().display());
+    Command::new("timeout")
+        .args(["120", qemu, "-accel", "tcg", "-m", "256M", "-kernel"])
+        .arg(guest)
+        .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on"])
+        .args(["-numa", "node,memdev=mem"])
+        .args(["-chardev", &chardev])
+        .args([
+            "-device",
+            "vhost-user-fs-pci,chardev=vfs,tag=kataShared,queue-size=1024",
+        ])
+        .args(["-serial", "stdio", "-display", "none", "-monitor", "none"])
+        .args([
+            "-no-reboot",
+            "-device",
+            "isa-debug-exit,iobase=0xf4,iosize=4",
+        ])
+        .args(["-append", cmdline])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// The guest's virtio-fs driver against QEMU's vhost-user-fs-pci and the real virtiofsd:
+/// it reads a host file and checks its pattern, then creates a file the host finds holding
+/// exactly the same pattern.
+#[test]
+fn the_guest_virtio_fs_driver_reads_and_writes_host_files_through_qemu_and_virtiofsd() {
+    const TEST: &str = "the_guest_virtio_fs_driver_reads_and_writes_host_files";
+    let Some(qemu) = qemu(TEST) else {
+        return;
+    };
+    let Some(binary) = Virtiofsd::find(TEST) else {
+        return;
+    };
+    // 3 x 64 KiB + 100: several READs and WRITEs, the last one short.
+    let len = 3 * 65536 + 100;
+    let pattern: Vec<u8> = (0..len).map(fs_pattern).collect();
+    // A longer out.bin already there: CREATE must truncate it.
+    let old = vec![0xaa; len as usize + 5000];
+    let fsd = Virtiofsd::start(
+        &binary,
+        "virtio-fs",
+        &[("in.bin", &pattern), ("out.bin", &old)],
+    );
+    let guest = export_guest("virtio-fs");
+    let cmdline =
+        format!("case=fs_check fs_tag=kataShared fs_read=in.bin fs_write=out.bin fs_len={len}");
+    let o = qemu_with_virtio_fs(qemu, &guest, &fsd, &cmdline);
+    std::fs::remove_file(&guest).ok();
+    let out = stdout_of(&o);
+    let written = std::fs::read(fsd.shared("out.bin")).unwrap_or_default();
+    drop(fsd);
+    // isa-debug-exit: QEMU exits with (status << 1) | 1; the guest ends with status 0.
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("EXITLESS VIRTIO fs tag=kataShared matches"),
+        "{out}"
+    );
+    let read = format!("EXITLESS VIRTIO fs read file=in.bin bytes={len} bad=0");
+    assert!(out.contains(&read), "{out}");
+    let wrote = format!("EXITLESS VIRTIO fs wrote file=out.bin bytes={len} size={len}");
+    assert!(out.contains(&wrote), "{out}");
+    assert!(out.contains("EXITLESS VIRTIO fs forgot nodes=2"), "{out}");
+    assert!(out.contains("EXITLESS VIRTIO fs result=pass"), "{out}");
+    assert!(
+        written == pattern,
+        "out.bin holds {} bytes, not the pattern",
+        written.len()
+    );
+}
+
+/// A chain with no device-writable part ends virtiofsd (it cannot write the reply): the
+/// guest's waits are bounded, so it reports the timeouts and ends normally.
+#[test]
+fn a_malformed_virtio_fs_chain_does_not_hang_the_guest() {
+    const TEST: &str = "a_malformed_virtio_fs_chain_does_not_hang_the_guest";
+    let Some(qemu) = qemu(TEST) else {
+        return;
+    };
+    let Some(binary) = Virtiofsd::find(TEST) else {
+        return;
+    };
+    let fsd = Virtiofsd::start(&binary, "virtio-fs-hostile", &[]);
+    let guest = export_guest("virtio-fs-hostile");
+    let o = qemu_with_virtio_fs(qemu, &guest, &fsd, "case=fs_hostile fs_bad=no_writable");
+    std::fs::remove_file(&guest).ok();
+    drop(fsd);
+    let out = stdout_of(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("EXITLESS FS hostile chain=no_writable "),
+        "{out}"
+    );
+    assert!(out.contains("EXITLESS FS hostile chain=valid "), "{out}");
+    assert!(out.contains("EXITLESS FS hostile done"), "{out}");
+}

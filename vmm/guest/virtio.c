@@ -207,19 +207,26 @@ void virtio_fail(const char *what)
     guest_exit(3);
 }
 
-void vring_wait(struct vring *vq, int use_irq, struct vring_used_elem *e, const char *what)
+int vring_wait_until(struct vring *vq, int use_irq, struct vring_used_elem *e, u64 cycles)
 {
     u64 start = rdtsc();
     while (!vring_take(vq, e)) {
         if (use_irq) {
             u64 seen = ipi_count;
             if (!vring_arm(vq))
-                while (*(volatile u64 *)&ipi_count == seen && rdtsc() - start < VIRTIO_WAIT_CYCLES)
+                while (*(volatile u64 *)&ipi_count == seen && rdtsc() - start < cycles)
                     __asm__ volatile("pause");
         } else {
             __asm__ volatile("pause");
         }
-        if (rdtsc() - start > VIRTIO_WAIT_CYCLES)
-            virtio_fail(what);
+        if (rdtsc() - start > cycles)
+            return 0;
     }
+    return 1;
+}
+
+void vring_wait(struct vring *vq, int use_irq, struct vring_used_elem *e, const char *what)
+{
+    if (!vring_wait_until(vq, use_irq, e, VIRTIO_WAIT_CYCLES))
+        virtio_fail(what);
 }

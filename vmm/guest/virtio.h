@@ -33,6 +33,7 @@
 #define PCI_DEVICE_VIRTIO_RNG 0x1044  /* 0x1040 + device id 4 */
 #define PCI_DEVICE_VIRTIO_NET 0x1041  /* 0x1040 + device id 1 */
 #define PCI_DEVICE_VIRTIO_VSOCK 0x1053 /* 0x1040 + device id 19 */
+#define PCI_DEVICE_VIRTIO_FS 0x105a    /* 0x1040 + device id 26 */
 /* Several seconds at any TSC rate: how long the drivers wait for a device. */
 #define VIRTIO_WAIT_CYCLES 20000000000UL
 
@@ -112,6 +113,8 @@ int vring_arm(struct vring *vq);
 /* Waits for the next used element (by interrupt or polling); fails with `what` after
  * VIRTIO_WAIT_CYCLES. */
 void vring_wait(struct vring *vq, int use_irq, struct vring_used_elem *e, const char *what);
+/* The same, but gives up after `cycles`: 1 with *e filled, or 0. */
+int vring_wait_until(struct vring *vq, int use_irq, struct vring_used_elem *e, u64 cycles);
 /* Prints "EXITLESS ERROR <what>" and ends the guest with status 3. */
 void virtio_fail(const char *what);
 
@@ -156,5 +159,16 @@ const char *hostile_vsock_setup(const char *cmdline);
 u64 loop_hostile_vsock(u64 n);
 const char *hostile_toggle_setup(const char *cmdline);
 u64 loop_hostile_toggle(u64 n);
+
+/* virtio-fs (virtio_fs.c): FUSE over the request queue (fs_tag=, fs_read=, fs_write=,
+ * fs_len=, qd=, irq=poll, evidx=off, seed=, fs_bad=). fs_check reads a host file and checks
+ * its pattern, then writes one; virtio_fs times 4 KiB reads at a queue depth; fs_hostile
+ * posts malformed chains, then a valid request. */
+const char *virtio_fs_setup(const char *cmdline);
+const char *virtio_fs_bench_setup(const char *cmdline);
+u64 loop_fs_check(u64 n);
+u64 loop_virtio_fs(u64 n);
+u64 loop_fs_hostile(u64 n);
+void report_virtio_fs(void);
 
 #endif
