@@ -170,6 +170,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         initrd: config.initrd.clone(),
         cmdline: config.cmdline.clone(),
         memory: config.memory.bytes(),
+        memory_backing: config.memory_backing(),
         cpus: config.cpus,
         max_cpus: config.max_vcpus.unwrap_or(config.cpus).max(config.cpus),
         irqchip: config.irqchip,

@@ -74,14 +74,6 @@ impl VmConfig {
         }
         refuse_set(&self.cpus.extra, "cpus.", &["kvm_hyperv", "affinity"])?;
         refuse_set(&self.memory.extra, "memory.", &["zones", "reserve"])?;
-        if self.memory.shared || self.memory.hugepages {
-            let f = if self.memory.shared {
-                "shared"
-            } else {
-                "hugepages"
-            };
-            return Err(refuse(format!("memory.{f} is not supported by exitless")));
-        }
         refuse_set(
             &self.payload.extra,
             "payload.",
@@ -110,6 +102,9 @@ impl VmConfig {
         c.cpus = self.cpus.boot_vcpus;
         c.max_vcpus = Some(self.cpus.max_vcpus);
         c.memory = memory_size(self.memory.size)?;
+        c.shared_memory = self.memory.shared;
+        c.hugepages = self.memory.hugepages;
+        c.hugepage_size = self.memory.hugepage_size.map(hugepage_size).transpose()?;
         c.serial_output = serial_output(self.serial.as_ref())?;
         // Cloud Hypervisor always has an entropy device; so does a VM made through the API.
         c.rng = true;
@@ -143,6 +138,9 @@ impl VmConfig {
             },
             memory: MemoryConfig {
                 size: c.memory.bytes(),
+                shared: c.shared_memory,
+                hugepages: c.hugepages,
+                hugepage_size: c.hugepage_size.map(MemorySize::bytes),
                 ..MemoryConfig::default()
             },
             payload: PayloadConfig {
@@ -191,6 +189,15 @@ fn memory_size(bytes: u64) -> Result<MemorySize, ApiError> {
     if bytes % (1 << 20) != 0 {
         return Err(refuse(format!(
             "memory.size {bytes} is not a whole number of MiB"
+        )));
+    }
+    Ok(MemorySize::from_mib(bytes >> 20))
+}
+
+fn hugepage_size(bytes: u64) -> Result<MemorySize, ApiError> {
+    if bytes != crate::memory::HUGEPAGE_2M && bytes != crate::memory::HUGEPAGE_1G {
+        return Err(refuse(format!(
+            "memory.hugepage_size {bytes} is not supported: use 2097152 (2M) or 1073741824 (1G)"
         )));
     }
     Ok(MemorySize::from_mib(bytes >> 20))
@@ -346,8 +353,12 @@ mod tests {
                 "platform.tdx",
             ),
             (
-                r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456,"shared":true}}"#,
-                "memory.shared",
+                r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456,"hugepages":true,"hugepage_size":4096}}"#,
+                "memory.hugepage_size",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456,"hugepage_size":2097152}}"#,
+                "hugepage_size needs hugepages=on",
             ),
             (r#"{"payload":{"firmware":"/fw"}}"#, "payload.firmware"),
             (
@@ -377,6 +388,20 @@ mod tests {
             "pvpanic":false,"watchdog":false,"iommu":false,"balloon":null,
             "console":{"mode":"Off"},"rng":{"src":"/dev/urandom"}}"#;
         parse(body).to_vm_config().unwrap();
+    }
+
+    #[test]
+    fn shared_and_huge_page_memory_are_taken_and_shown_back() {
+        let body = r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456,"shared":true,
+            "hugepages":true,"hugepage_size":2097152}}"#;
+        let vm = parse(body).to_vm_config().unwrap();
+        assert!(vm.shared_memory && vm.hugepages);
+        let backing = vm.memory_backing();
+        assert_eq!(backing.hugepage_size, Some(crate::memory::HUGEPAGE_2M));
+        let back = serde_json::to_value(VmConfig::from_vm_config(&vm)).unwrap();
+        assert_eq!(back["memory"]["shared"], true);
+        assert_eq!(back["memory"]["hugepages"], true);
+        assert_eq!(back["memory"]["hugepage_size"], 2097152);
     }
 
     #[test]

@@ -49,6 +49,8 @@ pub struct MemoryConfig {
     pub shared: bool,
     #[serde(default)]
     pub hugepages: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugepage_size: Option<u64>,
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -60,6 +62,7 @@ impl Default for MemoryConfig {
             hotplug_size: None,
             shared: false,
             hugepages: false,
+            hugepage_size: None,
             extra: Extra::new(),
         }
     }
