@@ -16,7 +16,9 @@ exitless remote --api-socket /tmp/x.sock create vm.json   # a Cloud Hypervisor V
 exitless remote --api-socket /tmp/x.sock boot\n  \
 exitless remote --api-socket /tmp/x.sock add-disk path=/tmp/d.img,readonly=on\n  \
 exitless remote --api-socket /tmp/x.sock resize --cpus 2\n  \
-exitless remote --api-socket /tmp/x.sock profile          # where the VM's exit cycles go\n\n\
+exitless remote --api-socket /tmp/x.sock profile          # where the VM's exit cycles go\n  \
+exitless remote --api-socket /tmp/x.sock pause && exitless remote --api-socket /tmp/x.sock snapshot /tmp/snap\n  \
+exitless remote --api-socket /tmp/y.sock restore /tmp/snap   # in a fresh exitless --api-socket\n\n\
 Each command is one request; a refused one prints its status and why, and exits with 1.")]
 pub struct RemoteArgs {
     /// The socket `exitless --api-socket` (or Cloud Hypervisor) serves
@@ -63,6 +65,16 @@ enum RemoteCommand {
     Resize {
         #[arg(long, value_name = "N")]
         cpus: u8,
+    },
+    /// Write the paused VM to directory DIR: config.json, state.json, guest-ram
+    /// (vm.snapshot)
+    Snapshot { dir: PathBuf },
+    /// Make the VM saved in DIR, in a VMM that has none; it is Paused afterwards unless
+    /// --resume (vm.restore)
+    Restore {
+        dir: PathBuf,
+        #[arg(long)]
+        resume: bool,
     },
     /// Per-device counters (vm.counters)
     Counters,
@@ -113,6 +125,12 @@ fn vsock_body(spec: &str) -> anyhow::Result<String> {
     Ok(serde_json::json!({"cid": v.cid, "socket": v.socket, "id": id}).to_string())
 }
 
+/// `file://` and `dir` made absolute (the VMM may run elsewhere).
+fn file_url(dir: &std::path::Path) -> anyhow::Result<String> {
+    let abs = std::path::absolute(dir).with_context(|| format!("{}", dir.display()))?;
+    Ok(format!("file://{}", abs.display()))
+}
+
 /// The request for a command: method, endpoint, body.
 fn request(
     command: &RemoteCommand,
@@ -143,6 +161,14 @@ fn request(
             "vm.remove-device",
             Some(serde_json::json!({ "id": id }).to_string()),
         ),
+        C::Snapshot { dir } => {
+            let body = serde_json::json!({ "destination_url": file_url(dir)? });
+            ("PUT", "vm.snapshot", Some(body.to_string()))
+        }
+        C::Restore { dir, resume } => {
+            let body = serde_json::json!({ "source_url": file_url(dir)?, "resume": resume });
+            ("PUT", "vm.restore", Some(body.to_string()))
+        }
         C::Resize { cpus } => {
             let body = serde_json::json!({ "desired_vcpus": cpus }).to_string();
             ("PUT", "vm.resize", Some(body))

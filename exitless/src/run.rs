@@ -131,6 +131,17 @@ pub struct RunOptions {
     /// [default: off]
     #[arg(long)]
     timing: bool,
+    /// Run the VM saved in DIR (by vm.snapshot: config.json, state.json, guest-ram) from
+    /// where it was paused, instead of booting one. The VM is the snapshot's: options that
+    /// shape a VM (--kernel, --cpus, --memory, devices...) cannot be given with it; the
+    /// console is this terminal (--serial-log adds a file). Guest memory is mapped from the
+    /// snapshot copy-on-write: the snapshot is never written [default: none]
+    #[arg(long, value_name = "DIR")]
+    restore: Option<PathBuf>,
+    /// With --restore and --api-socket: leave the restored VM Paused until vm.resume
+    /// [default: it runs at once]
+    #[arg(long, requires = "restore")]
+    paused: bool,
 }
 
 fn seconds(name: &str, value: Option<f64>) -> anyhow::Result<Option<Duration>> {
@@ -199,7 +210,18 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
     let args = *args.opts;
     let timeout = seconds("timeout", args.timeout)?;
     let interval = seconds("profile-interval", args.profile_interval)?;
-    let config = vm_config(&args)?;
+    if args.paused && api_socket.is_none() {
+        anyhow::bail!("--paused needs --api-socket (vm.resume runs the VM)");
+    }
+    let restored = args
+        .restore
+        .as_deref()
+        .map(|dir| restored_config(&args, dir))
+        .transpose()?;
+    let config = match &restored {
+        Some((_, config, _)) => config.clone(),
+        None => vm_config(&args)?,
+    };
     if let Some(path) = &args.profile_json {
         ensure_writable("--profile-json", path)?;
     }
@@ -208,10 +230,26 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
         vmm::startup::enable();
     }
     // Launch errors already include their causes in their messages: keep them one line.
-    let mut vm =
-        launch::launch(&config, LaunchOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (mut vm, api, paused) = match restored {
+        Some((api, config, state)) => {
+            let vm = restore_vm(&args, &config, state)?;
+            (vm, Some(api), args.paused)
+        }
+        None => {
+            let vm = launch::launch(&config, LaunchOptions::default())
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            (vm, None, false)
+        }
+    };
     if let Some(socket) = api_socket {
-        return serve_api(&args, config, vm, socket, timeout, verbose);
+        let api = api.unwrap_or_else(|| vmm::api::schema::VmConfig::from_vm_config(&config));
+        let served = ServedVm {
+            api,
+            config,
+            vm,
+            paused,
+        };
+        return serve_api(&args, served, socket, timeout, verbose);
     }
     launch::release_unused_stack();
     let mut terminal = RawTerminal::enter();
@@ -228,20 +266,92 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
     Ok(exit_code(end))
 }
 
+/// The options `--restore` leaves to the snapshot: given with it, they are refused by name.
+fn shaping_options(args: &RunOptions) -> Vec<&'static str> {
+    let given = [
+        ("--kernel", args.kernel.is_some()),
+        ("--initrd", args.initrd.is_some()),
+        ("--cmdline", args.cmdline.is_some()),
+        ("--cpus", args.cpus.is_some()),
+        ("--memory", args.memory.is_some()),
+        ("--config", args.config.is_some()),
+        ("--irqchip", args.irqchip.is_some()),
+        ("--disk", !args.disk.is_empty()),
+        ("--rng", args.rng),
+        ("--net", !args.net.is_empty()),
+        ("--vsock", args.vsock.is_some()),
+        ("--fs", !args.fs.is_empty()),
+    ];
+    given.into_iter().filter(|g| g.1).map(|g| g.0).collect()
+}
+
+type Restored = (
+    vmm::api::schema::VmConfig,
+    VmConfig,
+    vmm::snapshot::SnapshotState,
+);
+
+/// The snapshot in `dir`: its config (console on stdout, `--serial-log` and
+/// `--cpu-affinity` as given) and its checked state.
+fn restored_config(args: &RunOptions, dir: &Path) -> anyhow::Result<Restored> {
+    if let Some(first) = shaping_options(args).first() {
+        anyhow::bail!("--restore runs the snapshot's VM: {first} cannot be given with it");
+    }
+    let fail = |e: &dyn std::fmt::Display| anyhow::anyhow!("--restore {}: {e}", dir.display());
+    let (json, state) = vmm::snapshot::read(dir).map_err(|e| fail(&e))?;
+    let api: vmm::api::schema::VmConfig =
+        serde_json::from_value(json).map_err(|e| fail(&format!("config.json: {e}")))?;
+    let mut config = api.to_vm_config().map_err(|e| fail(&e.message))?;
+    config.serial_output = vmm::config::SerialOutputMode::Stdout;
+    config.serial_log = args.serial_log.clone();
+    config.cpu_affinity = parse(args.cpu_affinity.as_deref())?;
+    Ok((api, config, state))
+}
+
+/// The restored VM, running unless `--paused`.
+fn restore_vm(
+    args: &RunOptions,
+    config: &VmConfig,
+    state: vmm::snapshot::SnapshotState,
+) -> anyhow::Result<LaunchedVm> {
+    let dir = args.restore.as_deref().unwrap_or(Path::new("."));
+    let opts = launch::RestoreOptions {
+        stdin_to_serial: true,
+    };
+    let vm = launch::restore(config, dir, state, opts)
+        .map_err(|e| anyhow::anyhow!("--restore {}: {e}", dir.display()))?;
+    if !args.paused {
+        vm.resume().map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(vm)
+}
+
+/// The VM `run` started or restored, to serve through the API.
+struct ServedVm {
+    api: vmm::api::schema::VmConfig,
+    config: VmConfig,
+    vm: LaunchedVm,
+    paused: bool,
+}
+
 /// Serves the API of the VM just started until it ends, `vmm.shutdown`, a stop signal or the
 /// timeout; then the profile as usual.
 fn serve_api(
     args: &RunOptions,
-    config: vmm::config::VmConfig,
-    vm: LaunchedVm,
+    served: ServedVm,
     socket: &Path,
     timeout: Option<Duration>,
     verbose: bool,
 ) -> anyhow::Result<i32> {
     let (calls, requests) = std::sync::mpsc::channel();
     let server = ApiServer::start(socket, calls).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let api = vmm::api::schema::VmConfig::from_vm_config(&config);
-    let mut vmm = Vmm::with_running(api, config, vm);
+    let ServedVm {
+        api,
+        config,
+        vm,
+        paused,
+    } = served;
+    let mut vmm = Vmm::with_vm(api, config, vm, paused);
     let start = Instant::now();
     let mut timed_out = false;
     let exit = serve::serve(&mut vmm, &requests, verbose, |_| {

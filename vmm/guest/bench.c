@@ -584,6 +584,8 @@ void bench_main(u32 start_info_addr)
     smp_coalesced_writes = parse_u64(find_arg(cmdline, "coalesced="));
     if (cpus > MAX_APS + 1)
         cpus = MAX_APS + 1;
+    if (want && word_eq(want, "snapshot"))
+        snapshot_main(cmdline);
     int ipi = want && ipi_case(want);
     const char *ipi_why = !ipi ? 0 : lapic ? ipi_prepare(cpus ? cpus : 1) : "no-lapic";
     if (cpus > 1 && lapic)

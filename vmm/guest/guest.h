@@ -96,6 +96,9 @@ int ipi_case(const char *want);
 const char *ipi_prepare(u64 cpus);
 void ipi_main(u64 iters, u64 cpus, const char *why);
 
+/* case=snapshot (snapshot.c): a guest to snapshot mid-run and check once restored. */
+void snapshot_main(const char *cmdline);
+
 /* Interrupts the guest handled (self-IPIs and virtio MSI-X vectors). */
 extern u64 ipi_count;
 

@@ -60,6 +60,8 @@ pub enum BuildError {
     Thread(std::io::Error),
     #[error("The thread creating the PIT panicked")]
     PitThread,
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::SnapshotError),
 }
 
 /// The kernel to boot.
@@ -202,6 +204,11 @@ impl VcpuTemplate {
         entry: Option<&BootEntry>,
     ) -> Result<(Vcpu, Arc<VcpuProfile>), BuildError> {
         configure_vcpu(vm, &fd, id, self.topology_cpus, entry)?;
+        self.wrap(vm, fd, id)
+    }
+
+    /// Wraps vCPU `id`'s configured `fd` with its profile, as the options say.
+    fn wrap(&self, vm: &Vm, fd: VcpuFd, id: u8) -> Result<(Vcpu, Arc<VcpuProfile>), BuildError> {
         let profile = Arc::new(VcpuProfile::new(
             u32::from(id),
             self.io_devices,
@@ -219,6 +226,11 @@ impl VcpuTemplate {
             vcpu.set_coalesced_ring(ring.clone());
         }
         Ok((vcpu, profile))
+    }
+
+    /// vCPUs the guest's CPU topology counts (the most the VM may have).
+    pub fn topology_cpus(&self) -> u8 {
+        self.topology_cpus
     }
 
     /// A vCPU added while the VM runs (`vm.resize`): an AP, started by the guest's INIT/SIPI.
@@ -241,6 +253,23 @@ impl VmBuilder {
         // created (see `launch`).
         let event_loop = EventLoop::start()?;
         let vm = Vm::new(kvm, spec.memory, &spec.memory_backing, spec.irqchip)?;
+        Self::around(spec, vm, event_loop)
+    }
+
+    /// Like [`VmBuilder::new`], with guest memory the caller made (memory zones, a
+    /// snapshot's memory); `spec.memory` must be its size.
+    pub fn with_memory(
+        kvm: Kvm,
+        spec: VmSpec,
+        mem: vm_memory::GuestMemoryMmap,
+    ) -> Result<Self, BuildError> {
+        let event_loop = EventLoop::start()?;
+        let vm = Vm::with_memory(kvm, mem, spec.irqchip)?;
+        Self::around(spec, vm, event_loop)
+    }
+
+    /// The builder of `vm`: quirks, the PIT, the device manager.
+    fn around(spec: VmSpec, vm: Vm, event_loop: EventLoop) -> Result<Self, BuildError> {
         // A guest's vmcall/vmmcall of the wrong vendor gets #UD instead of being rewritten and
         // re-run: on PVM the rewrite never ends (KVM_RUN would not return). Linux picks the
         // right instruction itself, so it never needs the rewrite. Before the PIT: both take
@@ -291,6 +320,7 @@ impl VmBuilder {
         let (base, len) = (serial::COM1_BASE, serial::COM1_LEN);
         self.devices
             .add(BusKind::Pio, "com1", base, len, com1.clone())?;
+        self.devices.register_snapshottable("com1", com1.clone());
         Ok(com1)
     }
 
@@ -317,6 +347,7 @@ impl VmBuilder {
     /// The i8042, for the guest's reset.
     pub fn add_i8042(&mut self) -> Result<(), BuildError> {
         let dev = Arc::new(Mutex::new(I8042::new()));
+        self.devices.register_snapshottable("i8042", dev.clone());
         self.devices
             .add(BusKind::Pio, "i8042", I8042_BASE, I8042_LEN, dev)?;
         Ok(())
@@ -327,17 +358,11 @@ impl VmBuilder {
         let VmBuilder {
             spec,
             vm,
-            mut devices,
+            devices,
             event_loop,
             set_up,
             ..
         } = self;
-        let virtio = devices
-            .virtio_devices()
-            .iter()
-            .map(|p| p.device.clone())
-            .collect();
-        let coalesced = devices.has_coalesced_zones();
         // Asked on the set-up thread, after the PIT, while this one writes the ACPI tables and
         // loads the kernel: main to first line 3.45 -> 3.01 ms. (Without a PIT, asked here.)
         if let (Some(set_up), Some(task)) = (&set_up, vm.supported_cpuid.fetch_task(&vm.kvm)) {
@@ -353,58 +378,151 @@ impl VmBuilder {
             .collect::<Result<Vec<_>, _>>()?;
         startup::mark(moment::VCPU_FDS);
         vm.supported_cpuid.get(&vm.kvm)?;
-        if let Some(SetUpThread { pit_created, tasks }) = set_up {
-            drop(tasks);
-            let created = pit_created.join().map_err(|_| BuildError::PitThread)?;
-            created.map_err(|e| KvmError::Ioctl("KVM_CREATE_PIT2", e))?;
-        }
+        join_set_up(set_up)?;
         startup::mark(moment::CPUID_READY);
-        let buses = devices.finish()?;
-        let layout = buses.snapshot();
-        let io_names = layout.buses().pio.names_by_id();
-        let mmio_count = layout.buses().mmio.names_by_id().len();
-        let mut built = BuiltVm {
-            vm,
-            event_loop,
-            devices,
-            virtio,
-            vcpus: Vec::new(),
-            profiles: Vec::new(),
-            buses,
-            io_names,
-            tsc_khz: 0,
-            template: None,
-        };
-        let template = VcpuTemplate {
-            buses: built.buses.clone(),
-            io_devices: built.io_names.len(),
-            mmio_devices: mmio_count + HOTPLUG_MMIO_HEADROOM,
-            topology_cpus: spec.max_cpus.max(spec.cpus),
-            opts: opts.clone(),
-            coalesced_ring: None,
-        };
+        let (mut built, template) = assemble(vm, event_loop, devices, &spec, opts)?;
         for (id, fd) in (0..spec.cpus).zip(fds) {
             let boot = (id == 0).then_some(&entry);
-            let (vcpu, profile) = template.finish(&built.vm, fd, id, boot)?;
-            if id == 0 {
-                built.tsc_khz = vcpu.fd().get_tsc_khz().map(u64::from).unwrap_or(0);
-            }
-            built.profiles.push(profile);
-            built.vcpus.push(vcpu);
+            configure_vcpu(&built.vm, &fd, id, template.topology_cpus, boot)?;
+            built.add_vcpu(&template, fd, id)?;
         }
         startup::mark(moment::VCPUS_CREATED);
         if spec.max_cpus <= spec.cpus {
             built.vm.supported_cpuid.forget();
         }
-        let mut template = template;
-        if coalesced {
-            template.coalesced_ring = share_coalesced_ring(&mut built.vcpus)?;
+        built.finish(template)
+    }
+
+    /// Like [`VmBuilder::build`] for a VM restored from a snapshot: guest memory already holds
+    /// the kernel and its tables, so nothing is loaded; the irqchip, PIT and clock get `vm`'s
+    /// saved state and each vCPU its own (`vcpus[i]` is vCPU `i`'s), in the order KVM needs
+    /// (see [`kvm::state::restore_vcpu`]). First `check_cpu` is shown the CPUID a vCPU booted
+    /// here would see (to refuse a host that lacks what the guest saw).
+    pub fn build_restored(
+        self,
+        opts: &VcpuOptions,
+        vm_state: &kvm::state::VmKvmState,
+        vcpus: &[kvm::state::VcpuKvmState],
+        check_cpu: &dyn Fn(&[kvm_bindings::kvm_cpuid_entry2]) -> Result<(), BuildError>,
+    ) -> Result<BuiltVm, BuildError> {
+        let VmBuilder {
+            spec,
+            vm,
+            devices,
+            event_loop,
+            set_up,
+            ..
+        } = self;
+        let fds = (0..spec.cpus)
+            .map(|id| create_vcpu_fd(&vm, id))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(fd) = fds.first() {
+            check_cpu(&cpuid_seen_here(&vm, fd, spec.max_cpus.max(spec.cpus))?)?;
         }
-        built.template = Some(template);
-        if built.tsc_khz == 0 {
-            built.tsc_khz = profile::estimate_tsc_khz(Duration::from_millis(50));
+        join_set_up(set_up)?;
+        kvm::state::restore_vm(&vm.fd, vm_state)?;
+        let xsave_size = kvm::state::xsave_size(&vm.fd);
+        let (mut built, template) = assemble(vm, event_loop, devices, &spec, opts)?;
+        for ((id, fd), state) in (0..spec.cpus).zip(fds).zip(vcpus) {
+            kvm::state::restore_vcpu(&fd, state, xsave_size)?;
+            built.add_vcpu(&template, fd, id)?;
         }
-        Ok(built)
+        built.finish(template)
+    }
+}
+
+/// The CPUID table a guest booted here sees, as KVM reads it back from vCPU `fd` once it is
+/// set: on some hosts more than KVM_GET_SUPPORTED_CPUID says (PVM hands the guest the host
+/// CPU's own features, which its user code meets natively).
+fn cpuid_seen_here(
+    vm: &Vm,
+    fd: &VcpuFd,
+    cpus: u8,
+) -> Result<Vec<kvm_bindings::kvm_cpuid_entry2>, BuildError> {
+    let mut cpuid = vm.supported_cpuid.get(&vm.kvm)?;
+    cpuid::fixup_cpuid(&mut cpuid, 0, cpus);
+    fd.set_cpuid2(&cpuid)
+        .map_err(|e| KvmError::Ioctl("KVM_SET_CPUID2", e))?;
+    let seen = fd
+        .get_cpuid2(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+        .map_err(|e| KvmError::Ioctl("KVM_GET_CPUID2", e))?;
+    Ok(seen.as_slice().to_vec())
+}
+
+/// Waits for the set-up thread: the PIT is created once it returns.
+fn join_set_up(set_up: Option<SetUpThread>) -> Result<(), BuildError> {
+    if let Some(SetUpThread { pit_created, tasks }) = set_up {
+        drop(tasks);
+        let created = pit_created.join().map_err(|_| BuildError::PitThread)?;
+        created.map_err(|e| KvmError::Ioctl("KVM_CREATE_PIT2", e))?;
+    }
+    Ok(())
+}
+
+/// Freezes the devices and makes the built VM (without vCPUs yet) and the template its
+/// vCPUs are made from.
+fn assemble(
+    vm: Vm,
+    event_loop: EventLoop,
+    mut devices: DeviceManager,
+    spec: &VmSpec,
+    opts: &VcpuOptions,
+) -> Result<(BuiltVm, VcpuTemplate), BuildError> {
+    let virtio = devices
+        .virtio_devices()
+        .iter()
+        .map(|p| p.device.clone())
+        .collect();
+    let buses = devices.finish()?;
+    let layout = buses.snapshot();
+    let io_names = layout.buses().pio.names_by_id();
+    let mmio_count = layout.buses().mmio.names_by_id().len();
+    let template = VcpuTemplate {
+        buses: buses.clone(),
+        io_devices: io_names.len(),
+        mmio_devices: mmio_count + HOTPLUG_MMIO_HEADROOM,
+        topology_cpus: spec.max_cpus.max(spec.cpus),
+        opts: opts.clone(),
+        coalesced_ring: None,
+    };
+    let built = BuiltVm {
+        vm,
+        event_loop,
+        devices,
+        virtio,
+        vcpus: Vec::new(),
+        profiles: Vec::new(),
+        buses,
+        io_names,
+        tsc_khz: 0,
+        template: None,
+    };
+    Ok((built, template))
+}
+
+impl BuiltVm {
+    /// Wraps configured vCPU `fd` as vCPU `id` with its profile.
+    fn add_vcpu(&mut self, template: &VcpuTemplate, fd: VcpuFd, id: u8) -> Result<(), BuildError> {
+        let (vcpu, profile) = template.wrap(&self.vm, fd, id)?;
+        if id == 0 {
+            self.tsc_khz = vcpu.fd().get_tsc_khz().map(u64::from).unwrap_or(0);
+        }
+        self.profiles.push(profile);
+        self.vcpus.push(vcpu);
+        Ok(())
+    }
+
+    /// The coalesced ring shared by the vCPUs, the template kept for vCPUs added later, the
+    /// TSC rate.
+    fn finish(mut self, mut template: VcpuTemplate) -> Result<BuiltVm, BuildError> {
+        if self.devices.has_coalesced_zones() {
+            template.coalesced_ring = share_coalesced_ring(&mut self.vcpus)?;
+        }
+        self.template = Some(template);
+        if self.tsc_khz == 0 {
+            self.tsc_khz = profile::estimate_tsc_khz(Duration::from_millis(50));
+        }
+        Ok(self)
     }
 }
 

@@ -27,7 +27,7 @@ pub mod memory;
 pub mod net;
 pub use disk::DiskConfig;
 pub use fs::FsConfig;
-pub use memory::MemoryOption;
+pub use memory::{MemoryOption, MemoryZoneConfig};
 pub use net::{MacAddr, NetConfig, TapFd, VsockConfig};
 
 /// Default kernel command line.
@@ -102,6 +102,8 @@ pub enum ConfigError {
         memory: MemorySize,
         page: MemorySize,
     },
+    #[error("Invalid memory zone '{id}': {reason}")]
+    MemoryZone { id: String, reason: String },
     #[error("virtio-fs needs shared guest memory (a vhost-user back end maps it): use --memory size=SIZE,shared=on (memory.shared=true in the API)")]
     FsNeedsSharedMemory,
 }
@@ -377,6 +379,9 @@ pub struct VmConfig {
     /// The huge page size: 2M or 1G.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hugepage_size: Option<MemorySize>,
+    /// Guest RAM in zones, in order (the API's `memory.zones`); `memory` is then their sum.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory_zones: Vec<MemoryZoneConfig>,
     /// File that also receives everything the guest writes to the serial console.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial_log: Option<PathBuf>,
@@ -418,6 +423,7 @@ impl Default for VmConfig {
             shared_memory: false,
             hugepages: false,
             hugepage_size: None,
+            memory_zones: Vec::new(),
             serial_log: None,
             serial_output: SerialOutputMode::default(),
             irqchip: IrqchipMode::default(),
@@ -710,6 +716,7 @@ mod tests {
             shared_memory: true,
             hugepages: false,
             hugepage_size: None,
+            memory_zones: Vec::new(),
             serial_log: Some("serial.log".into()),
             serial_output: SerialOutputMode::Stdout,
             irqchip: IrqchipMode::Split,

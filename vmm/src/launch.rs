@@ -14,8 +14,12 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 mod hotplug;
+mod restore;
+mod snapshot;
 mod start_up_memory;
 pub use hotplug::HotplugDevice;
+pub use restore::{restore, RestoreOptions};
+pub use snapshot::SnapshotSummary;
 pub use start_up_memory::release_unused_stack;
 
 use crate::boot::BootError;
@@ -32,6 +36,7 @@ use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::devices::virtio::vsock::{SocketFile, Vsock};
 use crate::event_loop::EventLoop;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
+use crate::memory::MemoryError;
 use crate::profile::virtio::VirtioStats;
 use crate::profile::{KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
 use crate::startup::{self, moment};
@@ -79,6 +84,10 @@ pub enum LaunchError {
         path: PathBuf,
         error: std::io::Error,
     },
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::SnapshotError),
+    #[error(transparent)]
+    Memory(#[from] crate::memory::MemoryError),
 }
 
 impl LaunchError {
@@ -94,7 +103,16 @@ impl LaunchError {
             | LaunchError::Disk(_)
             | LaunchError::Tap(_)
             | LaunchError::Vsock(_)
-            | LaunchError::SerialFile { .. } => true,
+            | LaunchError::SerialFile { .. }
+            | LaunchError::Memory(
+                MemoryError::OpenFile { .. }
+                | MemoryError::FileTooShort { .. }
+                | MemoryError::NoHugePages { .. }
+                | MemoryError::TooFewHugePages { .. },
+            ) => true,
+            LaunchError::Snapshot(e) | LaunchError::Build(BuildError::Snapshot(e)) => {
+                e.is_input_fault()
+            }
             _ => false,
         }
     }
@@ -151,6 +169,8 @@ pub struct LaunchedVm {
     started: Instant,
     /// How to create vCPUs added while the VM runs (`vm.resize`).
     template: Option<VcpuTemplate>,
+    /// vCPUs at boot (a snapshot saves exactly these).
+    boot_vcpus: usize,
 }
 
 /// Builds the VM described by `config` and starts its vCPUs.
@@ -182,7 +202,13 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     let threads_ahead = VcpuThreadsAhead::spawn(
         (0..usize::from(config.cpus)).map(|id| (id, affinity.and_then(|a| a.host_cpu(id)))),
     )?;
-    let mut builder = VmBuilder::new(kvm, spec)?;
+    let mut builder = match config.zones() {
+        Some(zones) => {
+            let mem = crate::memory::create_zoned_memory(&zones)?;
+            VmBuilder::with_memory(kvm, spec, mem)?
+        }
+        None => VmBuilder::new(kvm, spec)?,
+    };
     startup::mark(moment::VM_CREATED);
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
@@ -209,6 +235,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         tsc_khz: built.tsc_khz,
         started: Instant::now(),
         template: built.template,
+        boot_vcpus: usize::from(config.cpus),
     };
     launched.open_stats(&built.vcpus)?;
     launched.started = Instant::now();

@@ -24,6 +24,7 @@ pub mod launch;
 pub mod memory;
 pub mod profile;
 pub mod seccomp;
+pub mod snapshot;
 pub mod startup;
 pub mod terminal;
 pub mod test_skip;

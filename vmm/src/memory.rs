@@ -1,6 +1,10 @@
 //! Guest physical memory: layout constants and the mmap-backed guest memory, private
 //! (anonymous) by default, or shared (a memfd mapped `MAP_SHARED`, whose file descriptor a
 //! vhost-user back end maps) and on huge pages when the configuration asks ([`Backing`]).
+//! Memory may also be laid out in zones ([`create_zoned_memory`]), each fresh or a named file
+//! mapped shared (writes reach the file: a VM template's memory) or private (copy-on-write:
+//! the VMs made from it), and regions may map any file at an offset ([`create_file_region`]:
+//! a restored snapshot's memory).
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -73,6 +77,18 @@ pub enum MemoryError {
     },
     #[error("Guest memory regions overlap or wrap: {0}")]
     Regions(vm_memory::GuestRegionCollectionError),
+    #[error("Cannot open guest memory file {}: {error}", path.display())]
+    OpenFile {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("Guest memory file {} is {len} bytes: mapping {need} bytes at offset {offset} needs more", path.display())]
+    FileTooShort {
+        path: PathBuf,
+        len: u64,
+        offset: u64,
+        need: u64,
+    },
 }
 
 /// How guest RAM is backed. The default is private anonymous memory on the host's normal
@@ -195,6 +211,124 @@ pub fn create_region(
     }
     let mapping = builder.build().map_err(region_error)?;
     GuestRegionMmap::new(mapping, start).ok_or(MemoryError::Unaligned(len))
+}
+
+/// Where a zone of guest RAM comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ZoneSource {
+    /// New memory, backed as [`Backing`] says.
+    Fresh(Backing),
+    /// A named file: `MAP_SHARED` when `shared` (the guest's writes reach the file), else
+    /// `MAP_PRIVATE` (copy-on-write: the file is only read).
+    File { path: PathBuf, shared: bool },
+}
+
+/// One zone of guest RAM: `size` bytes from `source`. Zones fill guest RAM in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Zone {
+    pub size: u64,
+    pub source: ZoneSource,
+}
+
+/// Opens a guest memory file: read-write to map it shared, read-only to map it private.
+pub fn open_memory_file(path: &std::path::Path, shared: bool) -> Result<File, MemoryError> {
+    File::options()
+        .read(true)
+        .write(shared)
+        .open(path)
+        .map_err(|error| MemoryError::OpenFile {
+            path: path.to_path_buf(),
+            error,
+        })
+}
+
+/// A region of guest RAM at `start`, `len` bytes of `file` from `offset` (`path` names it in
+/// errors): `MAP_SHARED` when `shared`, else `MAP_PRIVATE` (copy-on-write, filled lazily from
+/// the file's page cache, which every private mapping of it shares).
+pub fn create_file_region(
+    start: GuestAddress,
+    len: u64,
+    file: File,
+    offset: u64,
+    shared: bool,
+    path: &std::path::Path,
+) -> Result<GuestRegionMmap, MemoryError> {
+    if len == 0 || len % 4096 != 0 || offset % 4096 != 0 {
+        return Err(MemoryError::Unaligned(len));
+    }
+    let file_len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if offset.checked_add(len).is_none_or(|end| end > file_len) {
+        return Err(MemoryError::FileTooShort {
+            path: path.to_path_buf(),
+            len: file_len,
+            offset,
+            need: len,
+        });
+    }
+    let flags = if shared {
+        libc::MAP_SHARED
+    } else {
+        libc::MAP_PRIVATE | libc::MAP_NORESERVE
+    };
+    let mapping = MmapRegionBuilder::new(len as usize)
+        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+        .with_file_offset(FileOffset::new(file, offset))
+        .with_mmap_flags(flags)
+        .build()
+        .map_err(|error| MemoryError::Region {
+            start: start.0,
+            len,
+            error,
+        })?;
+    GuestRegionMmap::new(mapping, start).ok_or(MemoryError::Unaligned(len))
+}
+
+/// Guest RAM laid out by [`ram_ranges`] for the zones' total size, the zones placed in order
+/// (a zone that crosses the MMIO gap becomes two regions, its file mapped at the right
+/// offsets).
+pub fn create_zoned_memory(zones: &[Zone]) -> Result<GuestMemoryMmap, MemoryError> {
+    let total: u64 = zones.iter().map(|z| z.size).sum();
+    if total < MIN_MEMORY {
+        return Err(MemoryError::TooSmall(total));
+    }
+    let mut regions = Vec::new();
+    let mut ranges = ram_ranges(total).into_iter();
+    let mut range = ranges.next();
+    for zone in zones {
+        if zone.size == 0 || zone.size % 4096 != 0 {
+            return Err(MemoryError::Unaligned(zone.size));
+        }
+        let mut done = 0;
+        while done < zone.size {
+            let Some((start, len)) = range else {
+                return Err(MemoryError::TooSmall(total));
+            };
+            let take = len.min(zone.size - done);
+            regions.push(zone_region(start, take, &zone.source, done)?);
+            done += take;
+            range = match len - take {
+                0 => ranges.next(),
+                left => Some((GuestAddress(start.0 + take), left)),
+            };
+        }
+    }
+    GuestMemoryMmap::from_regions(regions).map_err(MemoryError::Regions)
+}
+
+/// `len` bytes of `source` at guest address `start`, from byte `offset` of the zone.
+fn zone_region(
+    start: GuestAddress,
+    len: u64,
+    source: &ZoneSource,
+    offset: u64,
+) -> Result<GuestRegionMmap, MemoryError> {
+    match source {
+        ZoneSource::Fresh(backing) => create_region(start, len, backing),
+        ZoneSource::File { path, shared } => {
+            let file = open_memory_file(path, *shared)?;
+            create_file_region(start, len, file, offset, *shared, path)
+        }
+    }
 }
 
 /// Fails unless `[start, start + len)` is whole huge pages of `page` bytes.
@@ -331,6 +465,63 @@ mod tests {
             .read_obj(GuestAddress(0x2000))
             .unwrap();
         assert_eq!(seen, 0x1234_5678);
+    }
+
+    #[test]
+    fn zones_fill_ram_in_order_across_the_mmio_gap() {
+        use vm_memory::Bytes;
+        let dir = std::env::temp_dir().join(format!("exitless-zones-{}", std::process::id()));
+        let path = dir.with_extension("ram");
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(2 << 20).unwrap();
+        use std::os::unix::fs::FileExt;
+        file.write_all_at(&0xabcd_u32.to_le_bytes(), 4096).unwrap();
+        let zones = [
+            Zone {
+                size: 2 << 20,
+                source: ZoneSource::File {
+                    path: path.clone(),
+                    shared: false,
+                },
+            },
+            Zone {
+                size: MIN_MEMORY,
+                source: ZoneSource::Fresh(Backing::default()),
+            },
+        ];
+        let mem = create_zoned_memory(&zones).unwrap();
+        assert_eq!(mem.num_regions(), 2);
+        // The file's bytes are the zone's; a write stays private.
+        let got: u32 = mem.read_obj(GuestAddress(4096)).unwrap();
+        assert_eq!(got, 0xabcd);
+        mem.write_obj(7u32, GuestAddress(4096)).unwrap();
+        let mut on_disk = [0u8; 4];
+        file.read_exact_at(&mut on_disk, 4096).unwrap();
+        assert_eq!(u32::from_le_bytes(on_disk), 0xabcd);
+        let short = [Zone {
+            size: 32 << 20,
+            source: ZoneSource::File {
+                path: path.clone(),
+                shared: true,
+            },
+        }];
+        let e = create_zoned_memory(&short).unwrap_err().to_string();
+        assert!(e.contains("is 2097152 bytes"), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        // A zone crossing the gap: two regions.
+        let big = [Zone {
+            size: MMIO_GAP_START + (16 << 20),
+            source: ZoneSource::Fresh(Backing::default()),
+        }];
+        let mem = create_zoned_memory(&big).unwrap();
+        assert_eq!(mem.num_regions(), 2);
+        assert!(mem.address_in_range(GuestAddress(MMIO_GAP_END)));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use vmm_sys_util::signal::Killable;
 use crate::config::IrqchipMode;
 use crate::kvm::{self, Capabilities, KvmError, StatsFd, SupportedCpuid};
 use crate::memory::{self, MemoryError};
-use crate::vcpu::{Vcpu, VcpuError, VcpuOutcome, VmControl, VmEnd};
+use crate::vcpu::{Vcpu, VcpuError, VcpuOutcome, VcpuTask, VmControl, VmEnd};
 
 /// Errors setting up or running a VM.
 #[derive(Debug, Error)]
@@ -39,6 +39,8 @@ pub enum VmError {
     PauseTimeout(Duration),
     #[error("No vCPU {0}")]
     NoVcpu(usize),
+    #[error("vCPU(s) {0:?} did not do what they were asked while paused")]
+    VcpusBusy(Vec<usize>),
 }
 
 /// How long a stopped vCPU may take to leave KVM_RUN before it is left behind.
@@ -70,10 +72,30 @@ impl Vm {
         backing: &memory::Backing,
         irqchip: IrqchipMode,
     ) -> Result<Self, VmError> {
-        let caps = Capabilities::probe(&kvm);
-        let kvm = Arc::new(kvm);
         let fd = kvm.create_vm().map_err(KvmError::CreateVm)?;
         let mem = memory::create_guest_memory(mem_size, backing)?;
+        Self::assemble(kvm, fd, mem, irqchip)
+    }
+
+    /// Creates a VM with guest memory the caller made (memory zones, a snapshot's memory).
+    pub fn with_memory(
+        kvm: Kvm,
+        mem: GuestMemoryMmap,
+        irqchip: IrqchipMode,
+    ) -> Result<Self, VmError> {
+        let fd = kvm.create_vm().map_err(KvmError::CreateVm)?;
+        Self::assemble(kvm, fd, mem, irqchip)
+    }
+
+    /// Registers `mem` with VM `fd` and creates its interrupt controller.
+    fn assemble(
+        kvm: Kvm,
+        fd: VmFd,
+        mem: GuestMemoryMmap,
+        irqchip: IrqchipMode,
+    ) -> Result<Self, VmError> {
+        let caps = Capabilities::probe(&kvm);
+        let kvm = Arc::new(kvm);
         kvm::register_memory(&fd, &mem)?;
         match irqchip {
             IrqchipMode::Kernel => fd
@@ -254,6 +276,28 @@ impl RunningVm {
     /// Lets paused vCPUs run again.
     pub fn resume(&self) {
         self.control.resume();
+    }
+
+    /// Runs `task` on the thread of each vCPU that is parked (not retired) while the VM is
+    /// paused, with the vCPU's own fd; waits up to `timeout` for all of them.
+    pub fn on_each_vcpu(&self, task: VcpuTask, timeout: Duration) -> Result<(), VmError> {
+        let ids: Vec<usize> = self
+            .threads
+            .iter()
+            .filter(|t| !t.handle.is_finished() && !t.retired.load(Ordering::Acquire))
+            .map(|t| t.id)
+            .collect();
+        let missing = self.control.run_task(task, &ids, timeout);
+        match missing.is_empty() {
+            true => Ok(()),
+            false => Err(VmError::VcpusBusy(missing)),
+        }
+    }
+
+    /// Whether a vCPU is retired (its CPU ejected by the guest).
+    pub fn any_retired(&self) -> bool {
+        let mut threads = self.threads.iter();
+        threads.any(|t| t.retired.load(Ordering::Acquire))
     }
 
     /// Parks vCPU `id` alone, out of KVM_RUN, until [`RunningVm::unretire`] (the guest

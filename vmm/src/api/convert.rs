@@ -9,8 +9,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::schema::{
-    ConsoleConfig, CpusConfig, DiskConfig, Extra, MemoryConfig, NetConfig, PayloadConfig, VmConfig,
-    VsockConfig,
+    ConsoleConfig, CpusConfig, DiskConfig, Extra, MemoryConfig, MemoryZoneConfig, NetConfig,
+    PayloadConfig, VmConfig, VsockConfig,
 };
 use super::ApiError;
 use crate::config::{self, MemorySize, SerialOutputMode, TapFd};
@@ -73,7 +73,16 @@ impl VmConfig {
             refuse_set(p, "platform.", &["tdx", "sev_snp", "iommu_segments"])?;
         }
         refuse_set(&self.cpus.extra, "cpus.", &["kvm_hyperv", "affinity"])?;
-        refuse_set(&self.memory.extra, "memory.", &["zones", "reserve"])?;
+        refuse_set(&self.memory.extra, "memory.", &["reserve"])?;
+        for z in self.memory.zones.iter().flatten() {
+            let fields = [
+                "host_numa_node",
+                "hotplug_size",
+                "hotplugged_size",
+                "reserve",
+            ];
+            refuse_set(&z.extra, "memory.zones[].", &fields)?;
+        }
         refuse_set(
             &self.payload.extra,
             "payload.",
@@ -101,7 +110,7 @@ impl VmConfig {
         }
         c.cpus = self.cpus.boot_vcpus;
         c.max_vcpus = Some(self.cpus.max_vcpus);
-        c.memory = memory_size(self.memory.size)?;
+        (c.memory, c.memory_zones) = memory_zones(&self.memory)?;
         c.shared_memory = self.memory.shared;
         c.hugepages = self.memory.hugepages;
         c.hugepage_size = self.memory.hugepage_size.map(hugepage_size).transpose()?;
@@ -137,10 +146,15 @@ impl VmConfig {
                 ..CpusConfig::default()
             },
             memory: MemoryConfig {
-                size: c.memory.bytes(),
+                size: match c.memory_zones.is_empty() {
+                    true => c.memory.bytes(),
+                    false => 0,
+                },
                 shared: c.shared_memory,
                 hugepages: c.hugepages,
                 hugepage_size: c.hugepage_size.map(MemorySize::bytes),
+                zones: (!c.memory_zones.is_empty())
+                    .then(|| c.memory_zones.iter().map(zone_body).collect()),
                 ..MemoryConfig::default()
             },
             payload: PayloadConfig {
@@ -192,6 +206,54 @@ fn memory_size(bytes: u64) -> Result<MemorySize, ApiError> {
         )));
     }
     Ok(MemorySize::from_mib(bytes >> 20))
+}
+
+/// The memory size and zones: `size`, or (Cloud Hypervisor's rule) `size` 0 and zones that
+/// add up to the guest's RAM.
+fn memory_zones(m: &MemoryConfig) -> Result<(MemorySize, Vec<config::MemoryZoneConfig>), ApiError> {
+    let zones = m.zones.as_deref().unwrap_or_default();
+    match (m.size, zones.is_empty()) {
+        (0, true) => {
+            return Err(refuse(
+                "memory.size 0 needs memory.zones (the zones then make up guest RAM)".into(),
+            ))
+        }
+        (_, true) => return Ok((memory_size(m.size)?, Vec::new())),
+        (0, false) => {}
+        (size, false) => {
+            return Err(refuse(format!(
+                "memory.size must be 0 when memory.zones are given (it is {size})"
+            )))
+        }
+    }
+    let mut total = 0;
+    let mut parsed = Vec::new();
+    for z in zones {
+        let size = memory_size(z.size)?;
+        total += size.bytes();
+        parsed.push(config::MemoryZoneConfig {
+            id: z.id.clone(),
+            size,
+            file: z.file.as_ref().map(PathBuf::from),
+            shared: z.shared,
+            hugepages: z.hugepages,
+            hugepage_size: z.hugepage_size.map(hugepage_size).transpose()?,
+        });
+    }
+    Ok((memory_size(total)?, parsed))
+}
+
+/// A zone as the API shows it.
+fn zone_body(z: &config::MemoryZoneConfig) -> MemoryZoneConfig {
+    MemoryZoneConfig {
+        id: z.id.clone(),
+        size: z.size.bytes(),
+        file: z.file.as_ref().map(|p| p.display().to_string()),
+        shared: z.shared,
+        hugepages: z.hugepages,
+        hugepage_size: z.hugepage_size.map(MemorySize::bytes),
+        extra: Extra::new(),
+    }
 }
 
 fn hugepage_size(bytes: u64) -> Result<MemorySize, ApiError> {
@@ -402,6 +464,44 @@ mod tests {
         assert_eq!(back["memory"]["shared"], true);
         assert_eq!(back["memory"]["hugepages"], true);
         assert_eq!(back["memory"]["hugepage_size"], 2097152);
+    }
+
+    #[test]
+    fn a_template_vm_s_memory_zone_is_taken_and_shown_back() {
+        let body = r#"{"payload":{"kernel":"/k"},"memory":{"size":0,"shared":true,
+            "zones":[{"id":"mem0","size":268435456,"file":"/run/t/memory","shared":true}]}}"#;
+        let vm = parse(body).to_vm_config().unwrap();
+        assert_eq!(vm.memory.bytes(), 256 << 20);
+        assert_eq!(vm.memory_zones.len(), 1);
+        assert_eq!(
+            vm.memory_zones[0].file.as_deref(),
+            Some(std::path::Path::new("/run/t/memory"))
+        );
+        let back = serde_json::to_value(VmConfig::from_vm_config(&vm)).unwrap();
+        assert_eq!(back["memory"]["size"], 0);
+        assert_eq!(back["memory"]["zones"][0]["shared"], true);
+        assert_eq!(back["memory"]["zones"][0]["file"], "/run/t/memory");
+        for (body, why) in [
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"size":0}}"#,
+                "needs memory.zones",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456,"zones":[{"id":"a","size":268435456}]}}"#,
+                "memory.size must be 0",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"size":0,"zones":[{"id":"a","size":268435456,"host_numa_node":1}]}}"#,
+                "memory.zones[].host_numa_node",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"size":0,"zones":[{"id":"a","size":134217728},{"id":"a","size":134217728}]}}"#,
+                "distinct",
+            ),
+        ] {
+            let e = parse(body).to_vm_config().unwrap_err();
+            assert!(e.message.contains(why), "{body}: {}", e.message);
+        }
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub enum ApiRequest {
     VmAddVsock(schema::VsockConfig),
     VmRemoveDevice(schema::VmRemoveDevice),
     VmResize(schema::VmResize),
+    VmSnapshot(schema::VmSnapshotConfig),
+    VmRestore(schema::RestoreConfig),
     VmmShutdown,
 }
 
@@ -79,8 +81,6 @@ const NOT_OFFERED: &[&str] = &[
     "vm.add-vdpa",
     "vm.add-user-device",
     "vm.add-generic-vhost-user",
-    "vm.snapshot",
-    "vm.restore",
     "vm.coredump",
     "vm.resize-disk",
     "vm.resize-zone",
@@ -132,6 +132,8 @@ pub fn route(req: &http::Request, fds: Vec<OwnedFd>) -> Result<Route, HttpError>
         "vm.add-vsock" => (Method::Put, ApiRequest::VmAddVsock(body(endpoint, b)?)),
         "vm.remove-device" => (Method::Put, ApiRequest::VmRemoveDevice(body(endpoint, b)?)),
         "vm.resize" => (Method::Put, ApiRequest::VmResize(optional(endpoint, b)?)),
+        "vm.snapshot" => (Method::Put, ApiRequest::VmSnapshot(body(endpoint, b)?)),
+        "vm.restore" => (Method::Put, ApiRequest::VmRestore(body(endpoint, b)?)),
         e if NOT_OFFERED.contains(&e) => {
             return Err(HttpError::new(
                 400,

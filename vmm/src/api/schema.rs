@@ -51,6 +51,9 @@ pub struct MemoryConfig {
     pub hugepages: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hugepage_size: Option<u64>,
+    /// Guest RAM in zones (with `size` 0): a VM template's memory in a named file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zones: Option<Vec<MemoryZoneConfig>>,
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -63,9 +66,27 @@ impl Default for MemoryConfig {
             shared: false,
             hugepages: false,
             hugepage_size: None,
+            zones: None,
             extra: Extra::new(),
         }
     }
+}
+
+/// `memory.zones[]`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryZoneConfig {
+    pub id: String,
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub shared: bool,
+    #[serde(default)]
+    pub hugepages: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugepage_size: Option<u64>,
+    #[serde(flatten)]
+    pub extra: Extra,
 }
 
 /// `payload`: what to boot.
@@ -173,6 +194,27 @@ pub struct VmConfig {
     pub console: Option<ConsoleConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<VsockConfig>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// `vm.snapshot`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct VmSnapshotConfig {
+    #[serde(default)]
+    pub destination_url: String,
+}
+
+/// `vm.restore`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RestoreConfig {
+    pub source_url: String,
+    /// Populate guest memory up front: accepted, without effect (memory is mapped lazily).
+    #[serde(default)]
+    pub prefault: bool,
+    /// Run the VM at once instead of leaving it Paused.
+    #[serde(default)]
+    pub resume: bool,
     #[serde(flatten)]
     pub extra: Extra,
 }

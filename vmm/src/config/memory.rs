@@ -1,10 +1,49 @@
 //! `--memory SIZE` or `--memory size=SIZE[,shared=on][,hugepages=on][,hugepage_size=2M|1G]`:
 //! how much guest RAM, and what backs it (see [`crate::memory::Backing`]).
 
+use std::path::PathBuf;
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+
 use super::{ConfigError, MemorySize, VmConfig};
-use crate::memory::{Backing, HUGEPAGE_1G, HUGEPAGE_2M};
+use crate::memory::{Backing, Zone, ZoneSource, HUGEPAGE_1G, HUGEPAGE_2M};
+
+/// One zone of guest RAM (the API's `memory.zones[]`): fresh memory backed as its flags say,
+/// or a named file, mapped shared (the guest's writes reach the file: a VM template's memory)
+/// or private (copy-on-write). Zones fill guest RAM in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryZoneConfig {
+    pub id: String,
+    pub size: MemorySize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+    #[serde(default)]
+    pub shared: bool,
+    #[serde(default)]
+    pub hugepages: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugepage_size: Option<MemorySize>,
+}
+
+impl MemoryZoneConfig {
+    /// Where the zone's memory comes from.
+    pub fn source(&self) -> ZoneSource {
+        match &self.file {
+            Some(path) => ZoneSource::File {
+                path: path.clone(),
+                shared: self.shared,
+            },
+            None => ZoneSource::Fresh(Backing {
+                shared: self.shared,
+                hugepage_size: self
+                    .hugepages
+                    .then(|| self.hugepage_size.map_or(HUGEPAGE_2M, MemorySize::bytes)),
+            }),
+        }
+    }
+}
 
 /// The `--memory` option: each part given overrides the config file's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -85,9 +124,50 @@ impl VmConfig {
         }
     }
 
+    /// The zones guest RAM is made of, if the config has zones.
+    pub fn zones(&self) -> Option<Vec<Zone>> {
+        let zones = self.memory_zones.iter().map(|z| Zone {
+            size: z.size.bytes(),
+            source: z.source(),
+        });
+        (!self.memory_zones.is_empty()).then(|| zones.collect())
+    }
+
+    /// Zones with distinct ids adding up to `memory`; no huge pages on a named file.
+    fn validate_zones(&self) -> Result<(), ConfigError> {
+        let mut total = 0u64;
+        for (i, z) in self.memory_zones.iter().enumerate() {
+            let bad = |reason: &str| ConfigError::MemoryZone {
+                id: z.id.clone(),
+                reason: reason.to_string(),
+            };
+            if z.id.is_empty() || self.memory_zones[..i].iter().any(|o| o.id == z.id) {
+                return Err(bad("zone ids must be given and distinct"));
+            }
+            if z.file.is_some() && z.hugepages {
+                return Err(bad("huge pages come from the host's pool, not from a file"));
+            }
+            if z.hugepage_size.is_some() && !z.hugepages {
+                return Err(bad("hugepage_size needs hugepages"));
+            }
+            total += z.size.bytes();
+        }
+        if !self.memory_zones.is_empty() && total != self.memory.bytes() {
+            return Err(ConfigError::MemoryZone {
+                id: self.memory_zones[0].id.clone(),
+                reason: format!(
+                    "the zones add up to {total} bytes, the memory size is {}",
+                    self.memory.bytes()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// The backing's checks: a page size exitless knows, given only with huge pages on, that
-    /// divides the memory; virtio-fs only on shared memory.
+    /// divides the memory; virtio-fs only on shared memory; zones that add up.
     pub(super) fn validate_memory_backing(&self) -> Result<(), ConfigError> {
+        self.validate_zones()?;
         if let Some(page) = self.hugepage_size {
             if !self.hugepages {
                 return Err(ConfigError::HugePagesOff);
@@ -135,6 +215,54 @@ mod tests {
             let e = input.parse::<MemoryOption>().unwrap_err().to_string();
             assert!(e.contains(why), "{input}: {e}");
         }
+    }
+
+    #[test]
+    fn zones_must_add_up_and_round_trip_through_json() {
+        let zone = |id: &str, mib, file: Option<&str>| MemoryZoneConfig {
+            id: id.into(),
+            size: MemorySize::from_mib(mib),
+            file: file.map(PathBuf::from),
+            shared: true,
+            hugepages: false,
+            hugepage_size: None,
+        };
+        let mut c = VmConfig::new("k");
+        c.memory = MemorySize::from_mib(512);
+        c.memory_zones = vec![
+            zone("mem0", 256, Some("/dev/shm/t")),
+            zone("mem1", 256, None),
+        ];
+        c.validate(8).unwrap();
+        let zones = c.zones().unwrap();
+        assert_eq!(zones.len(), 2);
+        assert!(matches!(
+            &zones[0].source,
+            ZoneSource::File { shared: true, .. }
+        ));
+        assert_eq!(
+            zones[1].source,
+            ZoneSource::Fresh(Backing {
+                shared: true,
+                hugepage_size: None
+            })
+        );
+        let back = VmConfig::from_json_str(&c.to_json(), std::path::Path::new("c.json")).unwrap();
+        assert_eq!(back, c);
+        c.memory = MemorySize::from_mib(1024);
+        let e = c.validate(8).unwrap_err().to_string();
+        assert!(e.contains("add up to 536870912 bytes"), "{e}");
+        c.memory = MemorySize::from_mib(512);
+        c.memory_zones[1].id = "mem0".into();
+        assert!(c.validate(8).unwrap_err().to_string().contains("distinct"));
+        c.memory_zones[1].id = "mem1".into();
+        c.memory_zones[0].hugepages = true;
+        assert!(c
+            .validate(8)
+            .unwrap_err()
+            .to_string()
+            .contains("not from a file"));
+        assert!(VmConfig::new("k").zones().is_none());
     }
 
     #[test]

@@ -14,6 +14,7 @@
 
 mod devices;
 pub mod serve;
+mod snapshot;
 
 use std::collections::BTreeMap;
 
@@ -68,6 +69,9 @@ pub enum ControlError {
     Unsupported(String),
     #[error("{0}")]
     Launch(#[from] LaunchError),
+    /// A snapshot or restore that failed: the request's name, then why.
+    #[error("{0}: {1}")]
+    Snapshot(&'static str, LaunchError),
 }
 
 impl ControlError {
@@ -84,8 +88,8 @@ impl ControlError {
             ControlError::AlreadyCreated | ControlError::WrongState { .. } => 405,
             ControlError::DuplicateId(_) => 409,
             ControlError::ResizePending => 429,
-            ControlError::Launch(e) if e.is_input_fault() => 400,
-            ControlError::Launch(_) => 500,
+            ControlError::Launch(e) | ControlError::Snapshot(_, e) if e.is_input_fault() => 400,
+            ControlError::Launch(_) | ControlError::Snapshot(..) => 500,
         }
     }
 }
@@ -124,6 +128,8 @@ pub struct Vmm {
     exit: Option<VmmExit>,
     /// Reboots the guest asked for (a reset).
     reboots: u64,
+    /// Progress of long work (a snapshot's memory) on stderr.
+    verbose: bool,
 }
 
 fn json<T: serde::Serialize>(value: &T) -> ApiResponse {
@@ -147,12 +153,22 @@ impl Vmm {
 
     /// A VMM whose VM was started from the command line (`exitless run --api-socket`).
     pub fn with_running(api: schema::VmConfig, config: VmConfig, vm: LaunchedVm) -> Self {
+        Self::with_vm(api, config, vm, false)
+    }
+
+    /// A VMM whose VM was started or restored from the command line, Paused if `paused`
+    /// (`exitless run --restore DIR --paused --api-socket`).
+    pub fn with_vm(api: schema::VmConfig, config: VmConfig, vm: LaunchedVm, paused: bool) -> Self {
         let ids = DeviceIds::from_config(&config);
+        let state = match paused {
+            true => VmState::Paused,
+            false => VmState::Running,
+        };
         Vmm {
             slot: Some(VmSlot {
                 api,
                 config,
-                state: VmState::Running,
+                state,
                 ids,
                 booted: Some(vm),
                 pending_removal: Vec::new(),
@@ -160,7 +176,13 @@ impl Vmm {
             }),
             exit: None,
             reboots: 0,
+            verbose: false,
         }
+    }
+
+    /// Says how long work progresses, on stderr (`-v`).
+    pub fn set_verbose(&mut self, verbose: bool) {
+        self.verbose = verbose;
     }
 
     /// Set once the VMM should end (vmm.shutdown, or the guest powered off).
@@ -200,6 +222,8 @@ impl Vmm {
             ApiRequest::VmAddVsock(vsock) => self.add_vsock(vsock).into(),
             ApiRequest::VmRemoveDevice(r) => done(self.remove_device(r)),
             ApiRequest::VmResize(r) => done(self.resize(r)),
+            ApiRequest::VmSnapshot(s) => done(self.snapshot(&s.destination_url)),
+            ApiRequest::VmRestore(r) => done(self.restore(r)),
             ApiRequest::VmmShutdown => {
                 let r = self.delete();
                 self.exit = Some(VmmExit(0));

@@ -23,6 +23,7 @@ pub fn serve(
     verbose: bool,
     mut stop_requested: impl FnMut(&Vmm) -> bool,
 ) -> VmmExit {
+    vmm.set_verbose(verbose);
     let exit = loop {
         match calls.recv_timeout(POLL) {
             Ok(call) => {
@@ -67,6 +68,8 @@ fn request_name(r: &ApiRequest) -> &'static str {
         ApiRequest::VmAddVsock(_) => "vm.add-vsock",
         ApiRequest::VmRemoveDevice(_) => "vm.remove-device",
         ApiRequest::VmResize(_) => "vm.resize",
+        ApiRequest::VmSnapshot(_) => "vm.snapshot",
+        ApiRequest::VmRestore(_) => "vm.restore",
         ApiRequest::VmmShutdown => "vmm.shutdown",
     }
 }

@@ -74,6 +74,9 @@ impl DeviceManager {
         self.add(mmio, "pci-hotplug", addr, len, hotplug.pci.clone())?;
         let (addr, len) = (acpi::CPU_HOTPLUG_ADDR, acpi::CPU_HOTPLUG_LEN);
         self.add(mmio, "cpu-hotplug", addr, len, hotplug.cpu.clone())?;
+        self.register_snapshottable("ged", hotplug.ged.clone());
+        self.register_snapshottable("pci-hotplug", hotplug.pci.clone());
+        self.register_snapshottable("cpu-hotplug", hotplug.cpu.clone());
         self.hotplug = Some(hotplug);
         Ok(())
     }

@@ -9,6 +9,7 @@
 pub mod hotplug;
 pub mod pci;
 pub mod routing;
+mod snapshot;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -99,6 +100,10 @@ pub struct DeviceManager {
     /// Whether a coalesced zone was registered (the vCPUs then drain KVM's ring).
     coalesced_zones: bool,
     hotplug: Option<Hotplug>,
+    /// The devices a snapshot saves, by id ([`DeviceManager::register_snapshottable`]).
+    snapshottable: Vec<(String, Arc<dyn crate::snapshot::Snapshottable>)>,
+    /// Devices added or removed since the VM started (a snapshot cannot save that yet).
+    hotplugged: bool,
 }
 
 impl DeviceManager {
@@ -126,6 +131,8 @@ impl DeviceManager {
             virtio: Vec::new(),
             coalesced_zones: false,
             hotplug: None,
+            snapshottable: Vec::new(),
+            hotplugged: false,
         }
     }
 
@@ -286,8 +293,10 @@ impl DeviceManager {
             device: dev.clone(),
             slot,
         });
+        self.register_snapshottable(name, dev.clone());
         if let (Some(h), Layout::Running(_)) = (&self.hotplug, &self.layout) {
             h.slot_added(slot);
+            self.hotplugged = true;
         }
         Ok(dev)
     }
@@ -350,6 +359,8 @@ impl DeviceManager {
         self.unplace_virtio(&m, true);
         m.device.shut_down();
         self.virtio.retain(|p| p.slot != slot);
+        self.snapshottable.retain(|(id, _)| id != m.device.name());
+        self.hotplugged = true;
         Ok(m.device)
     }
 
@@ -404,7 +415,9 @@ impl DeviceManager {
         }
         if let Some(root) = self.pci.clone() {
             root.set_mapper(self.mapper.clone());
+            self.register_snapshottable("pci-root", root.clone());
             let ports = Arc::new(PciConfigPorts::new(root.clone()));
+            self.register_snapshottable("pci-config", ports.clone());
             let (port, ports_len) = (memory::PCI_CONFIG_PORT, memory::PCI_CONFIG_PORT_LEN);
             self.add(BusKind::Pio, "pci-config", port, ports_len, ports)?;
             let ecam = Arc::new(PciEcam::new(root));

@@ -13,10 +13,16 @@ use std::io::{self, Write};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
+use std::cell::Cell;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use vm_superio::serial::{Error as UartError, NoEvents};
+use vm_superio::serial::{Error as UartError, NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
+
+use crate::snapshot::{from_state, to_state, Snapshottable};
 
 use crate::bus::{DeviceEvent, MutBusDevice};
 
@@ -238,15 +244,32 @@ impl Drop for SerialOutput {
     }
 }
 
-/// The interrupt line: each trigger adds 1 to the eventfd (an irqfd in KVM).
+/// The interrupt line: each trigger adds 1 to the eventfd (an irqfd in KVM). Muted while a
+/// restore rebuilds the UART: the interrupt it would raise for its restored registers was
+/// raised before the snapshot, and the restored irqchip holds it.
 #[derive(Debug)]
-pub struct IrqTrigger(EventFd);
+pub struct IrqTrigger {
+    evt: EventFd,
+    muted: Cell<bool>,
+}
+
+impl IrqTrigger {
+    fn new(evt: EventFd) -> Self {
+        IrqTrigger {
+            evt,
+            muted: Cell::new(false),
+        }
+    }
+}
 
 impl Trigger for IrqTrigger {
     type E = io::Error;
 
     fn trigger(&self) -> io::Result<()> {
-        self.0.write(1)
+        if self.muted.get() {
+            return Ok(());
+        }
+        self.evt.write(1)
     }
 }
 
@@ -267,14 +290,14 @@ impl SerialDevice {
     /// A UART raising `irq` and writing to `out`.
     pub fn new(irq: EventFd, out: SerialOutput) -> Self {
         Self {
-            uart: Serial::new(IrqTrigger(irq), out),
+            uart: Serial::new(IrqTrigger::new(irq), out),
             faults: GuestFaults::new("serial"),
         }
     }
 
     /// The interrupt eventfd, to be registered as irqfd for [`COM1_IRQ`].
     pub fn interrupt_evt(&self) -> &EventFd {
-        &self.uart.interrupt_evt().0
+        &self.uart.interrupt_evt().evt
     }
 
     /// Queues host input for the guest; returns how many bytes fit in the receive FIFO (0 when
@@ -315,6 +338,107 @@ impl SerialDevice {
     /// Checks a guest access: the register index, or None for a counted fault.
     fn check(&mut self, op: &str, offset: u64, len: usize) -> Option<u8> {
         self.faults.check_byte_access(op, offset, len, COM1_LEN)
+    }
+
+    /// The UART's registers and receive FIFO (pending output is written out first).
+    pub fn state(&mut self) -> UartState {
+        self.flush_output();
+        UartState::from(self.uart.state())
+    }
+
+    /// Sets the UART's registers and receive FIFO, keeping its output and interrupt line;
+    /// raises no interrupt (see [`IrqTrigger`]).
+    pub fn set_state(&mut self, state: &UartState) -> Result<(), String> {
+        if state.in_buffer.len() > UART_FIFO {
+            return Err(format!(
+                "a receive FIFO of {} bytes (a 16550 holds {UART_FIFO})",
+                state.in_buffer.len()
+            ));
+        }
+        let evt = self
+            .interrupt_evt()
+            .try_clone()
+            .map_err(|e| e.to_string())?;
+        let trigger = IrqTrigger::new(evt);
+        trigger.muted.set(true);
+        let out = std::mem::replace(self.uart.writer_mut(), SerialOutput::discard());
+        let uart = Serial::from_state(&SerialState::from(state), trigger, NoEvents, out)
+            .map_err(|e| format!("{e:?}"))?;
+        self.uart = uart;
+        self.uart.interrupt_evt().muted.set(false);
+        Ok(())
+    }
+}
+
+/// Bytes a 16550's receive FIFO holds.
+const UART_FIFO: usize = 64;
+
+/// A 16550's registers and receive FIFO, as a snapshot saves them (vm-superio's
+/// `SerialState`, named here so the file's format is exitless's own).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UartState {
+    pub baud_divisor_low: u8,
+    pub baud_divisor_high: u8,
+    pub interrupt_enable: u8,
+    pub interrupt_identification: u8,
+    pub line_control: u8,
+    pub line_status: u8,
+    pub modem_control: u8,
+    pub modem_status: u8,
+    pub scratch: u8,
+    pub in_buffer: Vec<u8>,
+}
+
+impl From<SerialState> for UartState {
+    fn from(s: SerialState) -> Self {
+        UartState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
+        }
+    }
+}
+
+impl From<&UartState> for SerialState {
+    fn from(s: &UartState) -> Self {
+        SerialState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer.clone(),
+        }
+    }
+}
+
+fn lock(m: &Mutex<SerialDevice>) -> std::sync::MutexGuard<'_, SerialDevice> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Snapshottable for Mutex<SerialDevice> {
+    fn kind(&self) -> &'static str {
+        "serial"
+    }
+
+    fn snapshot(&self) -> Result<serde_json::Value, String> {
+        to_state(&lock(self).state())
+    }
+
+    fn restore(&self, state: serde_json::Value) -> Result<(), String> {
+        lock(self).set_state(&from_state(state)?)
     }
 }
 
@@ -513,6 +637,38 @@ mod tests {
         assert_eq!(dev.fifo_capacity(), 0);
         assert_eq!(dev.enqueue_input(&big[n..]).unwrap(), 0);
         assert_eq!(dev.enqueue_input(&[]).unwrap(), 0);
+    }
+
+    #[test]
+    fn registers_and_input_survive_a_snapshot_without_a_second_interrupt() {
+        let (mut dev, _) = device(FlushPolicy::EveryWrite);
+        dev.write(IER, &[0x01]).unwrap();
+        dev.write(7, &[0x5a]).unwrap(); // scratch
+        assert_eq!(dev.enqueue_input(b"hi").unwrap(), 2);
+        assert_eq!(dev.interrupt_evt().read().unwrap(), 1);
+        let saved = Mutex::new(dev).snapshot().unwrap();
+        let (fresh, sink) = device(FlushPolicy::EveryWrite);
+        let fresh = Mutex::new(fresh);
+        fresh.restore(saved).unwrap();
+        let mut dev = fresh.into_inner().unwrap();
+        // Data ready with its interrupt enabled: restored, and not raised again.
+        assert!(dev.interrupt_evt().read().is_err(), "no second interrupt");
+        let mut d = [0u8];
+        dev.read(7, &mut d);
+        assert_eq!(d[0], 0x5a);
+        dev.read(THR, &mut d);
+        assert_eq!(d[0], b'h');
+        // The line still works and output still reaches the same sink.
+        put(&mut dev, b"ok");
+        assert_eq!(&*sink.0.lock().unwrap(), b"ok");
+        assert!(dev.enqueue_input(b"x").unwrap() > 0);
+        assert_eq!(dev.interrupt_evt().read().unwrap(), 1);
+        let too_much = serde_json::json!({"baud_divisor_low": 12, "baud_divisor_high": 0,
+            "interrupt_enable": 0, "interrupt_identification": 1, "line_control": 3,
+            "line_status": 96, "modem_control": 8, "modem_status": 0, "scratch": 0,
+            "in_buffer": vec![0u8; 65]});
+        let e = Mutex::new(dev).restore(too_much).unwrap_err();
+        assert!(e.contains("receive FIFO of 65 bytes"), "{e}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod kick;
 pub mod ring;
+pub mod state;
 pub mod stats;
 mod supported_cpuid;
 pub use supported_cpuid::SupportedCpuid;
@@ -44,6 +45,8 @@ pub enum KvmError {
     Ring(io::Error),
     #[error("Cannot install the vCPU kick signal handler: {0}")]
     Signal(io::Error),
+    #[error("KVM refused {0}")]
+    Refused(String),
 }
 
 /// Environment variable naming another KVM device node than /dev/kvm (used by tests).

@@ -1,13 +1,15 @@
 //! What the VMM tells its vCPU threads: run, pause or stop. The exit loop reads one word per
 //! exit ([`VmControl::state`], a line nobody writes while the VM runs); pausing and stopping
 //! write it and then kick the threads out of KVM_RUN. A paused vCPU waits on a condition
-//! variable, so a paused VM takes no CPU.
+//! variable, so a paused VM takes no CPU. A paused vCPU also runs work it is given
+//! ([`VmControl::run_task`]) on its own thread, with its own fd: what a snapshot reads.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
+use kvm_ioctls::VcpuFd;
 
 /// The vCPUs run.
 pub const RUN: u8 = 0;
@@ -16,13 +18,48 @@ pub const PAUSE: u8 = 1;
 /// The vCPUs end at their next exit.
 pub const STOP: u8 = 2;
 
+/// Work for each parked vCPU, run once on its own thread with its id and fd.
+pub type VcpuTask = Arc<dyn Fn(usize, &VcpuFd) + Send + Sync>;
+
+/// Why a parked vCPU stopped waiting.
+pub enum Unparked {
+    /// The VM runs again.
+    Run,
+    /// The VM stops.
+    Stop,
+    /// Run this task (of this generation), then report it done and park again.
+    Task(u64, VcpuTask),
+}
+
+/// What the parked vCPUs share, under one lock taken only to pause, resume, stop and hand
+/// out tasks, never per exit.
+#[derive(Default)]
+struct Parked {
+    count: usize,
+    /// The task parked vCPUs are to run, with its generation (one more per task).
+    task: Option<(u64, VcpuTask)>,
+    generation: u64,
+    /// The vCPUs that ran the current task.
+    done: Vec<usize>,
+}
+
+impl std::fmt::Debug for Parked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parked")
+            .field("count", &self.count)
+            .field("generation", &self.generation)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
 /// State the VM shares with its vCPU threads: read per exit, written only to pause, resume
 /// or stop.
 #[derive(Debug, Default)]
 pub struct VmControl {
     state: CachePadded<AtomicU8>,
-    /// vCPUs parked now; its lock is taken only to pause, resume and stop, never per exit.
-    parked: Mutex<usize>,
+    /// vCPUs parked now and their task; its lock is never taken per exit.
+    parked: Mutex<Parked>,
     changed: Condvar,
 }
 
@@ -44,7 +81,7 @@ impl VmControl {
         self.changed.notify_all();
     }
 
-    fn lock(&self) -> MutexGuard<'_, usize> {
+    fn lock(&self) -> MutexGuard<'_, Parked> {
         self.parked.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -68,29 +105,78 @@ impl VmControl {
         }
     }
 
-    /// Called by a vCPU thread that found [`PAUSE`]: waits until the VM runs again (true) or
-    /// stops (false).
-    pub fn park(&self) -> bool {
+    /// Called by a vCPU thread that found [`PAUSE`]: waits until the VM runs again, stops, or
+    /// has a task newer than generation `seen` for it.
+    pub fn park(&self, seen: u64) -> Unparked {
         let mut parked = self.lock();
-        *parked += 1;
+        parked.count += 1;
         self.changed.notify_all();
-        while self.state() == PAUSE {
+        loop {
+            if let Some((generation, task)) = parked.task.as_ref().filter(|t| t.0 > seen) {
+                let given = Unparked::Task(*generation, task.clone());
+                parked.count -= 1;
+                return given;
+            }
+            if self.state() != PAUSE {
+                break;
+            }
             parked = self.changed.wait(parked).unwrap_or_else(|e| e.into_inner());
         }
-        *parked -= 1;
-        self.state() != STOP
+        parked.count -= 1;
+        match self.state() {
+            STOP => Unparked::Stop,
+            _ => Unparked::Run,
+        }
+    }
+
+    /// Called by vCPU `id` once it ran the task of `generation`.
+    pub fn task_done(&self, id: usize, generation: u64) {
+        let mut parked = self.lock();
+        if parked.generation == generation {
+            parked.done.push(id);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Has each parked vCPU of `ids` run `task` on its own thread; waits up to `timeout`.
+    /// Returns the ids that did not run it in time (none: all did). The VM must be paused;
+    /// a vCPU that is not parked never takes the task.
+    pub fn run_task(&self, task: VcpuTask, ids: &[usize], timeout: Duration) -> Vec<usize> {
+        let start = Instant::now();
+        let mut parked = self.lock();
+        parked.generation += 1;
+        parked.task = Some((parked.generation, task));
+        parked.done.clear();
+        self.changed.notify_all();
+        let missing = |p: &Parked| -> Vec<usize> {
+            let left = ids.iter().filter(|id| !p.done.contains(id));
+            left.copied().collect()
+        };
+        while !missing(&parked).is_empty() && self.state() == PAUSE {
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            parked = self
+                .changed
+                .wait_timeout(parked, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        parked.task = None;
+        missing(&parked)
     }
 
     /// Called by a vCPU thread kicked while `retired` is set (the guest ejected its CPU):
     /// waits until the CPU is added again (true) or the VM stops (false). Counted as parked.
     pub fn park_retired(&self, retired: &AtomicBool) -> bool {
         let mut parked = self.lock();
-        *parked += 1;
+        parked.count += 1;
         self.changed.notify_all();
         while retired.load(Ordering::Acquire) && self.state() != STOP {
             parked = self.changed.wait(parked).unwrap_or_else(|e| e.into_inner());
         }
-        *parked -= 1;
+        parked.count -= 1;
         self.state() != STOP
     }
 
@@ -105,7 +191,7 @@ impl VmControl {
     pub fn wait_parked(&self, count: usize, timeout: Duration, mut kick: impl FnMut()) -> bool {
         let start = Instant::now();
         let mut parked = self.lock();
-        while *parked < count {
+        while parked.count < count {
             let left = timeout.saturating_sub(start.elapsed());
             if left.is_zero() || self.state() != PAUSE {
                 return false;
@@ -125,7 +211,7 @@ impl VmControl {
 
     /// vCPUs parked now.
     pub fn parked(&self) -> usize {
-        *self.lock()
+        self.lock().count
     }
 }
 
@@ -147,7 +233,7 @@ mod tests {
                     loop {
                         match c.state() {
                             RUN => rounds += 1,
-                            PAUSE if c.park() => {}
+                            PAUSE if matches!(c.park(0), Unparked::Run) => {}
                             _ => return rounds,
                         }
                         if rounds == 5 {

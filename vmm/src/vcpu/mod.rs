@@ -21,7 +21,7 @@ use crate::kvm;
 use crate::kvm::ring::{CoalescedRing, CoalescedWrite};
 use crate::profile::{self, ExitReason, VcpuProfile};
 pub use affinity::pin_current_thread;
-pub use control::VmControl;
+pub use control::{Unparked, VcpuTask, VmControl};
 pub use exit::{dispatch, handle_exit, Buses, ExitAction, Handled, UnhandledExit, VmEnd};
 pub use observer::{ExitObserver, ObservedVcpu};
 
@@ -82,6 +82,8 @@ pub struct Vcpu {
     affinity: Option<usize>,
     /// Set (then the thread kicked) to park this vCPU alone, when the guest ejected its CPU.
     retired: Arc<AtomicBool>,
+    /// The generation of the last task this vCPU ran while parked.
+    task_seen: u64,
 }
 
 impl Vcpu {
@@ -117,6 +119,7 @@ impl Vcpu {
             user_exits: 0,
             affinity: None,
             retired: Arc::new(AtomicBool::new(false)),
+            task_seen: 0,
         })
     }
 
@@ -186,7 +189,14 @@ impl Vcpu {
         loop {
             match self.control.state() {
                 control::RUN => {}
-                control::PAUSE if self.control.park() => t_entry = tsc_if(profiling),
+                control::PAUSE => match self.control.park(self.task_seen) {
+                    Unparked::Run => t_entry = tsc_if(profiling),
+                    Unparked::Stop => return Ok(VmEnd::Stopped),
+                    Unparked::Task(generation, task) => match self.run_task(generation, &task)? {
+                        Some(end) => return Ok(end),
+                        None => continue,
+                    },
+                },
                 _ => return Ok(VmEnd::Stopped),
             }
             let result = self.fd.run();
@@ -239,6 +249,51 @@ impl Vcpu {
                 ExitAction::End(end) => return Ok(end),
             }
         }
+    }
+
+    /// Runs a parked vCPU's task on this thread: first KVM_RUN with `immediate_exit` set,
+    /// which completes an I/O or MMIO read the last exit left pending (its value reaches the
+    /// guest's registers only on the next entry) without running a guest instruction, so the
+    /// task sees consistent state. An exit met on the way is handled as usual; should it end
+    /// the VM, that end is returned once the task has run.
+    #[cold]
+    fn run_task(&mut self, generation: u64, task: &VcpuTask) -> Result<Option<VmEnd>, VcpuError> {
+        let end = self.complete_pending_io()?;
+        task(self.id, &self.fd);
+        self.task_seen = generation;
+        self.control.task_done(self.id, generation);
+        Ok(end)
+    }
+
+    /// KVM_RUN with `immediate_exit` until KVM says it returned at once (EINTR).
+    fn complete_pending_io(&mut self) -> Result<Option<VmEnd>, VcpuError> {
+        let mut end = None;
+        // An access split in parts exits once per part: a few rounds at most.
+        for _ in 0..8 {
+            self.fd.set_kvm_immediate_exit(1);
+            let result = self.fd.run();
+            let buses = self.buses.current(&self.shared_buses);
+            let handled = match result {
+                Ok(exit) => handle_exit(buses, exit)?,
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    self.fd.set_kvm_immediate_exit(0);
+                    if let Some(ring) = &self.coalesced_ring {
+                        let queued = ring.drain().into_iter().flatten();
+                        let h = dispatch(buses, queued, None, |_, _| {})?;
+                        if let ExitAction::End(e) = h.action {
+                            end.get_or_insert(e);
+                        }
+                    }
+                    return Ok(end);
+                }
+                Err(e) => return Err(VcpuError::Run(e)),
+            };
+            if let ExitAction::End(e) = handled.action {
+                end.get_or_insert(e);
+            }
+        }
+        self.fd.set_kvm_immediate_exit(0);
+        Err(VcpuError::Run(kvm_ioctls::Error::new(libc::EBUSY)))
     }
 
     #[inline]

@@ -13,6 +13,7 @@ use std::sync::mpsc::Sender;
 use super::{put, value, Ejected};
 use crate::bus::{DeviceEvent, MutBusDevice};
 use crate::devices::GuestFaults;
+use crate::snapshot::{from_state, to_state, Snapshottable};
 
 pub const CSEL: u64 = 0x0;
 pub const CSTA: u64 = 0x4;
@@ -107,6 +108,47 @@ impl MutBusDevice for CpuHotplug {
             _ => self.faults.record("write", offset, data.len()),
         }
         Ok(DeviceEvent::None)
+    }
+}
+
+/// The controller's saved registers: the selected CPU and each CPU's status bits.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CpuHotplugState {
+    selected: u32,
+    cpus: Vec<u8>,
+}
+
+fn lock(m: &std::sync::Mutex<CpuHotplug>) -> std::sync::MutexGuard<'_, CpuHotplug> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Snapshottable for std::sync::Mutex<CpuHotplug> {
+    fn kind(&self) -> &'static str {
+        "acpi-cpu-hotplug"
+    }
+
+    fn snapshot(&self) -> Result<serde_json::Value, String> {
+        let c = lock(self);
+        to_state(&CpuHotplugState {
+            selected: c.selected,
+            cpus: c.state.clone(),
+        })
+    }
+
+    fn restore(&self, state: serde_json::Value) -> Result<(), String> {
+        let s: CpuHotplugState = from_state(state)?;
+        let mut c = lock(self);
+        if s.cpus.len() != c.state.len() {
+            return Err(format!(
+                "{} CPUs saved for a controller of {}",
+                s.cpus.len(),
+                c.state.len()
+            ));
+        }
+        c.selected = s.selected;
+        c.state = s.cpus;
+        Ok(())
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::bus::{BusDevice, DeviceEvent};
+use crate::snapshot::{from_state, to_state, Snapshottable};
 
 /// Notification bits.
 pub const CPU_CHANGED: u8 = 1 << 0;
@@ -48,6 +49,31 @@ impl BusDevice for Ged {
 
     fn write(&self, _offset: u64, _data: &[u8]) -> io::Result<DeviceEvent> {
         Ok(DeviceEvent::None)
+    }
+}
+
+/// The GED's saved state: the bits the guest has not read yet.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GedState {
+    pending: u8,
+}
+
+impl Snapshottable for Ged {
+    fn kind(&self) -> &'static str {
+        "acpi-ged"
+    }
+
+    fn snapshot(&self) -> Result<serde_json::Value, String> {
+        to_state(&GedState {
+            pending: self.pending.load(Ordering::Acquire),
+        })
+    }
+
+    fn restore(&self, state: serde_json::Value) -> Result<(), String> {
+        let s: GedState = from_state(state)?;
+        self.pending.store(s.pending, Ordering::Release);
+        Ok(())
     }
 }
 

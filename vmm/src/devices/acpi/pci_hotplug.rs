@@ -15,6 +15,7 @@ use std::sync::mpsc::Sender;
 use super::{put, value, Ejected};
 use crate::bus::{DeviceEvent, MutBusDevice};
 use crate::devices::GuestFaults;
+use crate::snapshot::{from_state, to_state, Snapshottable};
 
 pub const PCIU: u64 = 0x0;
 pub const PCID: u64 = 0x4;
@@ -89,6 +90,41 @@ impl MutBusDevice for PciHotplug {
             _ => self.faults.record("write", offset, data.len()),
         }
         Ok(DeviceEvent::None)
+    }
+}
+
+/// The controller's saved registers.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PciHotplugState {
+    up: u32,
+    down: u32,
+    segment: u32,
+}
+
+fn lock(m: &std::sync::Mutex<PciHotplug>) -> std::sync::MutexGuard<'_, PciHotplug> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Snapshottable for std::sync::Mutex<PciHotplug> {
+    fn kind(&self) -> &'static str {
+        "acpi-pci-hotplug"
+    }
+
+    fn snapshot(&self) -> Result<serde_json::Value, String> {
+        let c = lock(self);
+        to_state(&PciHotplugState {
+            up: c.up,
+            down: c.down,
+            segment: c.segment,
+        })
+    }
+
+    fn restore(&self, state: serde_json::Value) -> Result<(), String> {
+        let s: PciHotplugState = from_state(state)?;
+        let mut c = lock(self);
+        (c.up, c.down, c.segment) = (s.up, s.down, s.segment);
+        Ok(())
     }
 }
 

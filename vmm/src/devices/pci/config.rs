@@ -119,6 +119,13 @@ impl PciConfig {
         (self.memory_enabled() && addr != 0).then_some(addr)
     }
 
+    /// The address BAR `index` holds, decoded or not (0 when it is not a BAR).
+    pub fn bar_base(&self, index: usize) -> u64 {
+        self.bars
+            .get(index)
+            .map_or(0, |b| b.addr & !(b.size.max(1) - 1))
+    }
+
     /// Size of BAR `index` (0 when it is not a BAR).
     pub fn bar_size(&self, index: usize) -> u64 {
         self.bars.get(index).map_or(0, |b| b.size)

@@ -2,12 +2,13 @@
 //! to reach configuration space: mechanism #1 (ports 0xCF8-0xCFF) and ECAM (MMIO).
 
 use std::io;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::config::{PciConfig, PciIds};
 use super::{BarChange, BarMapper, PciDevice};
 use crate::bus::{BusDevice, DeviceEvent};
+use crate::snapshot::{from_state, to_state, Snapshottable};
 
 /// Slots on bus 0.
 pub const SLOTS: usize = 32;
@@ -37,6 +38,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct PciRoot {
     slots: Mutex<Vec<Option<Arc<dyn PciDevice>>>>,
     mapper: OnceLock<Arc<dyn BarMapper>>,
+    /// The guest wrote the host bridge's configuration space (a snapshot cannot save it yet).
+    bridge_written: AtomicBool,
 }
 
 impl Default for PciRoot {
@@ -61,6 +64,7 @@ impl PciRoot {
         PciRoot {
             slots: Mutex::new(slots),
             mapper: OnceLock::new(),
+            bridge_written: AtomicBool::new(false),
         }
     }
 
@@ -105,6 +109,9 @@ impl PciRoot {
         let Some(d) = self.device(bus, slot, function) else {
             return;
         };
+        if slot == 0 {
+            self.bridge_written.store(true, Ordering::Relaxed);
+        }
         for change in d.config_write(offset, data) {
             if let Some(m) = self.mapper.get() {
                 m.bar_moved(slot as u8, change);
@@ -165,6 +172,58 @@ impl BusDevice for PciConfigPorts {
             _ => {}
         }
         Ok(DeviceEvent::None)
+    }
+}
+
+/// Bus 0's own state in a snapshot: none beyond its devices', while the guest has left the
+/// host bridge as it was.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RootState {}
+
+impl Snapshottable for PciRoot {
+    fn kind(&self) -> &'static str {
+        "pci-root"
+    }
+
+    fn snapshot(&self) -> Result<serde_json::Value, String> {
+        if self.bridge_written.load(Ordering::Relaxed) {
+            return Err(
+                "the guest has configured the PCI host bridge, whose state is not \
+                        saved yet"
+                    .into(),
+            );
+        }
+        to_state(&RootState {})
+    }
+
+    fn restore(&self, state: serde_json::Value) -> Result<(), String> {
+        from_state::<RootState>(state).map(drop)
+    }
+}
+
+/// The address register of configuration mechanism #1, in a snapshot.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigPortsState {
+    address: u32,
+}
+
+impl Snapshottable for PciConfigPorts {
+    fn kind(&self) -> &'static str {
+        "pci-config-ports"
+    }
+
+    fn snapshot(&self) -> Result<serde_json::Value, String> {
+        to_state(&ConfigPortsState {
+            address: self.address.load(Ordering::Acquire),
+        })
+    }
+
+    fn restore(&self, state: serde_json::Value) -> Result<(), String> {
+        let s: ConfigPortsState = from_state(state)?;
+        self.address.store(s.address, Ordering::Release);
+        Ok(())
     }
 }
 

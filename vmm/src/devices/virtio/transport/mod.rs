@@ -15,8 +15,9 @@
 
 pub mod common;
 pub mod interrupt;
+mod snapshot;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use event_manager::{SubscriberId, SubscriberOps};
@@ -89,6 +90,9 @@ pub struct VirtioPciDevice {
     counters: Arc<[QueueCounters]>,
     /// This device, for the work it hands to the event loop.
     me: Weak<VirtioPciDevice>,
+    /// The guest wrote its configuration space or its BAR: its driver has started setting it
+    /// up, so it is no longer in its power-on state (what a snapshot can save of it today).
+    touched: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -178,6 +182,7 @@ impl VirtioPciDevice {
             health,
             counters,
             me: me.clone(),
+            touched: AtomicBool::new(false),
         }))
     }
 
@@ -473,6 +478,7 @@ impl PciDevice for VirtioPciDevice {
     }
 
     fn config_write(&self, offset: usize, data: &[u8]) -> Vec<BarChange> {
+        self.touched.store(true, Ordering::Relaxed);
         let dword = offset & !3;
         if dword != self.msix_cap || !aligned(offset, data.len()) {
             return lock(&self.config).write(offset, data);
@@ -509,6 +515,7 @@ impl PciDevice for VirtioPciDevice {
     }
 
     fn bar_write(&self, bar: u8, offset: u64, data: &[u8]) {
+        self.touched.store(true, Ordering::Relaxed);
         if bar != 0 || !(1..=8).contains(&data.len()) {
             return self.fault();
         }

@@ -1,0 +1,75 @@
+//! The devices a snapshot saves: each registers under its id as it is added, and the whole
+//! set is saved into, and restored from, `state.json`'s `devices` map (docs/snapshot.md).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::DeviceManager;
+use crate::snapshot::{DeviceEntry, SnapshotError, Snapshottable};
+
+impl DeviceManager {
+    /// Makes `device` part of every snapshot under `id`.
+    pub fn register_snapshottable(&mut self, id: &str, device: Arc<dyn Snapshottable>) {
+        self.snapshottable.push((id.to_string(), device));
+    }
+
+    /// Whether devices were added or removed since the VM started.
+    pub fn hotplugged(&self) -> bool {
+        self.hotplugged
+    }
+
+    /// Every device's state by id; the first device that cannot be saved fails it, by name.
+    pub fn snapshot_devices(&self) -> Result<BTreeMap<String, DeviceEntry>, SnapshotError> {
+        let mut all = BTreeMap::new();
+        for (id, device) in &self.snapshottable {
+            let kind = device.kind();
+            let state = device.snapshot().map_err(|reason| SnapshotError::Device {
+                id: id.clone(),
+                kind: kind.into(),
+                reason,
+            })?;
+            let entry = DeviceEntry {
+                kind: kind.into(),
+                state,
+            };
+            if all.insert(id.clone(), entry).is_some() {
+                return Err(SnapshotError::Device {
+                    id: id.clone(),
+                    kind: kind.into(),
+                    reason: "another device has the same id".into(),
+                });
+            }
+        }
+        Ok(all)
+    }
+
+    /// Puts each device's saved state back. The saved set must be this VM's: a device
+    /// without saved state, saved state without its device, or another kind is refused.
+    pub fn restore_devices(
+        &self,
+        mut saved: BTreeMap<String, DeviceEntry>,
+    ) -> Result<(), SnapshotError> {
+        for (id, device) in &self.snapshottable {
+            let kind = device.kind();
+            let invalid = |reason: String| SnapshotError::DeviceState {
+                id: id.clone(),
+                kind: kind.into(),
+                reason,
+            };
+            let entry = saved
+                .remove(id)
+                .ok_or_else(|| invalid("state.json has no state for it".into()))?;
+            if entry.kind != kind {
+                return Err(invalid(format!("state.json saved a {} there", entry.kind)));
+            }
+            device.restore(entry.state).map_err(invalid)?;
+        }
+        match saved.into_iter().next() {
+            Some((id, entry)) => Err(SnapshotError::Mismatch(format!(
+                "state.json has device {id} ({}), which config.json does not describe",
+                entry.kind
+            ))),
+            None => Ok(()),
+        }
+    }
+}

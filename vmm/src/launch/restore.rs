@@ -1,0 +1,248 @@
+//! A VM made from a snapshot in a fresh process (`vm.restore`, `exitless run --restore`): the
+//! config's devices made anew and given their saved state, guest memory mapped from the
+//! snapshot (copy-on-write) or a zone's file, vCPUs, irqchip, PIT and clock set to what was
+//! saved. The VM starts paused. See docs/snapshot.md.
+
+use std::fs::File;
+use std::path::Path;
+use std::time::Instant;
+
+use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+
+use super::{
+    add_virtio_devices, attach_idle_flush, attach_stdin, console_output, LaunchError, LaunchedVm,
+};
+use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
+use crate::config::{IrqchipMode, VmConfig, MAX_VCPUS};
+use crate::kvm;
+use crate::memory::{self, Backing};
+use crate::snapshot::format::{RegionSource, RegionState, SnapshotState};
+use crate::snapshot::memory_file;
+use crate::snapshot::{cpu_features, SnapshotError, MEMORY_FILE};
+
+/// Restore choices that are not part of the snapshot (the console goes where the config's
+/// `serial_output` and `serial_log` say).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RestoreOptions {
+    /// Feed the VMM's stdin to the guest's COM1.
+    pub stdin_to_serial: bool,
+}
+
+fn mismatch(why: String) -> LaunchError {
+    SnapshotError::Mismatch(why).into()
+}
+
+/// Makes the VM saved in `dir` (`state`, already read and checked; `config` from its
+/// config.json, as edited since) and starts its vCPUs paused: [`LaunchedVm::resume`] runs
+/// it.
+pub fn restore(
+    config: &VmConfig,
+    dir: &Path,
+    state: SnapshotState,
+    opts: RestoreOptions,
+) -> Result<LaunchedVm, LaunchError> {
+    crate::seccomp::prepare_malloc();
+    // Cloud Hypervisor's schema cannot say "no entropy device" (a VM made through the API
+    // always has one): the saved devices say whether this VM had one.
+    let mut config = config.clone();
+    config.rng = state.devices.values().any(|d| d.kind == "virtio-rng");
+    let config = &config;
+    config.validate(MAX_VCPUS)?;
+    check_fits(config, &state)?;
+    let kvm = kvm::open()?;
+    config.validate(kvm.get_max_vcpus())?;
+    let vcpus = state
+        .vcpus
+        .iter()
+        .map(|v| v.to_kvm().map_err(SnapshotError::Corrupt))
+        .collect::<Result<Vec<_>, _>>()?;
+    let vm_state = state.vm.to_kvm().map_err(SnapshotError::Corrupt)?;
+    let mem = restore_memory(config, dir, &state)?;
+    let spec = VmSpec {
+        kernel: KernelImage::File(config.kernel.clone()),
+        initrd: config.initrd.clone(),
+        cmdline: config.cmdline.clone(),
+        memory: state.memory.size,
+        memory_backing: config.memory_backing(),
+        cpus: config.cpus,
+        max_cpus: state.vm.max_vcpus,
+        irqchip: config.irqchip,
+    };
+    let mut builder = VmBuilder::with_memory(kvm, spec, mem)?;
+    let serial = builder.add_console(console_output(config)?)?;
+    builder.add_i8042()?;
+    builder.enable_hotplug()?;
+    let socket_files = add_virtio_devices(&mut builder, config)?;
+    let vcpu_opts = VcpuOptions {
+        affinity: config.cpu_affinity.clone(),
+        ..VcpuOptions::default()
+    };
+    let check_cpu = |seen: &[kvm_bindings::kvm_cpuid_entry2]| check_host(seen, &state);
+    let built = builder.build_restored(&vcpu_opts, &vm_state, &vcpus, &check_cpu)?;
+    built.devices.restore_devices(state.devices)?;
+    let mut launched = LaunchedVm {
+        vm: built.vm,
+        event_loop: built.event_loop,
+        running: None,
+        profiles: built.profiles,
+        stats: Vec::new(),
+        io_names: built.io_names,
+        serial,
+        devices: built.devices,
+        socket_files,
+        tsc_khz: built.tsc_khz,
+        started: Instant::now(),
+        template: built.template,
+        boot_vcpus: usize::from(config.cpus),
+    };
+    launched.open_stats(&built.vcpus)?;
+    // Parked before their first KVM_RUN: the VM is Paused until resumed.
+    launched.vm.control.request_pause();
+    launched.running = Some(launched.vm.start(built.vcpus)?);
+    if opts.stdin_to_serial {
+        attach_stdin(&launched.event_loop, launched.serial.clone());
+    }
+    attach_idle_flush(&launched.event_loop, &launched.serial);
+    Ok(launched)
+}
+
+/// The config (as Kata may have edited it) must describe the VM that was saved.
+fn check_fits(config: &VmConfig, state: &SnapshotState) -> Result<(), LaunchError> {
+    if usize::from(config.cpus) != state.vcpus.len() {
+        return Err(mismatch(format!(
+            "config.json has {} vCPUs, state.json {}",
+            config.cpus,
+            state.vcpus.len()
+        )));
+    }
+    let max = config.max_vcpus.unwrap_or(config.cpus).max(config.cpus);
+    if max != state.vm.max_vcpus {
+        return Err(mismatch(format!(
+            "config.json allows {max} vCPUs, the guest's topology {}",
+            state.vm.max_vcpus
+        )));
+    }
+    if config.memory.bytes() != state.memory.size {
+        return Err(mismatch(format!(
+            "config.json has {} bytes of memory, state.json {}",
+            config.memory.bytes(),
+            state.memory.size
+        )));
+    }
+    if config.irqchip != IrqchipMode::Kernel {
+        return Err(mismatch("only the in-kernel irqchip is restored".into()));
+    }
+    Ok(())
+}
+
+/// This host must offer the CPU the guest saw: the same vendor and every feature (`seen`:
+/// what a guest booted here sees).
+fn check_host(
+    seen: &[kvm_bindings::kvm_cpuid_entry2],
+    state: &SnapshotState,
+) -> Result<(), BuildError> {
+    let host = cpu_features::features_of(seen);
+    match cpu_features::missing(&state.cpu, &host) {
+        Some(why) => Err(SnapshotError::Host(why).into()),
+        None => Ok(()),
+    }
+}
+
+/// Guest memory laid out as saved: each region from the snapshot's memory file (mapped
+/// private, or copied onto new memory where the config wants it shared or on huge pages) or
+/// from its zone's file.
+fn restore_memory(
+    config: &VmConfig,
+    dir: &Path,
+    state: &SnapshotState,
+) -> Result<GuestMemoryMmap, LaunchError> {
+    let path = dir.join(MEMORY_FILE);
+    let in_file = |r: &&RegionState| matches!(r.source, RegionSource::SnapshotFile { .. });
+    let file = match state.memory.regions.iter().any(|r| in_file(&r)) {
+        true => Some(open_memory_file(&path, state.memory.file_size)?),
+        false => None,
+    };
+    let backing = config.memory_backing();
+    let regions = state
+        .memory
+        .regions
+        .iter()
+        .map(|r| match (&r.source, &file) {
+            (RegionSource::SnapshotFile { offset }, Some(f)) => {
+                file_region(r, f, *offset, &backing, &path)
+            }
+            (RegionSource::Zone { zone, offset }, _) => zone_region(config, r, zone, *offset),
+            (RegionSource::SnapshotFile { .. }, None) => unreachable!("opened above"),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    GuestMemoryMmap::from_regions(regions).map_err(|e| memory::MemoryError::Regions(e).into())
+}
+
+/// The memory file, which must be as long as state.json says (a truncated copy is refused).
+fn open_memory_file(path: &Path, len: u64) -> Result<File, LaunchError> {
+    let file = File::open(path).map_err(|error| SnapshotError::Read {
+        path: path.to_path_buf(),
+        error,
+    })?;
+    let found = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if found != len {
+        return Err(SnapshotError::Corrupt(format!(
+            "{} is {found} bytes, the snapshot wrote {len}",
+            path.display()
+        ))
+        .into());
+    }
+    Ok(file)
+}
+
+/// A region whose bytes are in the memory file: mapped from it, private, unless the config
+/// backs memory otherwise (then new memory with the file's data copied in).
+fn file_region(
+    r: &RegionState,
+    file: &File,
+    offset: u64,
+    backing: &Backing,
+    path: &Path,
+) -> Result<GuestRegionMmap, LaunchError> {
+    let start = GuestAddress(r.gpa);
+    if *backing == Backing::default() {
+        let dup = file.try_clone().map_err(|error| SnapshotError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        return Ok(memory::create_file_region(
+            start, r.size, dup, offset, false, path,
+        )?);
+    }
+    let region = memory::create_region(start, r.size, backing)?;
+    // SAFETY: `region` was just mapped with `r.size` bytes and nothing else uses it yet.
+    unsafe { memory_file::load(file, offset, r.size, region.as_ptr()) }.map_err(|error| {
+        SnapshotError::Read {
+            path: path.to_path_buf(),
+            error,
+        }
+    })?;
+    Ok(region)
+}
+
+/// A region whose bytes are in memory zone `zone`'s file, mapped as config.json says now
+/// (Kata turns `shared` off for the VMs it makes from a template: copy-on-write).
+fn zone_region(
+    config: &VmConfig,
+    r: &RegionState,
+    zone: &str,
+    offset: u64,
+) -> Result<GuestRegionMmap, LaunchError> {
+    let z = config.memory_zones.iter().find(|z| z.id == zone);
+    let Some((z, path)) = z.and_then(|z| Some((z, z.file.as_ref()?))) else {
+        return Err(mismatch(format!(
+            "the guest's memory is in the file of memory zone {zone}, which config.json \
+             does not have"
+        )));
+    };
+    let file = memory::open_memory_file(path, z.shared)?;
+    let start = GuestAddress(r.gpa);
+    Ok(memory::create_file_region(
+        start, r.size, file, offset, z.shared, path,
+    )?)
+}
