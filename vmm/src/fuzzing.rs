@@ -23,7 +23,9 @@ use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::event_loop::EventLoop;
 use crate::kvm::ring::CoalescedWrite;
 
+mod snapshot_state;
 mod virtio_status;
+pub use snapshot_state::snapshot_state;
 pub use virtio_status::virtio_status;
 
 /// A fuzz target: takes any bytes, must return.
@@ -43,6 +45,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("bench_line", bench_line),
     ("api_http", api_http),
     ("api_config", api_config),
+    ("snapshot_state", snapshot_state),
 ];
 
 /// Reads the input as a stream of small values; past its end every value is 0.

@@ -35,6 +35,14 @@ fn every_endpoint_becomes_its_request() {
         R::VmCreate(_)
     ));
     assert!(matches!(put("vm.boot", ""), R::VmBoot));
+    assert!(matches!(
+        put("vm.snapshot", r#"{"destination_url":"file:///s"}"#),
+        R::VmSnapshot(s) if s.destination_url == "file:///s"
+    ));
+    assert!(matches!(
+        put("vm.restore", r#"{"source_url":"file:///s","prefault":true}"#),
+        R::VmRestore(r) if r.source_url == "file:///s" && r.prefault && !r.resume
+    ));
     assert!(matches!(put("vm.shutdown", ""), R::VmShutdown));
     assert!(matches!(put("vm.reboot", ""), R::VmReboot));
     assert!(matches!(put("vm.delete", ""), R::VmDelete));

@@ -291,3 +291,47 @@ fn files_and_fds_a_client_names_wrongly_are_refused_400_with_the_reason() {
     vmm.stop();
     let _ = std::fs::remove_file(kernel);
 }
+
+#[test]
+fn snapshot_and_restore_are_refused_where_they_cannot_be_done() {
+    let snap = |url: &str| {
+        R::VmSnapshot(schema::VmSnapshotConfig {
+            destination_url: url.into(),
+        })
+    };
+    let restore = |url: &str| {
+        R::VmRestore(schema::RestoreConfig {
+            source_url: url.into(),
+            ..Default::default()
+        })
+    };
+    let mut vmm = Vmm::new();
+    assert_eq!(status(&vmm.handle(snap("file:///tmp/x"))), 404);
+    let r = vmm.handle(restore("http://elsewhere/x"));
+    assert_eq!(status(&r), 400);
+    assert_eq!(
+        message(&r),
+        "vm.restore: 'http://elsewhere/x' is not a file:// URL of a directory"
+    );
+    let r = vmm.handle(restore("file:///nonexistent/exitless-snap"));
+    assert_eq!(status(&r), 400);
+    assert!(
+        message(&r).contains("/nonexistent/exitless-snap"),
+        "{}",
+        message(&r)
+    );
+    assert_eq!(status(&vmm.handle(R::VmCreate(create_body("/k", "")))), 204);
+    let r = vmm.handle(snap("file:///tmp/x"));
+    assert_eq!(status(&r), 405);
+    assert_eq!(
+        message(&r),
+        "The VM is Created: vm.snapshot needs it Paused"
+    );
+    let r = vmm.handle(restore("file:///tmp/x"));
+    assert_eq!(
+        status(&r),
+        405,
+        "a VMM with a VM takes no restore: {}",
+        message(&r)
+    );
+}

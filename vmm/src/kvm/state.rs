@@ -342,6 +342,76 @@ pub fn restore_vm(vm: &VmFd, s: &VmKvmState) -> Result<(), KvmError> {
 mod tests {
     use super::*;
 
+    /// A VM with the in-kernel irqchip and PIT, and its vCPU 0 given KVM's CPUID.
+    fn vm_and_vcpu(kvm: &Kvm) -> (VmFd, VcpuFd) {
+        let vm = kvm.create_vm().unwrap();
+        vm.create_irq_chip().unwrap();
+        let pit = kvm_bindings::kvm_pit_config::default();
+        vm.create_pit2(pit).unwrap();
+        let vcpu = vm.create_vcpu(0).unwrap();
+        let cpuid = kvm
+            .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+            .unwrap();
+        vcpu.set_cpuid2(&cpuid).unwrap();
+        (vm, vcpu)
+    }
+
+    #[test]
+    fn a_vcpu_and_its_vm_carry_over_to_a_new_vm() {
+        let Ok(kvm) = Kvm::new() else {
+            crate::test_skip::skip("a_vcpu_and_its_vm_carry_over", "/dev/kvm is missing");
+            return;
+        };
+        let (vm, vcpu) = vm_and_vcpu(&kvm);
+        let mut regs = vcpu.get_regs().unwrap();
+        (regs.rip, regs.rax, regs.rflags) = (0x1234, 42, 0x202);
+        vcpu.set_regs(&regs).unwrap();
+        let mut sregs = vcpu.get_sregs().unwrap();
+        sregs.cr3 = 0x9000;
+        vcpu.set_sregs(&sregs).unwrap();
+        let sysenter = kvm_msr_entry {
+            index: 0x174,
+            data: 0x10,
+            ..Default::default()
+        };
+        vcpu.set_msrs(&Msrs::from_entries(&[sysenter]).unwrap())
+            .unwrap();
+        let probe = StateProbe::new(&kvm, &vm).unwrap();
+        assert_eq!(probe.msr_indices.first(), Some(&MSR_IA32_TSC));
+        let saved = capture_vcpu(&vcpu, &probe).unwrap();
+        let saved_vm = capture_vm(&vm).unwrap();
+        assert_eq!(saved.xsave.len(), probe.xsave_size);
+        let msr = |s: &VcpuKvmState, i| s.msrs.iter().find(|m| m.index == i).map(|m| m.data);
+        assert_eq!(msr(&saved, 0x174), Some(0x10));
+        assert!(msr(&saved, MSR_IA32_TSC).is_some(), "the TSC is saved");
+
+        let (vm2, vcpu2) = vm_and_vcpu(&kvm);
+        restore_vm(&vm2, &saved_vm).unwrap();
+        restore_vcpu(&vcpu2, &saved, xsave_size(&vm2)).unwrap();
+        let again = capture_vcpu(&vcpu2, &StateProbe::new(&kvm, &vm2).unwrap()).unwrap();
+        assert_eq!((again.regs.rip, again.regs.rax), (0x1234, 42));
+        assert_eq!(again.sregs.cr3, 0x9000);
+        assert_eq!(msr(&again, 0x174), Some(0x10));
+        assert_eq!(again.lapic.regs, saved.lapic.regs);
+        assert_eq!(again.xsave, saved.xsave);
+        assert_eq!(again.cpuid.len(), saved.cpuid.len());
+        let chip = capture_vm(&vm2).unwrap();
+        assert_eq!(chip.ioapic.as_bytes(), saved_vm.ioapic.as_bytes());
+        // A larger XSAVE area than this VM holds is refused, not read past.
+        let mut big = saved.clone();
+        big.xsave.resize(xsave_size(&vm2) + 64, 0);
+        let e = restore_vcpu(&vcpu2, &big, xsave_size(&vm2)).unwrap_err();
+        assert!(e.to_string().contains("an XSAVE area of"), "{e}");
+        // An MSR KVM refuses is named.
+        let mut odd = saved;
+        odd.msrs.push(kvm_msr_entry {
+            index: 0xdead_0000,
+            ..Default::default()
+        });
+        let e = restore_vcpu(&vcpu2, &odd, xsave_size(&vm2)).unwrap_err();
+        assert!(e.to_string().contains("MSR 0xdead0000"), "{e}");
+    }
+
     #[test]
     fn the_tsc_comes_first_and_its_deadline_last() {
         let got = order_msrs(vec![0x174, 0x6e0, 0x10, 0x174, 0x4b56_4d01]);

@@ -222,8 +222,9 @@ impl SnapshotState {
         Ok(state)
     }
 
-    /// The checks beyond the shape: counts, ids, sizes, the memory layout.
-    fn validate(&self) -> Result<(), SnapshotError> {
+    /// The checks beyond the shape: counts, ids, sizes, the memory layout ([`Self::parse`]
+    /// makes them after the checksum's).
+    pub fn validate(&self) -> Result<(), SnapshotError> {
         let n = self.vcpus.len();
         if n == 0 || n > crate::config::MAX_VCPUS {
             return Err(corrupt(format!("it has {n} vCPUs")));

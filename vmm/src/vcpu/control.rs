@@ -260,6 +260,67 @@ mod tests {
         assert!(control.stopping(), "a stopped VM does not run again");
     }
 
+    /// Threads standing in for vCPU threads: each owns a real vCPU fd and parks as the exit
+    /// loop does, running the tasks it is given.
+    #[test]
+    fn parked_vcpus_run_a_task_each_on_their_own_thread() {
+        let Ok(kvm) = kvm_ioctls::Kvm::new() else {
+            crate::test_skip::skip("parked_vcpus_run_a_task", "/dev/kvm is missing");
+            return;
+        };
+        let vm = kvm.create_vm().unwrap();
+        let control = Arc::new(VmControl::default());
+        control.request_pause();
+        let threads: Vec<_> = (0..2u64)
+            .map(|id| {
+                let (c, fd) = (control.clone(), vm.create_vcpu(id).unwrap());
+                thread::spawn(move || {
+                    let mut seen = 0;
+                    loop {
+                        match c.park(seen) {
+                            Unparked::Task(generation, task) => {
+                                task(id as usize, &fd);
+                                seen = generation;
+                                c.task_done(id as usize, generation);
+                            }
+                            Unparked::Run => thread::yield_now(),
+                            Unparked::Stop => return thread::current().id(),
+                        }
+                    }
+                })
+            })
+            .collect();
+        assert!(control.wait_parked(2, Duration::from_secs(10), || {}));
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let into = ran.clone();
+        let task: VcpuTask = Arc::new(move |id, fd: &VcpuFd| {
+            let rip = fd.get_regs().map(|r| r.rip).unwrap_or(1);
+            into.lock().unwrap().push((id, thread::current().id(), rip));
+        });
+        assert!(control
+            .run_task(task.clone(), &[0, 1], Duration::from_secs(10))
+            .is_empty());
+        // Once each, each on its own thread; again for the next task.
+        assert!(control
+            .run_task(task, &[0, 1], Duration::from_secs(10))
+            .is_empty());
+        // A vCPU that is not there never takes the task: named, after the timeout.
+        let idle: VcpuTask = Arc::new(|_, _| {});
+        assert_eq!(
+            control.run_task(idle, &[0, 7], Duration::from_millis(100)),
+            vec![7]
+        );
+        control.request_stop();
+        let ids: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let mut ran = ran.lock().unwrap().clone();
+        ran.sort_by_key(|r| r.0);
+        assert_eq!(ran.len(), 4);
+        let thread_of = |vcpu: usize| ids[vcpu];
+        assert!(ran
+            .iter()
+            .all(|(id, t, rip)| *t == thread_of(*id) && *rip == 0xfff0));
+    }
+
     #[test]
     fn waiting_for_parked_vcpus_gives_up_after_the_timeout() {
         let control = VmControl::default();

@@ -1,0 +1,563 @@
+//! Snapshot and restore end to end, with the bench guest's `case=snapshot` (it touches 8 MiB,
+//! then counts rounds of exits, each round a `EXITLESS TICK n=.. count=..` line, and checks
+//! its memory at the end): a VM paused inside its exit loop, snapshotted and restored in fresh
+//! processes goes on where it stopped; clones of one snapshot run apart; the memory file is
+//! sparse and never written by a clone; damaged, truncated, foreign snapshots and hosts
+//! without the guest's CPU features are refused in one line; the API's refusals name the
+//! state or the device; a Kata template's memory stays in its file. See docs/snapshot.md.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::api_vmm::{json, kvm_or_skip, ok, Vmm};
+use common::{builds, exitless_path, export_guest, Stream};
+use serde_json::Value;
+use vmm::snapshot::SnapshotState;
+
+const TICKS: u64 = 5;
+const CMDLINE: &str = "case=snapshot ticks=5 iters=20000 touch_mib=8";
+/// Through the API the guest halts once done: its reset would reboot the VM.
+const API_CMDLINE: &str = "case=snapshot ticks=5 iters=20000 touch_mib=8 hold";
+
+/// A directory removed with everything in it when the test ends.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("exitless-snap-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A child process killed if the test ends early.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The last round a guest printed, from its console text.
+fn last_tick(text: &str) -> Option<u64> {
+    text.lines()
+        .rev()
+        .filter_map(|l| l.strip_prefix("EXITLESS TICK n="))
+        .find_map(|l| l.split(' ').next()?.parse().ok())
+}
+
+/// Checks a restored guest's console: its rounds go on from `from` without a gap, each with
+/// its own count, and its check at the end passes. A VM paused while it printed a line ends
+/// that line once restored: that round counts as printed.
+fn assert_goes_on(text: &str, from: u64) {
+    let (text, from) = match text.starts_with("EXITLESS ") {
+        true => (text, from),
+        false => (text.split_once('\n').map_or("", |t| t.1), from + 1),
+    };
+    let ticks: Vec<&str> = text.lines().filter(|l| l.contains("TICK")).collect();
+    let want: Vec<String> = (from..TICKS)
+        .map(|n| format!("EXITLESS TICK n={n} count={}", n + 1))
+        .collect();
+    assert_eq!(ticks, want, "{text}");
+    let result = format!("EXITLESS RESULT case=snapshot pages=2048 bad=0 count={TICKS} ok=1");
+    assert!(text.contains(&result), "{text}");
+    assert!(text.contains("EXITLESS DONE"), "{text}");
+    assert!(
+        !text.contains("EXITLESS START"),
+        "a restore does not boot: {text}"
+    );
+}
+
+/// A hash of the file at `path`, read in pieces (a sparse file of hundreds of MiB).
+fn file_hash(path: &Path) -> u64 {
+    use std::hash::Hasher;
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).unwrap();
+    let mut hasher = std::hash::DefaultHasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).unwrap();
+        if n == 0 {
+            return hasher.finish();
+        }
+        hasher.write(&buf[..n]);
+    }
+}
+
+/// Waits until the file at `path` holds `line`; its text.
+fn wait_file(path: &Path, line: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(line) {
+            return text;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no '{line}' in {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `exitless run` of the bench guest's snapshot case with its API on `socket`: paused after
+/// its second round, snapshotted into `dir`, then ended. Returns the last round it printed.
+fn snapshot_of_a_run(guest: &Path, socket: &Path, dir: &Path) -> u64 {
+    let mut child = Proc(
+        std::process::Command::new(exitless_path())
+            .args(["run", "--memory", "512M", "--timeout", "60", "--kernel"])
+            .arg(guest)
+            .args(["--cmdline", CMDLINE, "--api-socket"])
+            .arg(socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = Stream::spawn(child.0.stdout.take().unwrap());
+    assert!(
+        out.wait_for(Duration::from_secs(60), |t| t.contains("TICK n=1 ")),
+        "{}",
+        out.text
+    );
+    let mut c = vmm::api::client::ApiClient::connect(socket, Duration::from_secs(30)).unwrap();
+    ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
+    let url = serde_json::json!({ "destination_url": format!("file://{}", dir.display()) });
+    let body = url.to_string();
+    ok(
+        c.request("PUT", "vm.snapshot", Some(&body)).unwrap(),
+        "vm.snapshot",
+    );
+    ok(
+        c.request("PUT", "vmm.shutdown", None).unwrap(),
+        "vmm.shutdown",
+    );
+    out.read_to_end(Duration::from_secs(10));
+    let _ = child.0.wait();
+    last_tick(&out.text).expect("a round before the pause")
+}
+
+/// `exitless run --restore dir` with build `bin`, its console piped.
+fn restore_run(bin: &Path, dir: &Path) -> (Proc, Stream) {
+    let mut child = Proc(
+        std::process::Command::new(bin)
+            .args(["run", "--timeout", "60", "--restore"])
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = Stream::spawn(child.0.stdout.take().unwrap());
+    (child, out)
+}
+
+#[test]
+fn a_guest_paused_mid_loop_goes_on_in_fresh_processes_and_its_clones_run_apart() {
+    if !kvm_or_skip("a_guest_paused_mid_loop_goes_on") {
+        return;
+    }
+    let scratch = Scratch::new("midloop");
+    let guest = export_guest("snap-midloop");
+    let dir = scratch.join("snap");
+    std::fs::create_dir(&dir).unwrap();
+    let last = snapshot_of_a_run(&guest, &scratch.join("api.sock"), &dir);
+    let ram = dir.join("guest-ram");
+    let meta = std::fs::metadata(&ram).unwrap();
+    assert_eq!(meta.len(), 512 << 20);
+    let allocated = meta.blocks() * 512;
+    assert!(
+        allocated < 32 << 20,
+        "{allocated} bytes allocated for a guest that touched ~8 MiB of 512 MiB"
+    );
+    let before = file_hash(&ram);
+    // Two clones at once, one per build under test (the same build twice where one is).
+    let bins = builds();
+    let clones: Vec<_> = (0..2)
+        .map(|i| restore_run(&bins[i % bins.len()], &dir))
+        .collect();
+    for (mut child, mut out) in clones {
+        out.read_to_end(Duration::from_secs(60));
+        let status = child.0.wait().unwrap();
+        assert!(status.success(), "{status:?}: {}", out.text);
+        assert_goes_on(&out.text, last + 1);
+    }
+    assert_eq!(
+        file_hash(&ram),
+        before,
+        "a clone wrote the snapshot's memory file"
+    );
+    let _ = std::fs::remove_file(guest);
+}
+
+/// Snapshot `from` as `to`: its JSON files copied, `state.json` with `edit` applied, the
+/// memory file linked.
+fn altered(from: &Path, to: &Path, edit: impl FnOnce(&mut Vec<u8>)) {
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::copy(from.join("config.json"), to.join("config.json")).unwrap();
+    let mut state = std::fs::read(from.join("state.json")).unwrap();
+    edit(&mut state);
+    std::fs::write(to.join("state.json"), state).unwrap();
+    std::os::unix::fs::symlink(from.join("guest-ram"), to.join("guest-ram")).unwrap();
+}
+
+/// What `exitless run --restore dir` says on stderr (it must fail with code 1, one line).
+fn refused(dir: &Path) -> String {
+    let o = std::process::Command::new(exitless_path())
+        .args(["run", "--timeout", "20", "--restore"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+#[test]
+fn damaged_truncated_foreign_and_unrunnable_snapshots_are_refused_in_one_line() {
+    if !kvm_or_skip("damaged_snapshots_are_refused") {
+        return;
+    }
+    let scratch = Scratch::new("damaged");
+    let guest = export_guest("snap-damaged");
+    let dir = scratch.join("snap");
+    std::fs::create_dir(&dir).unwrap();
+    snapshot_of_a_run(&guest, &scratch.join("api.sock"), &dir);
+    let text = std::fs::read_to_string(dir.join("state.json")).unwrap();
+    let regs = text.find("\"regs\":\"").unwrap() + 8;
+    let case = scratch.join("digit");
+    altered(&dir, &case, |b| {
+        b[regs] = if b[regs] == b'0' { b'1' } else { b'0' }
+    });
+    assert!(refused(&case).contains("checksum does not match"));
+    let case = scratch.join("cut");
+    altered(&dir, &case, |b| b.truncate(b.len() / 3));
+    assert!(refused(&case).contains("state.json is damaged: EOF while parsing"));
+    let case = scratch.join("version");
+    altered(&dir, &case, |b| {
+        *b = String::from_utf8_lossy(b)
+            .replacen("\"format\":1", "\"format\":2", 1)
+            .into()
+    });
+    assert!(refused(&case).contains("format version 2"));
+    let case = scratch.join("ram");
+    altered(&dir, &case, |_| {});
+    std::fs::remove_file(case.join("guest-ram")).unwrap();
+    std::fs::File::create(case.join("guest-ram"))
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    assert!(refused(&case).contains("guest-ram is 1048576 bytes, the snapshot wrote 536870912"));
+    // A guest that saw a CPU feature this host lacks (KVM paravirtual feature bit 31, which no
+    // KVM offers), sealed as exitless would have written it.
+    let case = scratch.join("cpu");
+    altered(&dir, &case, |b| {
+        let mut s = SnapshotState::parse(b).unwrap();
+        let kvm_word = s
+            .cpu
+            .features
+            .iter_mut()
+            .find(|w| w.leaf == 0x4000_0001)
+            .unwrap();
+        kvm_word.bits |= 1 << 31;
+        *b = s.to_json().unwrap().into_bytes();
+    });
+    let e = refused(&case);
+    assert!(
+        e.contains("lacks CPU features the guest saw: cpuid 0x40000001.0 eax bit 31"),
+        "{e}"
+    );
+    // Through the API: 400 with the same line.
+    let fresh = Vmm::start("snap-damaged");
+    let mut c = fresh.client();
+    let body =
+        serde_json::json!({ "source_url": format!("file://{}", scratch.join("digit").display()) });
+    let r = c
+        .request("PUT", "vm.restore", Some(&body.to_string()))
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(
+        r.body.starts_with("vm.restore: state.json is damaged"),
+        "{}",
+        r.body
+    );
+    let missing = serde_json::json!({ "source_url": "file:///nonexistent/snap" }).to_string();
+    let r = c.request("PUT", "vm.restore", Some(&missing)).unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("/nonexistent/snap"), "{}", r.body);
+    let _ = std::fs::remove_file(guest);
+}
+
+/// A `vm.create` body of the bench guest with its console in `serial`.
+fn create_body(guest: &Path, cmdline: &str, serial: &Path, memory: Value) -> String {
+    serde_json::json!({
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+        "memory": memory,
+        "payload": {"kernel": guest, "cmdline": cmdline},
+        "serial": {"mode": "File", "file": serial},
+    })
+    .to_string()
+}
+
+/// Points config.json's console at `serial` and sets every `shared` of its memory to
+/// `shared` (what Kata does before it restores VMs from a template).
+fn edit_config(dir: &Path, serial: &Path, shared: bool) {
+    let path = dir.join("config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["serial"]["file"] = serde_json::json!(serial);
+    config["memory"]["shared"] = serde_json::json!(shared);
+    for z in config["memory"]["zones"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        z["shared"] = serde_json::json!(shared);
+    }
+    std::fs::write(&path, config.to_string()).unwrap();
+}
+
+/// In a fresh `exitless --api-socket`: vm.restore (state Paused), vm.resume; the VMM.
+fn restore_through_api(tag: &str, dir: &Path) -> Vmm {
+    let vmm = Vmm::start(tag);
+    let mut c = vmm.client();
+    let body = serde_json::json!({ "source_url": format!("file://{}", dir.display()) });
+    ok(
+        c.request("PUT", "vm.restore", Some(&body.to_string()))
+            .unwrap(),
+        "vm.restore",
+    );
+    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
+    assert_eq!(info["state"], "Paused", "{info}");
+    ok(c.request("PUT", "vm.resume", None).unwrap(), "vm.resume");
+    vmm
+}
+
+/// An API VM paused in its second round and snapshotted into `dir`; the last round it printed.
+fn snapshot_through_api(tag: &str, body: &str, serial: &Path, dir: &Path) -> u64 {
+    let vmm = Vmm::start(tag);
+    let mut c = vmm.client();
+    ok(
+        c.request("PUT", "vm.create", Some(body)).unwrap(),
+        "vm.create",
+    );
+    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    wait_file(serial, "TICK n=1 ");
+    let url = serde_json::json!({ "destination_url": format!("file://{}", dir.display()) });
+    let r = c
+        .request("PUT", "vm.snapshot", Some(&url.to_string()))
+        .unwrap();
+    assert_eq!(r.status, 405, "{}", r.body);
+    assert_eq!(
+        r.body.trim(),
+        "The VM is Running: vm.snapshot needs it Paused"
+    );
+    ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
+    ok(
+        c.request("PUT", "vm.snapshot", Some(&url.to_string()))
+            .unwrap(),
+        "vm.snapshot",
+    );
+    ok(
+        c.request("PUT", "vmm.shutdown", None).unwrap(),
+        "vmm.shutdown",
+    );
+    last_tick(&std::fs::read_to_string(serial).unwrap()).unwrap()
+}
+
+#[test]
+fn an_api_vm_restores_paused_in_a_fresh_vmm_and_resumes() {
+    if !kvm_or_skip("an_api_vm_restores_paused") {
+        return;
+    }
+    let scratch = Scratch::new("api");
+    let guest = export_guest("snap-api");
+    let (serial, dir) = (scratch.join("serial.log"), scratch.join("snap"));
+    std::fs::create_dir(&dir).unwrap();
+    // A VM made through the API has a virtio-rng device: the guest never touches it.
+    let body = create_body(
+        &guest,
+        API_CMDLINE,
+        &serial,
+        serde_json::json!({"size": 268435456}),
+    );
+    let last = snapshot_through_api("snap-api", &body, &serial, &dir);
+    let state = SnapshotState::parse(&std::fs::read(dir.join("state.json")).unwrap()).unwrap();
+    assert_eq!(state.devices["virtio-rng"].kind, "virtio-rng");
+    assert_eq!(state.devices["com1"].kind, "serial");
+    let restored = scratch.join("restored.log");
+    edit_config(&dir, &restored, false);
+    let vmm = restore_through_api("snap-api-2", &dir);
+    let text = wait_file(&restored, "EXITLESS DONE");
+    assert_goes_on(&text, last + 1);
+    // A VMM that has a VM takes no restore.
+    let mut c = vmm.client();
+    let again = serde_json::json!({ "source_url": format!("file://{}", dir.display()) });
+    let r = c
+        .request("PUT", "vm.restore", Some(&again.to_string()))
+        .unwrap();
+    assert_eq!(r.status, 405, "{}", r.body);
+    let _ = std::fs::remove_file(guest);
+}
+
+#[test]
+fn a_vm_whose_driver_set_up_a_virtio_device_is_refused_naming_it() {
+    if !kvm_or_skip("a_vm_whose_driver_set_up_a_virtio_device") {
+        return;
+    }
+    let scratch = Scratch::new("virtio");
+    let guest = export_guest("snap-virtio");
+    let (serial, dir, image) = (
+        scratch.join("serial.log"),
+        scratch.join("snap"),
+        scratch.join("d.img"),
+    );
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(&image, vec![0u8; 1 << 20]).unwrap();
+    let vmm = Vmm::start("snap-virtio");
+    let mut c = vmm.client();
+    let mut body: Value = serde_json::from_str(&create_body(
+        &guest,
+        "case=virtio_check iters=4 hold",
+        &serial,
+        serde_json::json!({"size": 268435456}),
+    ))
+    .unwrap();
+    body["disks"] = serde_json::json!([{"path": image, "id": "disk0"}]);
+    ok(
+        c.request("PUT", "vm.create", Some(&body.to_string()))
+            .unwrap(),
+        "vm.create",
+    );
+    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    // Its driver has set the disk up and used it; the guest holds there.
+    wait_file(&serial, "EXITLESS VIRTIO blk flushed");
+    ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
+    let url = serde_json::json!({ "destination_url": format!("file://{}", dir.display()) });
+    let r = c
+        .request("PUT", "vm.snapshot", Some(&url.to_string()))
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(
+        r.body
+            .starts_with("vm.snapshot: device disk0 (virtio-blk) cannot be snapshotted yet"),
+        "{}",
+        r.body
+    );
+    assert!(
+        !dir.join("state.json").exists(),
+        "nothing that looks like a snapshot"
+    );
+    let _ = std::fs::remove_file(guest);
+}
+
+#[test]
+fn a_template_vm_s_memory_stays_in_its_file_and_its_clones_copy_on_write() {
+    if !kvm_or_skip("a_template_vm_s_memory_stays_in_its_file") {
+        return;
+    }
+    let scratch = Scratch::new("template");
+    let guest = export_guest("snap-template");
+    let (serial, dir, ram) = (
+        scratch.join("t.log"),
+        scratch.join("tpl"),
+        scratch.join("tpl/memory"),
+    );
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::File::create(&ram)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    // Kata's template VM: RAM is one zone backed by its memory file, shared.
+    let memory = serde_json::json!({"size": 0, "shared": true,
+        "zones": [{"id": "mem0", "size": 268435456, "file": ram, "shared": true}]});
+    let body = create_body(&guest, API_CMDLINE, &serial, memory);
+    let last = snapshot_through_api("snap-tpl", &body, &serial, &dir);
+    assert!(
+        !dir.join("guest-ram").exists(),
+        "the template's memory is in its own file"
+    );
+    let template = file_hash(&ram);
+    let mut word = [0u8; 8];
+    std::os::unix::fs::FileExt::read_exact_at(
+        &std::fs::File::open(&ram).unwrap(),
+        &mut word,
+        32 << 20,
+    )
+    .unwrap();
+    assert_eq!(
+        u64::from_le_bytes(word),
+        0x200_0000 ^ 0x5eed_0000_5eed,
+        "the guest's pattern is in the file"
+    );
+    let clones: Vec<_> = (0..2)
+        .map(|i| {
+            // Kata copies config.json and state.json next to each VM and edits the copy.
+            let own = scratch.join(&format!("vm{i}"));
+            std::fs::create_dir(&own).unwrap();
+            for f in ["config.json", "state.json"] {
+                std::fs::copy(dir.join(f), own.join(f)).unwrap();
+            }
+            let log = scratch.join(&format!("vm{i}.log"));
+            edit_config(&own, &log, false);
+            (restore_through_api(&format!("snap-tpl-{i}"), &own), log)
+        })
+        .collect();
+    for (_vmm, log) in &clones {
+        assert_goes_on(&wait_file(log, "EXITLESS DONE"), last + 1);
+    }
+    assert_eq!(
+        file_hash(&ram),
+        template,
+        "a clone wrote the template's memory"
+    );
+    let _ = std::fs::remove_file(guest);
+}
+
+#[test]
+fn restore_takes_the_vm_from_the_snapshot_and_paused_needs_the_api() {
+    let o = common::exitless()
+        .args(["run", "--restore", "/nonexistent/snap", "--cpus", "2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim(),
+        "exitless: --restore runs the snapshot's VM: --cpus cannot be given with it"
+    );
+    let o = common::exitless()
+        .args(["run", "--restore", "/nonexistent/snap", "--paused"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--paused needs --api-socket"), "{err}");
+    let o = common::exitless()
+        .args(["run", "--restore", "/nonexistent/snap"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("/nonexistent/snap"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
