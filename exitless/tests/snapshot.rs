@@ -209,6 +209,62 @@ fn a_guest_paused_mid_loop_goes_on_in_fresh_processes_and_its_clones_run_apart()
     let _ = std::fs::remove_file(guest);
 }
 
+#[test]
+fn a_restored_vm_is_snapshotted_again_and_goes_on_from_there() {
+    if !kvm_or_skip("a_restored_vm_is_snapshotted_again") {
+        return;
+    }
+    let scratch = Scratch::new("chain");
+    let guest = export_guest("snap-chain");
+    let (first, second) = (scratch.join("first"), scratch.join("second"));
+    std::fs::create_dir(&first).unwrap();
+    std::fs::create_dir(&second).unwrap();
+    let last = snapshot_of_a_run(&guest, &scratch.join("a.sock"), &first);
+    // Restored (its memory mapped from the first snapshot) and paused one round later.
+    let socket = scratch.join("b.sock");
+    let mut child = Proc(
+        std::process::Command::new(exitless_path())
+            .args(["run", "--timeout", "60", "--restore"])
+            .arg(&first)
+            .arg("--api-socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = Stream::spawn(child.0.stdout.take().unwrap());
+    let next = format!("TICK n={} ", last + 1);
+    assert!(
+        out.wait_for(Duration::from_secs(60), |t| t.contains(&next)),
+        "{}",
+        out.text
+    );
+    let mut c = vmm::api::client::ApiClient::connect(&socket, Duration::from_secs(30)).unwrap();
+    ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
+    let url = serde_json::json!({ "destination_url": format!("file://{}", second.display()) });
+    ok(
+        c.request("PUT", "vm.snapshot", Some(&url.to_string()))
+            .unwrap(),
+        "vm.snapshot",
+    );
+    ok(
+        c.request("PUT", "vmm.shutdown", None).unwrap(),
+        "vmm.shutdown",
+    );
+    out.read_to_end(Duration::from_secs(10));
+    let _ = child.0.wait();
+    let again = last_tick(&out.text).unwrap();
+    // The first snapshot can go: the second holds everything.
+    std::fs::remove_dir_all(&first).unwrap();
+    let (mut child, mut out) = restore_run(&exitless_path(), &second);
+    out.read_to_end(Duration::from_secs(60));
+    assert!(child.0.wait().unwrap().success(), "{}", out.text);
+    assert_goes_on(&out.text, again + 1);
+    let _ = std::fs::remove_file(guest);
+}
+
 /// Snapshot `from` as `to`: its JSON files copied, `state.json` with `edit` applied, the
 /// memory file linked.
 fn altered(from: &Path, to: &Path, edit: impl FnOnce(&mut Vec<u8>)) {
@@ -410,6 +466,12 @@ fn an_api_vm_restores_paused_in_a_fresh_vmm_and_resumes() {
     let vmm = restore_through_api("snap-api-2", &dir);
     let text = wait_file(&restored, "EXITLESS DONE");
     assert_goes_on(&text, last + 1);
+    // With shared memory (what a vhost-user back end needs) the snapshot's memory is copied
+    // onto a new memfd rather than mapped: the same guest.
+    let shared = scratch.join("shared.log");
+    edit_config(&dir, &shared, true);
+    let _second = restore_through_api("snap-api-3", &dir);
+    assert_goes_on(&wait_file(&shared, "EXITLESS DONE"), last + 1);
     // A VMM that has a VM takes no restore.
     let mut c = vmm.client();
     let again = serde_json::json!({ "source_url": format!("file://{}", dir.display()) });
