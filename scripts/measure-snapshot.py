@@ -122,12 +122,12 @@ def ex_spawn_api(d, snap):
     p = subprocess.Popen([EXITLESS, '--api-socket', sock], stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     wait_socket(sock)
-    call(sock, 'PUT', '/api/v1/vm.restore', {'source_url': f'file://{snap}', 'resume': True})
+    req = call(sock, 'PUT', '/api/v1/vm.restore', {'source_url': f'file://{snap}', 'resume': True})[2]
     next_tick(p)
     ms = (time.perf_counter() - t0) * 1e3
     stop(p)
     os.unlink(sock)
-    return ms
+    return ms, req
 
 
 def ex_clones(snap):
@@ -188,12 +188,12 @@ def fc_spawn(d, snap):
     t0 = time.perf_counter()
     p = fc_start(sock)
     wait_socket(sock)
-    fc_load(sock, snap, True)
+    req = fc_load(sock, snap, True)
     next_tick(p)
     ms = (time.perf_counter() - t0) * 1e3
     stop(p)
     os.unlink(sock)
-    return ms
+    return ms, req
 
 
 def fc_clones(d, snap):
@@ -217,8 +217,8 @@ def med(xs):
 
 
 res = {k: [] for k in ['ex_create', 'fc_create', 'ex_restore', 'ex_resume', 'ex_both', 'fc_load', 'fc_resume',
-                       'fc_both', 'ex_spawn_run', 'ex_spawn_api', 'fc_spawn', 'ex_dirty', 'fc_dirty',
-                       'ex_written', 'fc_written']}
+                       'fc_both', 'ex_restore_resume_true', 'fc_load_resume_true', 'ex_spawn_run',
+                       'ex_spawn_api', 'fc_spawn', 'ex_dirty', 'fc_dirty', 'ex_written', 'fc_written']}
 try:
     for r in range(ROUNDS):
         d = f'{WORK}/{r}'
@@ -241,13 +241,17 @@ try:
                 a, b = ex_restore(d, snaps['ex'])
                 res['ex_restore'].append(a); res['ex_resume'].append(b); res['ex_both'].append(a + b)
                 res['ex_spawn_run'].append(ex_spawn_run(snaps['ex']))
-                res['ex_spawn_api'].append(ex_spawn_api(d, snaps['ex']))
+                ms, req = ex_spawn_api(d, snaps['ex'])
+                res['ex_spawn_api'].append(ms)
+                res['ex_restore_resume_true'].append(req)
                 if r < 3:
                     res['ex_dirty'].extend(ex_clones(snaps['ex']))
             else:
                 a, b = fc_restore(d, snaps['fc'])
                 res['fc_load'].append(a); res['fc_resume'].append(b); res['fc_both'].append(a + b)
-                res['fc_spawn'].append(fc_spawn(d, snaps['fc']))
+                ms, req = fc_spawn(d, snaps['fc'])
+                res['fc_spawn'].append(ms)
+                res['fc_load_resume_true'].append(req)
                 if r < 3:
                     res['fc_dirty'].extend(fc_clones(d, snaps['fc']))
         shutil.rmtree(d)
@@ -261,5 +265,6 @@ for k, v in res.items():
 ratio = lambda a, b: statistics.median(res[a]) / statistics.median(res[b])
 print(f"create ratio exitless/firecracker: {ratio('ex_create', 'fc_create'):.3f}")
 print(f"restore+resume ratio: {ratio('ex_both', 'fc_both'):.3f}; exitless restore+resume / fc load(resume_vm=false)+resume")
+print(f"restore alone / load alone: {ratio('ex_restore', 'fc_load'):.3f}; restore+resume / load(resume_vm=true): {ratio('ex_both', 'fc_load_resume_true'):.3f}; one request each (resume true): {ratio('ex_restore_resume_true', 'fc_load_resume_true'):.3f}")
 print(f"spawn->next line ratio (api vs api): {ratio('ex_spawn_api', 'fc_spawn'):.3f}; run --restore vs fc: {ratio('ex_spawn_run', 'fc_spawn'):.3f}")
 print(f"private dirty per clone ratio: {ratio('ex_dirty', 'fc_dirty'):.3f}")

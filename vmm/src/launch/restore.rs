@@ -16,6 +16,7 @@ use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use crate::config::{IrqchipMode, VmConfig, MAX_VCPUS};
 use crate::kvm;
 use crate::memory::{self, Backing};
+use crate::vm::VcpuThreadsAhead;
 use crate::snapshot::format::{RegionSource, RegionState, SnapshotState};
 use crate::snapshot::memory_file;
 use crate::snapshot::{cpu_features, SnapshotError, MEMORY_FILE};
@@ -51,6 +52,11 @@ pub fn restore(
     check_fits(config, &state)?;
     let kvm = kvm::open()?;
     config.validate(kvm.get_max_vcpus())?;
+    // Named, pinned and filtered while the VM is made, as at a boot (see `launch`).
+    let affinity = config.cpu_affinity.as_ref();
+    let threads_ahead = VcpuThreadsAhead::spawn(
+        (0..usize::from(config.cpus)).map(|id| (id, affinity.and_then(|a| a.host_cpu(id)))),
+    )?;
     let vcpus = state
         .vcpus
         .iter()
@@ -98,7 +104,7 @@ pub fn restore(
     launched.open_stats(&built.vcpus)?;
     // Parked before their first KVM_RUN: the VM is Paused until resumed.
     launched.vm.control.request_pause();
-    launched.running = Some(launched.vm.start(built.vcpus)?);
+    launched.running = Some(launched.vm.start_ahead(threads_ahead, built.vcpus)?);
     if opts.stdin_to_serial {
         attach_stdin(&launched.event_loop, launched.serial.clone());
     }
