@@ -426,7 +426,7 @@ impl DeviceManager {
             pio: pio.freeze(),
             mmio: mmio.freeze(),
         }));
-        let _ = self.mapper.buses.set(buses.clone());
+        let _ = self.mapper.buses.set(Arc::downgrade(&buses));
         self.layout = Layout::Running(buses.clone());
         Ok(buses)
     }
