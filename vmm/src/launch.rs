@@ -410,6 +410,7 @@ impl LaunchedVm {
         }
         let running = self.running.take().ok_or(LaunchError::NotRunning)?;
         let outcomes = Self::collect(running)?;
+        self.stop_devices();
         if let Ok(mut s) = self.serial.lock() {
             s.flush_output();
         }
@@ -428,6 +429,14 @@ impl LaunchedVm {
                 Ok(None)
             }
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Resets the devices that ask for it before the VM goes (vhost-user back ends stop their
+    /// queues), on the event loop; once the vCPUs are stopped.
+    fn stop_devices(&self) {
+        for d in self.virtio().filter(|d| d.resets_on_stop()) {
+            d.shut_down();
         }
     }
 
@@ -498,6 +507,7 @@ impl LaunchedVm {
         if let Some(running) = self.running.take() {
             let _ = Self::collect(running);
         }
+        self.stop_devices();
         if let Ok(mut s) = self.serial.lock() {
             s.flush_output();
         }
