@@ -9,7 +9,7 @@
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
@@ -47,6 +47,8 @@ pub struct Fs {
     /// A second handle on the socket, made at connect (not on the devices thread): what the
     /// watch of a running device registers.
     watch_socket: Arc<UnixStream>,
+    /// Set by the watch when the back end closed its socket: nothing more is asked of it.
+    gone: Arc<AtomicBool>,
     counters: Arc<FsCounters>,
 }
 
@@ -75,6 +77,7 @@ impl Fs {
             config_space,
             queue_sizes: vec![config.queue_size; 1 + usize::from(config.num_queues)],
             watch_socket: Arc::new(watch_socket),
+            gone: Arc::default(),
             counters: Arc::default(),
         })
     }
@@ -133,6 +136,12 @@ impl VirtioDevice for Fs {
 
     fn activate(&mut self, a: Activation) -> Result<Subscriber, VirtioError> {
         let name = a.health.name().to_string();
+        if self.gone.load(Ordering::Acquire) {
+            return Err(VirtioError::Backend {
+                device: name,
+                message: "the vhost-user back end closed its socket earlier".into(),
+            });
+        }
         if let Err(e) = self.start(&a) {
             self.counters.failed_starts.fetch_add(1, Ordering::Relaxed);
             // A half-started back end stops what it got (bounded: a broken one is not asked).
@@ -147,10 +156,15 @@ impl VirtioDevice for Fs {
             socket: self.watch_socket.clone(),
             path: self.frontend.path().to_path_buf(),
             health: a.health.clone(),
+            gone: self.gone.clone(),
         })))
     }
 
     fn reset(&mut self) {
+        if self.gone.load(Ordering::Acquire) {
+            // Said once when it went; its queues went with it.
+            return self.frontend.forget_queues();
+        }
         if let Err(e) = self.frontend.stop() {
             self.counters.failed_stops.fetch_add(1, Ordering::Relaxed);
             eprintln!(
@@ -186,6 +200,7 @@ struct BackendWatch {
     socket: Arc<UnixStream>,
     path: PathBuf,
     health: Arc<DeviceHealth>,
+    gone: Arc<AtomicBool>,
 }
 
 /// Whether a byte waits on `socket` (false for an end of file or an error), without taking it.
@@ -210,6 +225,9 @@ impl MutEventSubscriber for BackendWatch {
             .event_set()
             .intersects(EventSet::HANG_UP | EventSet::READ_HANG_UP | EventSet::ERROR)
             || !has_data(&self.socket);
+        if closed {
+            self.gone.store(true, Ordering::Release);
+        }
         let why = if closed {
             "closed its socket"
         } else {

@@ -299,6 +299,11 @@ impl Frontend {
         c.send(FrontendReq::SET_VRING_ENABLE, state(1).as_slice(), &[])
     }
 
+    /// Forgets the queues without asking the back end (it is gone).
+    pub fn forget_queues(&mut self) {
+        self.started.clear();
+    }
+
     /// Stops every queue the back end serves (GET_VRING_BASE, which also makes it let go of
     /// the queue's eventfds); returns where each stopped. Only on the thread that started them:
     /// elsewhere the queues are only forgotten (the back end learns when the socket closes).

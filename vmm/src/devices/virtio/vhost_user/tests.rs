@@ -513,14 +513,18 @@ fn a_back_end_that_dies_puts_the_device_in_needs_reset_alone() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(health.needs_reset(), "the dead back end was noticed");
-    // The reset that follows fails cleanly (the socket is gone) and leaves the device idle.
+    // The reset that follows asks the gone back end nothing and leaves the device idle; a
+    // new start is refused at once (no reconnecting).
     fs.reset();
     assert!(fs.frontend().started().is_empty());
     let counters: std::collections::HashMap<_, _> = fs.device_counters().into_iter().collect();
     assert_eq!(
         (counters["backend_starts"], counters["backend_failed_stops"]),
-        (1, 1)
+        (1, 0)
     );
+    let (a, _calls) = activation(&mem, 2);
+    let e = fs.activate(a).err().unwrap().to_string();
+    assert!(e.contains("closed its socket earlier"), "{e}");
 }
 
 /// virtiofsd, if installed and this process is root (it needs to be).
