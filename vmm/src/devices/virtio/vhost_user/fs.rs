@@ -94,7 +94,7 @@ impl Fs {
             let call = a
                 .interrupt
                 .queue_irqfd(q.index)
-                .map_err(VhostUserError::Socket)?;
+                .map_err(VhostUserError::NoIrqfd)?;
             vrings.push(Vring {
                 index: q.index,
                 size: q.queue.size(),

@@ -32,11 +32,13 @@ use std::time::Duration;
 
 use thiserror::Error;
 use vhost::vhost_user::message::{
-    FrontendReq, VhostUserMemory, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserU64,
-    VhostUserVirtioFeatures, VhostUserVringAddr, VhostUserVringAddrFlags, VhostUserVringState,
-    MAX_ATTACHED_FD_ENTRIES,
+    FrontendReq, VhostUserMemory, VhostUserMemoryRegion, VhostUserProtocolFeatures,
+    VhostUserSingleMemoryRegion, VhostUserU64, VhostUserVirtioFeatures, VhostUserVringAddr,
+    VhostUserVringAddrFlags, VhostUserVringState, MAX_ATTACHED_FD_ENTRIES,
 };
-use vm_memory::{ByteValued, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{
+    ByteValued, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+};
 
 use crate::devices::virtio::VIRTIO_F_VERSION_1;
 use crate::memory;
@@ -103,6 +105,8 @@ pub enum VhostUserError {
     RingOutside(u16),
     #[error("Cannot set up the back end's socket: {0}")]
     Socket(std::io::Error),
+    #[error("The queues' interrupts cannot be handed to the back end: {0}")]
+    NoIrqfd(std::io::Error),
 }
 
 /// One queue as the back end gets it.
@@ -297,6 +301,22 @@ impl Frontend {
         }
         c.send_u64(FrontendReq::SET_VRING_KICK, index.into(), &[v.kick])?;
         c.send(FrontendReq::SET_VRING_ENABLE, state(1).as_slice(), &[])
+    }
+
+    /// Adds one guest memory region to the back end's table (ADD_MEM_REG with its memfd):
+    /// for memory added while the VM runs. Needs CONFIGURE_MEM_SLOTS and shared memory; on
+    /// the thread that started the queues (the devices event loop).
+    pub fn add_region(&mut self, region: &GuestRegionMmap) -> Result<(), VhostUserError> {
+        if !self.can_add_regions() {
+            return Err(VhostUserError::Missing("CONFIGURE_MEM_SLOTS"));
+        }
+        let start = region.start_addr().0;
+        let (fd, offset) =
+            memory::shared_file(region).ok_or(VhostUserError::PrivateMemory(start))?;
+        let body =
+            VhostUserSingleMemoryRegion::new(start, region.len(), region.as_ptr() as u64, offset);
+        self.conn
+            .send(FrontendReq::ADD_MEM_REG, body.as_slice(), &[fd])
     }
 
     /// Forgets the queues without asking the back end (it is gone).

@@ -619,3 +619,28 @@ fn virtiofsd_answers_fuse_init_through_the_handed_over_queue() {
     assert_eq!(used_idx, 1, "virtiofsd completed the request");
     assert_eq!((error, major), (0, 7), "FUSE_INIT answered");
 }
+
+#[test]
+fn a_region_added_later_goes_alone_with_its_memfd() {
+    let (sock, seen, _t) = fake(Behaviour::Honest);
+    let mut f = Frontend::handshake(sock, Path::new("fake"), 2, Duration::from_secs(2)).unwrap();
+    let _ = codes(&seen);
+    let shared = Backing {
+        shared: true,
+        hugepage_size: None,
+    };
+    let region = crate::memory::create_region(GuestAddress(1 << 32), 2 << 20, &shared).unwrap();
+    f.add_region(&region).unwrap();
+    let r = seen.try_iter().next().unwrap();
+    assert_eq!(
+        FrontendReq::try_from(r.code).unwrap(),
+        FrontendReq::ADD_MEM_REG
+    );
+    assert_eq!((r.body.len(), r.fds.len()), (40, 1));
+    let gpa = u64::from_ne_bytes(r.body[8..16].try_into().unwrap());
+    let size = u64::from_ne_bytes(r.body[16..24].try_into().unwrap());
+    assert_eq!((gpa, size), (1 << 32, 2 << 20));
+    let private = crate::memory::create_region(GuestAddress(0), 2 << 20, &Backing::default());
+    let e = f.add_region(&private.unwrap()).unwrap_err();
+    assert!(e.to_string().contains("is private"), "{e}");
+}
