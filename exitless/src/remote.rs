@@ -57,6 +57,9 @@ enum RemoteCommand {
     AddNet { spec: String },
     /// Add the vsock device: cid=N,socket=PATH[,id=ID] (vm.add-vsock)
     AddVsock { spec: String },
+    /// Add a virtio-fs device on a vhost-user back end: tag=TAG,socket=PATH[,num_queues=N]
+    /// [,queue_size=Q][,id=ID] (vm.add-fs; the VM's memory must be shared)
+    AddFs { spec: String },
     /// Remove a device by its id (vm.remove-device)
     RemoveDevice { id: String },
     /// Change the number of vCPUs (vm.resize)
@@ -107,6 +110,16 @@ fn net_body(spec: &str) -> anyhow::Result<String> {
     Ok(serde_json::json!({"tap": net.tap, "mac": mac, "id": id}).to_string())
 }
 
+fn fs_body(spec: &str) -> anyhow::Result<String> {
+    let (spec, id) = split_id(spec);
+    let f: vmm::config::FsConfig = spec.parse()?;
+    Ok(
+        serde_json::json!({"tag": f.tag, "socket": f.socket, "num_queues": f.num_queues,
+        "queue_size": f.queue_size, "id": id})
+        .to_string(),
+    )
+}
+
 fn vsock_body(spec: &str) -> anyhow::Result<String> {
     let (spec, id) = split_id(spec);
     let v: VsockConfig = spec.parse()?;
@@ -138,6 +151,7 @@ fn request(
         C::AddDisk { spec } => ("PUT", "vm.add-disk", Some(disk_body(spec)?)),
         C::AddNet { spec } => ("PUT", "vm.add-net", Some(net_body(spec)?)),
         C::AddVsock { spec } => ("PUT", "vm.add-vsock", Some(vsock_body(spec)?)),
+        C::AddFs { spec } => ("PUT", "vm.add-fs", Some(fs_body(spec)?)),
         C::RemoveDevice { id } => (
             "PUT",
             "vm.remove-device",

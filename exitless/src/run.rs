@@ -67,8 +67,11 @@ pub struct RunOptions {
     /// Number of vCPUs: 1 to 254 (fewer if KVM allows fewer) [default: 1]
     #[arg(long, value_name = "N")]
     cpus: Option<u64>,
-    /// Guest RAM: a number with a K, M, G or T suffix (256M, 1G); a bare number is MiB; 16M to 1T [default: 512M]
-    #[arg(long, value_name = "SIZE")]
+    /// Guest RAM: a number with a K, M, G or T suffix (256M, 1G); a bare number is MiB; 16M to
+    /// 1T. Or size=SIZE with what backs it: shared=on (a memfd a vhost-user back end such as
+    /// virtiofsd can map; --fs needs it), hugepages=on (from the host's hugetlb pool, which
+    /// must have enough free pages), hugepage_size=2M|1G [default: 512M, private, normal pages]
+    #[arg(long, value_name = "SIZE|size=SIZE,...")]
     memory: Option<String>,
     /// JSON VM config file; command line options override it [default: none]
     #[arg(long, value_name = "FILE.json")]
@@ -114,6 +117,12 @@ pub struct RunOptions {
     /// [default: none]
     #[arg(long, value_name = "cid=N,socket=PATH")]
     vsock: Option<String>,
+    /// A virtio-fs device the guest mounts as TAG (mount -t virtiofs TAG DIR), served by the
+    /// vhost-user back end listening on PATH, e.g. `virtiofsd --socket-path PATH --shared-dir
+    /// DIR` (repeatable). Needs --memory size=SIZE,shared=on. num_queues= request queues
+    /// [default: 1], queue_size= [default: 1024] [default: none]
+    #[arg(long, value_name = "tag=TAG,socket=PATH")]
+    fs: Vec<String>,
     /// Stop the VM after SECS seconds and exit with code 124 [default: no timeout]
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
@@ -177,6 +186,11 @@ fn vm_config(args: &RunOptions) -> anyhow::Result<VmConfig> {
             .map(|n| n.parse())
             .collect::<Result<_, ConfigError>>()?,
         vsock: parse(args.vsock.as_deref())?,
+        fs: args
+            .fs
+            .iter()
+            .map(|f| f.parse())
+            .collect::<Result<_, ConfigError>>()?,
     };
     Ok(VmConfig::merge_cli(file, cli)?)
 }

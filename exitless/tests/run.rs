@@ -260,6 +260,7 @@ fn help_states_every_default() {
         "--profile-per-vcpu",
         "--profile-interval",
         "--timeout",
+        "--fs",
     ] {
         let at = help
             .find(opt)

@@ -81,6 +81,8 @@ pub struct VmSpec {
     pub cmdline: String,
     /// Guest RAM in bytes.
     pub memory: u64,
+    /// What backs guest RAM (private by default; shared for vhost-user back ends).
+    pub memory_backing: crate::memory::Backing,
     /// vCPUs at boot.
     pub cpus: u8,
     /// vCPUs the VM may have once vCPUs are added (`vm.resize`); at least `cpus`. The CPU
@@ -238,7 +240,7 @@ impl VmBuilder {
         // First, so that the devices thread installs its seccomp filter while the VM is
         // created (see `launch`).
         let event_loop = EventLoop::start()?;
-        let vm = Vm::new(kvm, spec.memory, spec.irqchip)?;
+        let vm = Vm::new(kvm, spec.memory, &spec.memory_backing, spec.irqchip)?;
         // A guest's vmcall/vmmcall of the wrong vendor gets #UD instead of being rewritten and
         // re-run: on PVM the rewrite never ends (KVM_RUN would not return). Linux picks the
         // right instruction itself, so it never needs the rewrite. Before the PIT: both take

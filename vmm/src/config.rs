@@ -22,8 +22,12 @@ use thiserror::Error;
 use crate::memory::MIN_MEMORY;
 
 pub mod disk;
+pub mod fs;
+pub mod memory;
 pub mod net;
 pub use disk::DiskConfig;
+pub use fs::FsConfig;
+pub use memory::MemoryOption;
 pub use net::{MacAddr, NetConfig, TapFd, VsockConfig};
 
 /// Default kernel command line.
@@ -85,6 +89,21 @@ pub enum ConfigError {
     Net { input: String, reason: String },
     #[error("Invalid --vsock '{input}': {reason}")]
     Vsock { input: String, reason: String },
+    #[error("Invalid --memory '{input}': {reason}")]
+    Memory { input: String, reason: String },
+    #[error("Invalid --fs '{input}': {reason}")]
+    Fs { input: String, reason: String },
+    #[error("hugepage_size needs hugepages=on")]
+    HugePagesOff,
+    #[error("hugepage_size {0} is not supported: use 2M or 1G")]
+    HugePageSize(MemorySize),
+    #[error("--memory {memory} is not a whole number of {page} huge pages")]
+    HugePageFit {
+        memory: MemorySize,
+        page: MemorySize,
+    },
+    #[error("virtio-fs needs shared guest memory (a vhost-user back end maps it): use --memory size=SIZE,shared=on (memory.shared=true in the API)")]
+    FsNeedsSharedMemory,
 }
 
 /// A guest memory size in bytes, always a non-zero multiple of 4 KiB.
@@ -349,6 +368,15 @@ pub struct VmConfig {
     pub max_vcpus: Option<u8>,
     /// Guest memory size.
     pub memory: MemorySize,
+    /// Guest memory is shared (a memfd), so that vhost-user back ends can map it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_memory: bool,
+    /// Guest memory on huge pages (of `hugepage_size`, 2M by default).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hugepages: bool,
+    /// The huge page size: 2M or 1G.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugepage_size: Option<MemorySize>,
     /// File that also receives everything the guest writes to the serial console.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial_log: Option<PathBuf>,
@@ -373,6 +401,9 @@ pub struct VmConfig {
     /// A virtio-vsock device joined to Unix sockets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<VsockConfig>,
+    /// Shared file systems, each a virtio-fs device served by a vhost-user back end.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fs: Vec<FsConfig>,
 }
 
 impl Default for VmConfig {
@@ -384,6 +415,9 @@ impl Default for VmConfig {
             cpus: 1,
             max_vcpus: None,
             memory: MemorySize::default(),
+            shared_memory: false,
+            hugepages: false,
+            hugepage_size: None,
             serial_log: None,
             serial_output: SerialOutputMode::default(),
             irqchip: IrqchipMode::default(),
@@ -392,6 +426,7 @@ impl Default for VmConfig {
             rng: false,
             nets: Vec::new(),
             vsock: None,
+            fs: Vec::new(),
         }
     }
 }
@@ -415,7 +450,8 @@ pub struct VmConfigOverrides {
     pub initrd: Option<PathBuf>,
     pub cmdline: Option<String>,
     pub cpus: Option<u8>,
-    pub memory: Option<MemorySize>,
+    /// `--memory`: a size, and what backs it.
+    pub memory: Option<MemoryOption>,
     pub serial_log: Option<PathBuf>,
     pub irqchip: Option<IrqchipMode>,
     pub cpu_affinity: Option<CpuAffinity>,
@@ -426,6 +462,8 @@ pub struct VmConfigOverrides {
     /// Network cards given on the command line replace the file's list.
     pub nets: Vec<NetConfig>,
     pub vsock: Option<VsockConfig>,
+    /// File systems given on the command line replace the file's list.
+    pub fs: Vec<FsConfig>,
 }
 
 impl VmConfig {
@@ -474,7 +512,9 @@ impl VmConfig {
             c.cmdline = v;
         }
         c.cpus = o.cpus.unwrap_or(c.cpus);
-        c.memory = o.memory.unwrap_or(c.memory);
+        if let Some(m) = o.memory {
+            m.apply(&mut c);
+        }
         c.serial_log = o.serial_log.or(c.serial_log);
         c.irqchip = o.irqchip.unwrap_or(c.irqchip);
         c.cpu_affinity = o.cpu_affinity.or(c.cpu_affinity);
@@ -486,6 +526,9 @@ impl VmConfig {
             c.nets = o.nets;
         }
         c.vsock = o.vsock.or(c.vsock);
+        if !o.fs.is_empty() {
+            c.fs = o.fs;
+        }
         if c.kernel.as_os_str().is_empty() {
             return Err(ConfigError::NoKernel);
         }
@@ -537,6 +580,7 @@ impl VmConfig {
         if self.cmdline.contains('\0') {
             return Err(ConfigError::CmdlineNul);
         }
+        self.validate_memory_backing()?;
         self.validate_network()
     }
 
@@ -550,6 +594,12 @@ impl VmConfig {
         if let Some(v) = &self.vsock {
             v.check().map_err(|reason| ConfigError::Vsock {
                 input: format!("cid={},socket={}", v.cid, v.socket.display()),
+                reason,
+            })?;
+        }
+        for f in &self.fs {
+            f.check().map_err(|reason| ConfigError::Fs {
+                input: format!("tag={},socket={}", f.tag, f.socket.display()),
                 reason,
             })?;
         }
@@ -657,6 +707,9 @@ mod tests {
             cpus: 2,
             max_vcpus: Some(4),
             memory: "1G".parse().unwrap(),
+            shared_memory: true,
+            hugepages: false,
+            hugepage_size: None,
             serial_log: Some("serial.log".into()),
             serial_output: SerialOutputMode::Stdout,
             irqchip: IrqchipMode::Split,
@@ -665,6 +718,7 @@ mod tests {
             rng: true,
             nets: vec!["tap=tap0,mac=52:54:00:00:00:07".parse().unwrap()],
             vsock: Some("cid=3,socket=/run/v.sock".parse().unwrap()),
+            fs: vec!["tag=share,socket=/run/fs.sock".parse().unwrap()],
         }
     }
 

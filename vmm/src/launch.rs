@@ -29,6 +29,7 @@ use crate::devices::virtio::blk::Block;
 use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::transport::VirtioPciDevice;
+use crate::devices::virtio::vhost_user::fs::Fs;
 use crate::devices::virtio::vsock::{SocketFile, Vsock};
 use crate::event_loop::EventLoop;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
@@ -68,6 +69,11 @@ pub enum LaunchError {
     Tap(#[from] crate::devices::virtio::net::tap::TapError),
     #[error(transparent)]
     Vsock(#[from] crate::devices::virtio::vsock::VsockError),
+    #[error("{name}: {error}")]
+    Fs {
+        name: String,
+        error: crate::devices::virtio::vhost_user::VhostUserError,
+    },
     #[error("Device {0} is not on the VM")]
     NoSuchDevice(String),
     #[error("Device {0} was added but has no PCI slot")]
@@ -170,6 +176,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         initrd: config.initrd.clone(),
         cmdline: config.cmdline.clone(),
         memory: config.memory.bytes(),
+        memory_backing: config.memory_backing(),
         cpus: config.cpus,
         max_cpus: config.max_vcpus.unwrap_or(config.cpus).max(config.cpus),
         irqchip: config.irqchip,
@@ -239,6 +246,11 @@ fn add_virtio_devices(
         let name = device_name(net.id.as_deref(), "virtio-net", i);
         builder.add_virtio(&name, Box::new(Net::open(net)?), Notify::Ioeventfd)?;
     }
+    for (i, fs) in config.fs.iter().enumerate() {
+        let name = device_name(fs.id.as_deref(), "virtio-fs", i);
+        let dev = connect_fs(&name, fs)?;
+        builder.add_virtio(&name, Box::new(dev), Notify::Ioeventfd)?;
+    }
     let mut files = Vec::new();
     if let Some(vsock) = &config.vsock {
         let (dev, file) = Vsock::new(vsock)?;
@@ -252,6 +264,22 @@ fn add_virtio_devices(
 /// A device's name in the profile and `vm.counters`: its API id, else kind and index.
 pub(crate) fn device_name(id: Option<&str>, kind: &str, index: usize) -> String {
     id.map_or_else(|| format!("{kind}{index}"), str::to_string)
+}
+
+/// The virtio-fs device `name`, connected to its back end (one line says so).
+pub(crate) fn connect_fs(name: &str, fs: &crate::config::FsConfig) -> Result<Fs, LaunchError> {
+    let dev = Fs::connect(fs).map_err(|error| LaunchError::Fs {
+        name: name.to_string(),
+        error,
+    })?;
+    let f = dev.frontend();
+    eprintln!(
+        "exitless: {name}: vhost-user back end at {} connected (virtio features {:#x}, protocol features {:#x})",
+        fs.socket.display(),
+        f.offered_features(),
+        f.protocol_features().bits()
+    );
+    Ok(dev)
 }
 
 /// The disk's image, opened as its config says.
@@ -428,6 +456,7 @@ impl LaunchedVm {
         }
         let running = self.running.take().ok_or(LaunchError::NotRunning)?;
         let outcomes = Self::collect(running)?;
+        self.stop_devices();
         if let Ok(mut s) = self.serial.lock() {
             s.flush_output();
         }
@@ -446,6 +475,14 @@ impl LaunchedVm {
                 Ok(None)
             }
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Resets the devices that ask for it before the VM goes (vhost-user back ends stop their
+    /// queues), on the event loop; once the vCPUs are stopped.
+    fn stop_devices(&self) {
+        for d in self.virtio().filter(|d| d.resets_on_stop()) {
+            d.shut_down();
         }
     }
 
@@ -516,6 +553,7 @@ impl LaunchedVm {
         if let Some(running) = self.running.take() {
             let _ = Self::collect(running);
         }
+        self.stop_devices();
         if let Ok(mut s) = self.serial.lock() {
             s.flush_output();
         }

@@ -1,7 +1,14 @@
-//! Guest physical memory: layout constants and the mmap-backed guest memory.
+//! Guest physical memory: layout constants and the mmap-backed guest memory, private
+//! (anonymous) by default, or shared (a memfd mapped `MAP_SHARED`, whose file descriptor a
+//! vhost-user back end maps) and on huge pages when the configuration asks ([`Backing`]).
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::path::PathBuf;
 
 use thiserror::Error;
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
 /// Start of the MMIO gap below 4 GiB (3 GiB): no RAM is placed between this and 4 GiB.
 pub const MMIO_GAP_START: u64 = 0xC000_0000;
@@ -25,6 +32,11 @@ const _: () = assert!(PCI_ECAM_START + PCI_ECAM_SIZE <= 0xFEC0_0000);
 /// Smallest guest memory exitless accepts.
 pub const MIN_MEMORY: u64 = 16 << 20;
 
+/// 2 MiB huge pages.
+pub const HUGEPAGE_2M: u64 = 2 << 20;
+/// 1 GiB huge pages.
+pub const HUGEPAGE_1G: u64 = 1 << 30;
+
 /// Errors creating guest memory.
 #[derive(Debug, Error)]
 pub enum MemoryError {
@@ -34,6 +46,180 @@ pub enum MemoryError {
     Unaligned(u64),
     #[error("Cannot map guest memory: {0}")]
     Mmap(#[from] vm_memory::mmap::FromRangesError),
+    #[error("Huge page size {0} bytes is not supported: use 2M or 1G")]
+    HugePageSize(u64),
+    #[error(
+        "Guest memory of {len} bytes at {start:#x} is not a whole number of {page} huge pages"
+    )]
+    HugePageAlign { start: u64, len: u64, page: String },
+    #[error("This host has no {page} huge pages ({} is missing)", path.display())]
+    NoHugePages { page: String, path: PathBuf },
+    #[error("Not enough free {page} huge pages: the guest needs {needed}, the host has {free} free ({}; raise nr_hugepages beside it)", path.display())]
+    TooFewHugePages {
+        page: String,
+        needed: u64,
+        free: u64,
+        path: PathBuf,
+    },
+    #[error("Cannot create the guest memory file (memfd_create): {0}")]
+    Memfd(std::io::Error),
+    #[error("Cannot size the guest memory file to {len} bytes: {error}")]
+    Truncate { len: u64, error: std::io::Error },
+    #[error("Cannot map guest memory of {len} bytes at {start:#x}: {error}")]
+    Region {
+        start: u64,
+        len: u64,
+        error: vm_memory::mmap::MmapRegionError,
+    },
+    #[error("Guest memory regions overlap or wrap: {0}")]
+    Regions(vm_memory::GuestRegionCollectionError),
+}
+
+/// How guest RAM is backed. The default is private anonymous memory on the host's normal
+/// pages (what exitless used before any other backing existed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Backing {
+    /// Each region is a memfd mapped `MAP_SHARED`: another process (a vhost-user back end)
+    /// maps the same pages through the file descriptor ([`shared_file`]).
+    pub shared: bool,
+    /// Huge pages of this size ([`HUGEPAGE_2M`] or [`HUGEPAGE_1G`]) from the host's hugetlb
+    /// pool (a memfd with `MFD_HUGETLB`, mapped shared or private as `shared` says).
+    pub hugepage_size: Option<u64>,
+}
+
+impl Backing {
+    /// Whether regions are files (memfds) rather than anonymous memory.
+    fn is_file(&self) -> bool {
+        self.shared || self.hugepage_size.is_some()
+    }
+}
+
+/// A huge page size as people write it ("2M", "1G").
+fn page_name(size: u64) -> String {
+    match size {
+        HUGEPAGE_1G => "1G".into(),
+        s => format!("{}M", s >> 20),
+    }
+}
+
+/// The sysfs directory of the host's huge pages of `size` bytes.
+fn hugepage_dir(size: u64) -> PathBuf {
+    PathBuf::from(format!(
+        "/sys/kernel/mm/hugepages/hugepages-{}kB",
+        size >> 10
+    ))
+}
+
+/// Fails with how many are needed and free unless the host has `needed` free huge pages of
+/// `size` bytes (`free_hugepages` in sysfs).
+pub fn check_free_hugepages(size: u64, needed: u64) -> Result<(), MemoryError> {
+    let path = hugepage_dir(size).join("free_hugepages");
+    let page = page_name(size);
+    let text = std::fs::read_to_string(&path).map_err(|_| MemoryError::NoHugePages {
+        page: page.clone(),
+        path: path.clone(),
+    })?;
+    let free = text.trim().parse::<u64>().unwrap_or(0);
+    if free < needed {
+        return Err(MemoryError::TooFewHugePages {
+            page,
+            needed,
+            free,
+            path,
+        });
+    }
+    Ok(())
+}
+
+/// A new memfd of `len` bytes for guest RAM, on huge pages of `hugepage_size` if given.
+/// Called through `syscall(2)`: the static musl build links libc's `memfd_create`, which std
+/// also declares weak, as a null symbol.
+fn memfd(len: u64, hugepage_size: Option<u64>) -> Result<File, MemoryError> {
+    let mut flags = libc::MFD_CLOEXEC;
+    match hugepage_size {
+        None => {}
+        Some(HUGEPAGE_2M) => flags |= libc::MFD_HUGETLB | libc::MFD_HUGE_2MB,
+        Some(HUGEPAGE_1G) => flags |= libc::MFD_HUGETLB | libc::MFD_HUGE_1GB,
+        Some(other) => return Err(MemoryError::HugePageSize(other)),
+    }
+    let name = c"exitless-guest-ram";
+    // SAFETY: `name` is a NUL-terminated string that outlives the call; the call creates a
+    // new file descriptor and touches no memory of ours.
+    let fd = unsafe { libc::syscall(libc::SYS_memfd_create, name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(MemoryError::Memfd(std::io::Error::last_os_error()));
+    }
+    // SAFETY: the kernel just returned this descriptor, which nothing else owns.
+    let file = unsafe { File::from_raw_fd(fd as RawFd) };
+    file.set_len(len)
+        .map_err(|error| MemoryError::Truncate { len, error })?;
+    Ok(file)
+}
+
+/// One region of guest RAM at `start`, `len` bytes, backed as `backing` says. The free huge
+/// pages are checked first (a clear error rather than a failed mapping). Also what adds a
+/// region to a running VM's memory (a hot-added memory slot) with the VM's backing.
+pub fn create_region(
+    start: GuestAddress,
+    len: u64,
+    backing: &Backing,
+) -> Result<GuestRegionMmap, MemoryError> {
+    let region_error = |error| MemoryError::Region {
+        start: start.0,
+        len,
+        error,
+    };
+    if len == 0 || len % 4096 != 0 {
+        return Err(MemoryError::Unaligned(len));
+    }
+    let mut builder =
+        MmapRegionBuilder::new(len as usize).with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE);
+    if backing.is_file() {
+        if let Some(page) = backing.hugepage_size {
+            check_hugepage_fit(start.0, len, page)?;
+            check_free_hugepages(page, len / page)?;
+        }
+        let file = memfd(len, backing.hugepage_size)?;
+        let flags = if backing.shared {
+            libc::MAP_SHARED
+        } else {
+            libc::MAP_PRIVATE
+        };
+        builder = builder
+            .with_file_offset(FileOffset::new(file, 0))
+            .with_mmap_flags(flags)
+            .with_hugetlbfs(backing.hugepage_size.is_some());
+    } else {
+        builder =
+            builder.with_mmap_flags(libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_PRIVATE);
+    }
+    let mapping = builder.build().map_err(region_error)?;
+    GuestRegionMmap::new(mapping, start).ok_or(MemoryError::Unaligned(len))
+}
+
+/// Fails unless `[start, start + len)` is whole huge pages of `page` bytes.
+fn check_hugepage_fit(start: u64, len: u64, page: u64) -> Result<(), MemoryError> {
+    if page != HUGEPAGE_2M && page != HUGEPAGE_1G {
+        return Err(MemoryError::HugePageSize(page));
+    }
+    if start % page != 0 || len % page != 0 {
+        return Err(MemoryError::HugePageAlign {
+            start,
+            len,
+            page: page_name(page),
+        });
+    }
+    Ok(())
+}
+
+/// The file descriptor and offset that map `region`, when it is shared memory another
+/// process can map (what vhost-user's `SET_MEM_TABLE` sends); None for private memory.
+pub fn shared_file(region: &GuestRegionMmap) -> Option<(RawFd, u64)> {
+    if region.flags() & libc::MAP_SHARED == 0 {
+        return None;
+    }
+    let f = region.file_offset()?;
+    Some((f.file().as_raw_fd(), f.start()))
 }
 
 /// The RAM ranges (start, length) for `size` bytes of guest memory, split around the MMIO gap.
@@ -48,24 +234,40 @@ pub fn ram_ranges(size: u64) -> Vec<(GuestAddress, u64)> {
     }
 }
 
-/// Allocates `size` bytes of anonymous guest memory laid out by [`ram_ranges`].
-pub fn create_guest_memory(size: u64) -> Result<GuestMemoryMmap, MemoryError> {
+/// Allocates `size` bytes of guest memory laid out by [`ram_ranges`], backed as `backing`
+/// says (anonymous private memory by default).
+pub fn create_guest_memory(size: u64, backing: &Backing) -> Result<GuestMemoryMmap, MemoryError> {
     if size < MIN_MEMORY {
         return Err(MemoryError::TooSmall(size));
     }
     if size % 4096 != 0 {
         return Err(MemoryError::Unaligned(size));
     }
-    let ranges: Vec<(GuestAddress, usize)> = ram_ranges(size)
+    if !backing.is_file() {
+        let ranges: Vec<(GuestAddress, usize)> = ram_ranges(size)
+            .into_iter()
+            .map(|(a, l)| (a, l as usize))
+            .collect();
+        return Ok(GuestMemoryMmap::from_ranges(&ranges)?);
+    }
+    if let Some(page) = backing.hugepage_size {
+        // All regions at once: the error says what the whole guest needs.
+        for (start, len) in ram_ranges(size) {
+            check_hugepage_fit(start.0, len, page)?;
+        }
+        check_free_hugepages(page, size / page)?;
+    }
+    let regions = ram_ranges(size)
         .into_iter()
-        .map(|(a, l)| (a, l as usize))
-        .collect();
-    Ok(GuestMemoryMmap::from_ranges(&ranges)?)
+        .map(|(start, len)| create_region(start, len, backing))
+        .collect::<Result<Vec<_>, _>>()?;
+    GuestMemoryMmap::from_regions(regions).map_err(MemoryError::Regions)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vm_memory::GuestMemoryBackend;
 
     #[test]
     fn small_memory_is_one_range() {
@@ -85,8 +287,73 @@ mod tests {
     #[test]
     fn too_small_is_an_error() {
         assert!(matches!(
-            create_guest_memory(1 << 20),
+            create_guest_memory(1 << 20, &Backing::default()),
             Err(MemoryError::TooSmall(_))
         ));
+    }
+
+    #[test]
+    fn private_memory_has_no_file_to_share() {
+        let mem = create_guest_memory(MIN_MEMORY, &Backing::default()).unwrap();
+        let region = mem.iter().next().unwrap();
+        assert_eq!(shared_file(region), None);
+    }
+
+    #[test]
+    fn shared_memory_is_a_memfd_another_mapping_sees() {
+        use vm_memory::Bytes;
+        let shared = Backing {
+            shared: true,
+            hugepage_size: None,
+        };
+        let mem = create_guest_memory(MIN_MEMORY, &shared).unwrap();
+        let region = mem.iter().next().unwrap();
+        let (fd, offset) = shared_file(region).expect("a shared region has a file");
+        assert_eq!(offset, 0);
+        let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
+        assert!(
+            link.to_string_lossy().contains("memfd:exitless-guest-ram"),
+            "{link:?}"
+        );
+        // A second mapping of the same file (what a back end makes) sees the guest's writes.
+        mem.write_obj(0x1234_5678u32, GuestAddress(0x2000)).unwrap();
+        // SAFETY: `fd` is open for the life of `mem`; the new file is a duplicate it owns.
+        let dup = unsafe { File::from_raw_fd(libc::dup(fd)) };
+        let other = MmapRegionBuilder::<()>::new(MIN_MEMORY as usize)
+            .with_file_offset(FileOffset::new(dup, 0))
+            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+            .with_mmap_flags(libc::MAP_SHARED)
+            .build()
+            .unwrap();
+        let other = GuestRegionMmap::new(other, GuestAddress(0)).unwrap();
+        let seen: u32 = GuestMemoryMmap::from_regions(vec![other])
+            .unwrap()
+            .read_obj(GuestAddress(0x2000))
+            .unwrap();
+        assert_eq!(seen, 0x1234_5678);
+    }
+
+    #[test]
+    fn huge_pages_say_what_is_missing() {
+        let huge = |size| Backing {
+            shared: true,
+            hugepage_size: Some(size),
+        };
+        let e = create_guest_memory(MIN_MEMORY, &huge(3 << 20)).unwrap_err();
+        assert!(matches!(e, MemoryError::HugePageSize(_)), "{e}");
+        let e = create_guest_memory(MIN_MEMORY + 4096, &huge(HUGEPAGE_2M)).unwrap_err();
+        assert!(
+            e.to_string().contains("whole number of 2M huge pages"),
+            "{e}"
+        );
+        // Far more than any host here has free: the error names both counts.
+        match create_guest_memory(1 << 40, &huge(HUGEPAGE_1G)).unwrap_err() {
+            MemoryError::TooFewHugePages { needed, free, .. } => {
+                assert_eq!(needed, 1024);
+                assert!(free < needed);
+            }
+            MemoryError::NoHugePages { .. } => {}
+            other => panic!("{other}"),
+        }
     }
 }

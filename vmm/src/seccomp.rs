@@ -164,6 +164,9 @@ const DEVICES: &[libc::c_long] = &[
     // vsock: std's Unix stream reads and writes are recv and send.
     libc::SYS_recvfrom,
     libc::SYS_sendto,
+    // vhost-user: a device's start and reset talk to its back end; SET_MEM_TABLE and
+    // SET_VRING_KICK/CALL carry file descriptors (SCM_RIGHTS), which only sendmsg sends.
+    libc::SYS_sendmsg,
     libc::SYS_shutdown,
     libc::SYS_timerfd_settime,
 ];

@@ -62,12 +62,18 @@ pub struct Vm {
 }
 
 impl Vm {
-    /// Creates a VM with `mem_size` bytes of RAM and the chosen interrupt controller.
-    pub fn new(kvm: Kvm, mem_size: u64, irqchip: IrqchipMode) -> Result<Self, VmError> {
+    /// Creates a VM with `mem_size` bytes of RAM backed as `backing` says and the chosen
+    /// interrupt controller.
+    pub fn new(
+        kvm: Kvm,
+        mem_size: u64,
+        backing: &memory::Backing,
+        irqchip: IrqchipMode,
+    ) -> Result<Self, VmError> {
         let caps = Capabilities::probe(&kvm);
         let kvm = Arc::new(kvm);
         let fd = kvm.create_vm().map_err(KvmError::CreateVm)?;
-        let mem = memory::create_guest_memory(mem_size)?;
+        let mem = memory::create_guest_memory(mem_size, backing)?;
         kvm::register_memory(&fd, &mem)?;
         match irqchip {
             IrqchipMode::Kernel => fd

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::schema::{
-    ConsoleConfig, CpusConfig, DiskConfig, Extra, MemoryConfig, NetConfig, PayloadConfig, VmConfig,
-    VsockConfig,
+    ConsoleConfig, CpusConfig, DiskConfig, Extra, FsConfig, MemoryConfig, NetConfig, PayloadConfig,
+    VmConfig, VsockConfig,
 };
 use super::ApiError;
 use crate::config::{self, MemorySize, SerialOutputMode, TapFd};
@@ -46,7 +46,6 @@ fn refuse_set(extra: &Extra, at: &str, fields: &[&str]) -> Result<(), ApiError> 
 
 /// Top-level fields for devices and features exitless does not have.
 const UNSUPPORTED: &[&str] = &[
-    "fs",
     "pmem",
     "devices",
     "user_devices",
@@ -74,14 +73,6 @@ impl VmConfig {
         }
         refuse_set(&self.cpus.extra, "cpus.", &["kvm_hyperv", "affinity"])?;
         refuse_set(&self.memory.extra, "memory.", &["zones", "reserve"])?;
-        if self.memory.shared || self.memory.hugepages {
-            let f = if self.memory.shared {
-                "shared"
-            } else {
-                "hugepages"
-            };
-            return Err(refuse(format!("memory.{f} is not supported by exitless")));
-        }
         refuse_set(
             &self.payload.extra,
             "payload.",
@@ -93,7 +84,20 @@ impl VmConfig {
         for n in self.net.iter().flatten() {
             n.check()?;
         }
+        let segments = self.pci_segments();
+        for f in self.fs.iter().flatten() {
+            f.check(self.memory.shared, segments)?;
+        }
         Ok(())
+    }
+
+    /// `platform.num_pci_segments` (1 when not given).
+    pub fn pci_segments(&self) -> u64 {
+        let platform = self.extra.get("platform");
+        platform
+            .and_then(|p| p.get("num_pci_segments"))
+            .and_then(Value::as_u64)
+            .unwrap_or(1)
     }
 
     /// exitless's configuration for this body (checked first).
@@ -110,6 +114,9 @@ impl VmConfig {
         c.cpus = self.cpus.boot_vcpus;
         c.max_vcpus = Some(self.cpus.max_vcpus);
         c.memory = memory_size(self.memory.size)?;
+        c.shared_memory = self.memory.shared;
+        c.hugepages = self.memory.hugepages;
+        c.hugepage_size = self.memory.hugepage_size.map(hugepage_size).transpose()?;
         c.serial_output = serial_output(self.serial.as_ref())?;
         // Cloud Hypervisor always has an entropy device; so does a VM made through the API.
         c.rng = true;
@@ -127,6 +134,9 @@ impl VmConfig {
         if let Some(v) = &self.vsock {
             c.vsock = Some(v.to_vsock_config()?);
         }
+        for f in self.fs.iter().flatten() {
+            c.fs.push(f.to_fs_config());
+        }
         c.validate(config::MAX_VCPUS)
             .map_err(|e| refuse(e.to_string()))?;
         Ok(c)
@@ -143,6 +153,9 @@ impl VmConfig {
             },
             memory: MemoryConfig {
                 size: c.memory.bytes(),
+                shared: c.shared_memory,
+                hugepages: c.hugepages,
+                hugepage_size: c.hugepage_size.map(MemorySize::bytes),
                 ..MemoryConfig::default()
             },
             payload: PayloadConfig {
@@ -182,6 +195,19 @@ impl VmConfig {
                 id: Some("_vsock0".into()),
                 ..VsockConfig::default()
             }),
+            fs: (!c.fs.is_empty()).then(|| {
+                let fs = c.fs.iter().enumerate();
+                fs.map(|(i, f)| FsConfig {
+                    tag: f.tag.clone(),
+                    socket: path(&f.socket),
+                    num_queues: f.num_queues,
+                    queue_size: f.queue_size,
+                    id: Some(f.id.clone().unwrap_or_else(|| format!("_fs{i}"))),
+                    pci_segment: 0,
+                    extra: Extra::new(),
+                })
+                .collect()
+            }),
             ..VmConfig::default()
         }
     }
@@ -191,6 +217,15 @@ fn memory_size(bytes: u64) -> Result<MemorySize, ApiError> {
     if bytes % (1 << 20) != 0 {
         return Err(refuse(format!(
             "memory.size {bytes} is not a whole number of MiB"
+        )));
+    }
+    Ok(MemorySize::from_mib(bytes >> 20))
+}
+
+fn hugepage_size(bytes: u64) -> Result<MemorySize, ApiError> {
+    if bytes != crate::memory::HUGEPAGE_2M && bytes != crate::memory::HUGEPAGE_1G {
+        return Err(refuse(format!(
+            "memory.hugepage_size {bytes} is not supported: use 2097152 (2M) or 1073741824 (1G)"
         )));
     }
     Ok(MemorySize::from_mib(bytes >> 20))
@@ -291,6 +326,40 @@ impl NetConfig {
     }
 }
 
+impl FsConfig {
+    /// The device needs shared memory; its segment must be one the platform has; its tag and
+    /// queues ones virtio allows.
+    pub fn check(&self, shared_memory: bool, segments: u64) -> Result<(), ApiError> {
+        if !shared_memory {
+            return Err(refuse(
+                "fs needs memory.shared=true: the vhost-user back end (virtiofsd) maps guest memory"
+                    .into(),
+            ));
+        }
+        if u64::from(self.pci_segment) >= segments {
+            return Err(refuse(format!(
+                "fs[].pci_segment {} is not below platform.num_pci_segments {segments}",
+                self.pci_segment
+            )));
+        }
+        refuse_set(&self.extra, "fs[].", &["pci_segments"])?;
+        self.to_fs_config()
+            .check()
+            .map_err(|e| refuse(format!("fs: {e}")))
+    }
+
+    /// exitless's file system for this body (checked by [`FsConfig::check`]).
+    pub fn to_fs_config(&self) -> config::FsConfig {
+        config::FsConfig {
+            tag: self.tag.clone(),
+            socket: PathBuf::from(&self.socket),
+            num_queues: self.num_queues,
+            queue_size: self.queue_size,
+            id: self.id.clone(),
+        }
+    }
+}
+
 impl VsockConfig {
     pub fn to_vsock_config(&self) -> Result<config::VsockConfig, ApiError> {
         let cid = u32::try_from(self.cid)
@@ -332,7 +401,18 @@ mod tests {
     #[test]
     fn features_exitless_lacks_are_refused_by_name() {
         for (body, field) in [
-            (r#"{"payload":{"kernel":"/k"},"fs":[{"tag":"x"}]}"#, "fs"),
+            (
+                r#"{"payload":{"kernel":"/k"},"fs":[{"tag":"x","socket":"/s"}]}"#,
+                "fs needs memory.shared=true",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"shared":true},"fs":[{"tag":"x","socket":"/s","pci_segment":1}]}"#,
+                "pci_segment 1 is not below platform.num_pci_segments 1",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"shared":true},"fs":[{"tag":"","socket":"/s"}]}"#,
+                "fs: tag=",
+            ),
             (
                 r#"{"payload":{"kernel":"/k"},"devices":[{"path":"/sys/x"}]}"#,
                 "devices",
@@ -346,8 +426,12 @@ mod tests {
                 "platform.tdx",
             ),
             (
-                r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456,"shared":true}}"#,
-                "memory.shared",
+                r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456,"hugepages":true,"hugepage_size":4096}}"#,
+                "memory.hugepage_size",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456,"hugepage_size":2097152}}"#,
+                "hugepage_size needs hugepages=on",
             ),
             (r#"{"payload":{"firmware":"/fw"}}"#, "payload.firmware"),
             (
@@ -377,6 +461,40 @@ mod tests {
             "pvpanic":false,"watchdog":false,"iommu":false,"balloon":null,
             "console":{"mode":"Off"},"rng":{"src":"/dev/urandom"}}"#;
         parse(body).to_vm_config().unwrap();
+    }
+
+    #[test]
+    fn shared_and_huge_page_memory_are_taken_and_shown_back() {
+        let body = r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456,"shared":true,
+            "hugepages":true,"hugepage_size":2097152}}"#;
+        let vm = parse(body).to_vm_config().unwrap();
+        assert!(vm.shared_memory && vm.hugepages);
+        let backing = vm.memory_backing();
+        assert_eq!(backing.hugepage_size, Some(crate::memory::HUGEPAGE_2M));
+        let back = serde_json::to_value(VmConfig::from_vm_config(&vm)).unwrap();
+        assert_eq!(back["memory"]["shared"], true);
+        assert_eq!(back["memory"]["hugepages"], true);
+        assert_eq!(back["memory"]["hugepage_size"], 2097152);
+    }
+
+    #[test]
+    fn kata_s_virtio_fs_body_is_taken() {
+        let body = r#"{"payload":{"kernel":"/k"},"platform":{"num_pci_segments":2},
+            "memory":{"size":268435456,"shared":true,"hugepages":false,"hotplug_size":2147483648},
+            "fs":[{"tag":"kataShared","socket":"/run/vc/vfs.sock","num_queues":1,
+                   "queue_size":1024,"pci_segment":1}]}"#;
+        let vm = parse(body).to_vm_config().unwrap();
+        assert!(vm.shared_memory);
+        assert_eq!(vm.fs.len(), 1);
+        let f = &vm.fs[0];
+        assert_eq!(
+            (f.tag.as_str(), f.num_queues, f.queue_size),
+            ("kataShared", 1, 1024)
+        );
+        assert_eq!(f.socket, PathBuf::from("/run/vc/vfs.sock"));
+        let back = serde_json::to_value(VmConfig::from_vm_config(&vm)).unwrap();
+        assert_eq!(back["fs"][0]["tag"], "kataShared");
+        assert_eq!(back["fs"][0]["id"], "_fs0");
     }
 
     #[test]

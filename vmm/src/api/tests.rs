@@ -82,13 +82,17 @@ fn wrong_methods_paths_and_bodies_say_why() {
         message.contains("invalid type") && message.contains("column"),
         "{message}"
     );
-    let e = routed(Method::Put, "/api/v1/vm.add-fs", "{}").unwrap_err();
+    let e = routed(Method::Put, "/api/v1/vm.add-pmem", "{}").unwrap_err();
     assert_eq!(e.status, 400);
     assert!(
-        e.message.contains("vm.add-fs is not supported"),
+        e.message.contains("vm.add-pmem is not supported"),
         "{}",
         e.message
     );
+    // vm.add-fs is offered: a body without its fields is a 400 naming the field.
+    let e = routed(Method::Put, "/api/v1/vm.add-fs", "{}").unwrap_err();
+    assert_eq!(e.status, 400);
+    assert!(e.message.contains("missing field `tag`"), "{}", e.message);
 }
 
 #[test]

@@ -47,6 +47,7 @@ fn writes_of_several_vcpus_through_one_coalesced_ring_arrive_once_and_in_order()
         initrd: None,
         cmdline: format!("smp={CPUS} coalesced={WRITES}"),
         memory: 64 << 20,
+        memory_backing: crate::memory::Backing::default(),
         cpus: CPUS,
         max_cpus: CPUS,
         irqchip: IrqchipMode::Kernel,

@@ -356,6 +356,7 @@ pub fn run_point(
         initrd: None,
         cmdline: format!("case={} iters={iterations} smp={vcpus}", case.name),
         memory: GUEST_MEMORY,
+        memory_backing: crate::memory::Backing::default(),
         cpus: n,
         max_cpus: n,
         irqchip: IrqchipMode::Kernel,

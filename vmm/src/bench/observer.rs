@@ -192,6 +192,7 @@ mod tests {
             initrd: None,
             cmdline: format!("case=pio_out iters={ITERS}"),
             memory: 64 << 20,
+            memory_backing: crate::memory::Backing::default(),
             cpus: 1,
             max_cpus: 1,
             irqchip: IrqchipMode::Kernel,

@@ -151,6 +151,7 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
                 .unwrap_or_default()
         ),
         memory: GUEST_MEMORY,
+        memory_backing: crate::memory::Backing::default(),
         cpus: 1,
         max_cpus: 1,
         irqchip: config.irqchip,

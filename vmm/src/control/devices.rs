@@ -31,6 +31,9 @@ impl DeviceIds {
         if config.vsock.is_some() {
             ids.used.insert("_vsock0".into());
         }
+        for i in 0..config.fs.len() {
+            ids.used.insert(format!("_fs{i}"));
+        }
         ids
     }
 
@@ -73,6 +76,9 @@ impl DeviceIds {
         }
         if let Some(v) = api.vsock.as_mut() {
             v.id = Some(self.assign(v.id.take(), "_vsock")?);
+        }
+        for f in api.fs.iter_mut().flatten() {
+            f.id = Some(self.assign(f.id.take(), "_fs")?);
         }
         Ok(())
     }
@@ -148,6 +154,23 @@ impl Vmm {
                 slot.api.vsock = Some(vsock);
                 Ok(bdf)
             });
+        slot.added(id, added)
+    }
+
+    /// A virtio-fs device on the vhost-user back end at `fs.socket` (the VM's memory must be
+    /// shared): joins the config before boot, hot-plugged once booted.
+    pub(super) fn add_fs(&mut self, mut fs: schema::FsConfig) -> Added {
+        let slot = self.slot()?;
+        fs.check(slot.config.shared_memory, slot.api.pci_segments())
+            .map_err(invalid)?;
+        let id = slot.ids.assign(fs.id.take(), "_fs")?;
+        fs.id = Some(id.clone());
+        let internal = fs.to_fs_config();
+        let added = slot.plug(&id, HotplugDevice::Fs(&internal));
+        if added.is_ok() {
+            slot.config.fs.push(internal);
+            slot.api.fs.get_or_insert_with(Vec::new).push(fs);
+        }
         slot.added(id, added)
     }
 
@@ -241,6 +264,12 @@ impl VmSlot {
         if self.api.vsock.as_ref().is_some_and(|v| is(&v.id)) {
             self.api.vsock = None;
             self.config.vsock = None;
+        }
+        if let Some(fs) = self.api.fs.as_mut() {
+            if let Some(i) = fs.iter().position(|f| is(&f.id)) {
+                fs.remove(i);
+                self.config.fs.remove(i);
+            }
         }
         // A running VM's device keeps its id until the guest has ejected it.
         if self.booted.is_none() {

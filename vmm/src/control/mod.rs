@@ -198,6 +198,7 @@ impl Vmm {
             ApiRequest::VmAddDisk(disk) => self.add_disk(disk).into(),
             ApiRequest::VmAddNet(net, fds) => self.add_net(net, fds).into(),
             ApiRequest::VmAddVsock(vsock) => self.add_vsock(vsock).into(),
+            ApiRequest::VmAddFs(fs) => self.add_fs(fs).into(),
             ApiRequest::VmRemoveDevice(r) => done(self.remove_device(r)),
             ApiRequest::VmResize(r) => done(self.resize(r)),
             ApiRequest::VmmShutdown => {

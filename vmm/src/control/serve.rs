@@ -65,6 +65,7 @@ fn request_name(r: &ApiRequest) -> &'static str {
         ApiRequest::VmAddDisk(_) => "vm.add-disk",
         ApiRequest::VmAddNet(..) => "vm.add-net",
         ApiRequest::VmAddVsock(_) => "vm.add-vsock",
+        ApiRequest::VmAddFs(_) => "vm.add-fs",
         ApiRequest::VmRemoveDevice(_) => "vm.remove-device",
         ApiRequest::VmResize(_) => "vm.resize",
         ApiRequest::VmmShutdown => "vmm.shutdown",

@@ -220,7 +220,11 @@ fn a_guest_reset_reboots_the_vm() {
         vmm.poll();
         vmm.reboots() >= 2
     });
-    assert!(vmm.exit().is_none(), "a reset does not end the VMM: {:?}", vmm.exit());
+    assert!(
+        vmm.exit().is_none(),
+        "a reset does not end the VMM: {:?}",
+        vmm.exit()
+    );
     assert_eq!(info(&mut vmm)["state"], "Running");
     vmm.stop();
     let _ = std::fs::remove_file(kernel);
@@ -295,4 +299,55 @@ fn files_and_fds_a_client_names_wrongly_are_refused_400_with_the_reason() {
     assert_eq!(peer.read(&mut [0u8; 1]).unwrap(), 0, "the fd was closed");
     vmm.stop();
     let _ = std::fs::remove_file(kernel);
+}
+
+fn fs(body: serde_json::Value) -> schema::FsConfig {
+    serde_json::from_value(body).unwrap()
+}
+
+#[test]
+fn add_fs_needs_shared_memory_and_joins_the_config_before_boot() {
+    let mut vmm = Vmm::new();
+    assert_eq!(status(&vmm.handle(R::VmCreate(create_body("/k", "")))), 204);
+    let body = serde_json::json!({"tag": "kataShared", "socket": "/run/fs.sock", "pci_segment": 1});
+    let refused = vmm.handle(R::VmAddFs(fs(body.clone())));
+    assert_eq!(status(&refused), 400);
+    assert!(
+        message(&refused).contains("memory.shared"),
+        "{}",
+        message(&refused)
+    );
+    assert!(
+        info(&mut vmm)["config"].get("fs").is_none(),
+        "nothing added"
+    );
+
+    assert_eq!(status(&vmm.handle(R::VmDelete)), 204);
+    let mut shared = create_body("/k", "");
+    shared.memory.shared = true;
+    assert_eq!(status(&vmm.handle(R::VmCreate(shared))), 204);
+    assert_eq!(
+        status(&vmm.handle(R::VmAddFs(fs(body)))),
+        204,
+        "before boot: joins the config"
+    );
+    let i = info(&mut vmm);
+    assert_eq!(i["config"]["memory"]["shared"], true);
+    assert_eq!(i["config"]["fs"][0]["tag"], "kataShared");
+    assert_eq!(i["config"]["fs"][0]["id"], "_fs0");
+    let bad_segment = serde_json::json!({"tag": "t", "socket": "/s", "pci_segment": 2});
+    let refused = vmm.handle(R::VmAddFs(fs(bad_segment)));
+    assert!(
+        message(&refused).contains("num_pci_segments 2"),
+        "{}",
+        message(&refused)
+    );
+    let remove = R::VmRemoveDevice(schema::VmRemoveDevice {
+        id: Some("_fs0".into()),
+    });
+    assert_eq!(status(&vmm.handle(remove)), 204);
+    assert!(info(&mut vmm)["config"]["fs"]
+        .as_array()
+        .unwrap()
+        .is_empty());
 }

@@ -68,6 +68,22 @@ impl MsiRoutes for RouteUpdater {
             Err(e) => self.log(|name| format!("{name}: {e}")),
         }
     }
+
+    fn set_irqfd(&self, gsi: u32, irqfd: &EventFd, connected: bool) {
+        let done = if connected {
+            self.vm.register_irqfd(irqfd, gsi)
+        } else {
+            self.vm.unregister_irqfd(irqfd, gsi)
+        };
+        if let Err(e) = done {
+            let what = if connected {
+                "put back on"
+            } else {
+                "taken off"
+            };
+            self.log(|name| format!("{name}: the irqfd of GSI {gsi} not {what} KVM: {e}"));
+        }
+    }
 }
 
 /// Where a virtio-pci device's BAR 0 is mapped, and what it holds of the VM's resources.

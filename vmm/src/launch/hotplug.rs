@@ -2,7 +2,7 @@
 //! told and ejecting through ACPI), vCPUs added and removed through the CPU controller.
 
 use super::{device_name, open_disk, LaunchError, LaunchedVm};
-use crate::config::{DiskConfig, NetConfig, VsockConfig};
+use crate::config::{DiskConfig, FsConfig, NetConfig, VsockConfig};
 use crate::device_manager::Notify;
 use crate::devices::acpi::Ejected;
 use crate::devices::virtio::net::Net;
@@ -14,6 +14,7 @@ pub enum HotplugDevice<'a> {
     Disk(&'a DiskConfig),
     Net(&'a NetConfig),
     Vsock(&'a VsockConfig),
+    Fs(&'a FsConfig),
 }
 
 impl LaunchedVm {
@@ -29,6 +30,7 @@ impl LaunchedVm {
                 socket = Some(file);
                 Box::new(dev)
             }
+            HotplugDevice::Fs(f) => Box::new(super::connect_fs(id, f)?),
         };
         let handle = self.event_loop.handle();
         let name = device_name(Some(id), "", 0);

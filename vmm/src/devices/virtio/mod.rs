@@ -12,9 +12,11 @@ pub mod health;
 pub mod net;
 pub mod rng;
 pub mod transport;
+pub mod vhost_user;
 pub mod vsock;
 
 use std::io;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -42,6 +44,8 @@ pub const TYPE_BLOCK: u32 = 2;
 pub const TYPE_RNG: u32 = 4;
 /// virtio device type of a socket device (vsock).
 pub const TYPE_VSOCK: u32 = 19;
+/// virtio device type of a shared file system (virtio-fs).
+pub const TYPE_FS: u32 = 26;
 
 /// Errors activating a device.
 #[derive(Debug, Error)]
@@ -65,6 +69,16 @@ pub trait VirtioInterrupt: Send + Sync {
     fn signal_queue(&self, queue: u16) -> io::Result<bool>;
     /// Raises the configuration-change interrupt.
     fn signal_config(&self) -> io::Result<()>;
+    /// The eventfd that raises queue `queue`'s interrupt in the kernel (an irqfd of its MSI-X
+    /// vector), for a process outside exitless to write (a vhost-user back end's call fd).
+    /// Ok(None): the driver gave the queue no vector and polls. An error: this interrupt has
+    /// no such eventfd (no in-kernel irqchip).
+    fn queue_irqfd(&self, _queue: u16) -> io::Result<Option<RawFd>> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the interrupt has no irqfd to hand out",
+        ))
+    }
 }
 
 /// One queue the driver enabled.
@@ -284,6 +298,11 @@ pub trait VirtioDevice: Send {
     fn activate(&mut self, activation: Activation) -> Result<Subscriber, VirtioError>;
     /// The driver reset the device: anything beyond the queue work to forget.
     fn reset(&mut self) {}
+    /// Whether stopping the VM resets the device first, on the event loop (a vhost-user back
+    /// end is told to stop its queues); other devices end with the loop.
+    fn resets_on_stop(&self) -> bool {
+        false
+    }
     /// Per-queue counters, by queue index.
     fn counters(&self) -> Arc<[QueueCounters]>;
     /// What the device counts beyond its queues (frames, drops, connections), by name.

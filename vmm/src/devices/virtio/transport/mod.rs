@@ -390,6 +390,11 @@ impl VirtioPciDevice {
         t.phase = Phase::Idle;
     }
 
+    /// Whether stopping the VM should [`VirtioPciDevice::shut_down`] this device first.
+    pub fn resets_on_stop(&self) -> bool {
+        lock(&self.transport).device.resets_on_stop()
+    }
+
     /// Stops the device for good (it is being taken off the VM) and waits until it has: its
     /// queue work leaves the event loop. Not for a vCPU thread.
     pub fn shut_down(&self) {
