@@ -112,6 +112,16 @@ pub struct RunOptions {
     /// [default: none]
     #[arg(long, value_name = "cid=N,socket=PATH")]
     vsock: Option<String>,
+    /// A virtio-balloon device: the guest gives memory back to the host. free_page_reporting=on
+    /// lets it report free pages, which exitless discards (the host's RSS falls);
+    /// size=SIZE is the memory the guest is asked to put in the balloon at boot (0, or a
+    /// size as --memory takes it); deflate_on_oom=on lets the guest take it back when short
+    /// of memory. e.g. --balloon free_page_reporting=on [default: none]
+    #[arg(
+        long,
+        value_name = "[size=SIZE][,free_page_reporting=on][,deflate_on_oom=on]"
+    )]
+    balloon: Option<String>,
     /// Stop the VM after SECS seconds and exit with code 124 [default: no timeout]
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
@@ -175,6 +185,7 @@ fn vm_config(args: &RunOptions) -> anyhow::Result<VmConfig> {
             .map(|n| n.parse())
             .collect::<Result<_, ConfigError>>()?,
         vsock: parse(args.vsock.as_deref())?,
+        balloon: parse(args.balloon.as_deref())?,
     };
     Ok(VmConfig::merge_cli(file, cli)?)
 }

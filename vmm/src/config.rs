@@ -21,8 +21,10 @@ use thiserror::Error;
 
 use crate::memory::MIN_MEMORY;
 
+pub mod balloon;
 pub mod disk;
 pub mod net;
+pub use balloon::BalloonConfig;
 pub use disk::DiskConfig;
 pub use net::{MacAddr, NetConfig, TapFd, VsockConfig};
 
@@ -85,6 +87,8 @@ pub enum ConfigError {
     Net { input: String, reason: String },
     #[error("Invalid --vsock '{input}': {reason}")]
     Vsock { input: String, reason: String },
+    #[error("Invalid --balloon '{input}': {reason}")]
+    Balloon { input: String, reason: String },
 }
 
 /// A guest memory size in bytes, always a non-zero multiple of 4 KiB.
@@ -373,6 +377,9 @@ pub struct VmConfig {
     /// A virtio-vsock device joined to Unix sockets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<VsockConfig>,
+    /// A virtio-balloon device (free page reporting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<BalloonConfig>,
 }
 
 impl Default for VmConfig {
@@ -392,6 +399,7 @@ impl Default for VmConfig {
             rng: false,
             nets: Vec::new(),
             vsock: None,
+            balloon: None,
         }
     }
 }
@@ -426,6 +434,7 @@ pub struct VmConfigOverrides {
     /// Network cards given on the command line replace the file's list.
     pub nets: Vec<NetConfig>,
     pub vsock: Option<VsockConfig>,
+    pub balloon: Option<BalloonConfig>,
 }
 
 impl VmConfig {
@@ -486,6 +495,7 @@ impl VmConfig {
             c.nets = o.nets;
         }
         c.vsock = o.vsock.or(c.vsock);
+        c.balloon = o.balloon.or(c.balloon);
         if c.kernel.as_os_str().is_empty() {
             return Err(ConfigError::NoKernel);
         }
@@ -537,11 +547,11 @@ impl VmConfig {
         if self.cmdline.contains('\0') {
             return Err(ConfigError::CmdlineNul);
         }
-        self.validate_network()
+        self.validate_devices()
     }
 
     /// The checks the command line's parsers make, for what came from a config file.
-    fn validate_network(&self) -> Result<(), ConfigError> {
+    fn validate_devices(&self) -> Result<(), ConfigError> {
         for n in &self.nets {
             if n.tap_fd.is_none() {
                 net::check_tap_name(&n.tap)?;
@@ -552,6 +562,13 @@ impl VmConfig {
                 input: format!("cid={},socket={}", v.cid, v.socket.display()),
                 reason,
             })?;
+        }
+        if let Some(b) = &self.balloon {
+            b.check(self.memory.bytes())
+                .map_err(|reason| ConfigError::Balloon {
+                    input: format!("size={}", MemorySize(b.size)),
+                    reason,
+                })?;
         }
         Ok(())
     }
@@ -665,6 +682,7 @@ mod tests {
             rng: true,
             nets: vec!["tap=tap0,mac=52:54:00:00:00:07".parse().unwrap()],
             vsock: Some("cid=3,socket=/run/v.sock".parse().unwrap()),
+            balloon: Some("size=8M,free_page_reporting=on".parse().unwrap()),
         }
     }
 
@@ -780,5 +798,9 @@ mod tests {
             .unwrap()
             .contains("3000 bytes"));
         assert!(check(&|c| c.cmdline.push('\0')).unwrap().contains("NUL"));
+        assert_eq!(
+            check(&|c| c.balloon.as_mut().unwrap().size = 2 << 30).unwrap(),
+            "Invalid --balloon 'size=2G': size 2G is more than the guest's 1G of memory"
+        );
     }
 }

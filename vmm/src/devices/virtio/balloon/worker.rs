@@ -1,0 +1,262 @@
+//! The balloon's queue work, on the device event loop: inflated PFNs and reported ranges given
+//! back to the host, deflated PFNs counted. Every chain is checked whole before anything is
+//! discarded; a malformed one is completed empty and counted (QueueCounters.malformed).
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
+use virtio_queue::{DescriptorChain, Queue};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::discard::{discard_range, RangeOutcome, PAGE_SIZE};
+use super::{role_of, Role, Shared};
+use crate::devices::virtio::{
+    serve_available, signal_used, Activation, DeviceHealth, QueueCounters, VirtioInterrupt,
+};
+
+/// Most PFNs taken from one inflate or deflate chain (4 GiB of pages; Linux sends 256).
+pub const MAX_PFNS_PER_CHAIN: u64 = 1 << 20;
+/// PFNs read from guest memory at a time.
+const PFN_BATCH: usize = 256;
+
+/// One queue being served.
+struct ServedQueue {
+    role: Role,
+    index: u16,
+    queue: Queue,
+    notify: Arc<EventFd>,
+}
+
+/// The balloon's queues and what serving them needs.
+pub(super) struct BalloonWorker {
+    queues: Vec<ServedQueue>,
+    mem: GuestMemoryMmap,
+    interrupt: Arc<dyn VirtioInterrupt>,
+    counters: Arc<[QueueCounters]>,
+    health: Arc<DeviceHealth>,
+    shared: Arc<Shared>,
+}
+
+impl BalloonWorker {
+    /// The enabled queues that have a role under the negotiated features (others are left
+    /// alone).
+    pub(super) fn new(a: Activation, counters: Arc<[QueueCounters]>, shared: Arc<Shared>) -> Self {
+        let queues = a
+            .queues
+            .into_iter()
+            .filter(|q| usize::from(q.index) < counters.len())
+            .filter_map(|q| {
+                let role = role_of(q.index, a.features)?;
+                Some(ServedQueue {
+                    role,
+                    index: q.index,
+                    queue: q.queue,
+                    notify: q.notify,
+                })
+            })
+            .collect();
+        BalloonWorker {
+            queues,
+            mem: a.mem,
+            interrupt: a.interrupt,
+            counters,
+            health: a.health,
+            shared,
+        }
+    }
+
+    /// Serves every chain available on queue `i` (of `self.queues`), then raises its
+    /// interrupt if the driver asked for one.
+    fn serve(&mut self, i: usize) {
+        let q = &mut self.queues[i];
+        let counter = &self.counters[usize::from(q.index)];
+        let (role, index, mem) = (q.role, q.index, &self.mem);
+        let work = Work {
+            mem,
+            health: &self.health,
+            shared: &self.shared,
+        };
+        let served = serve_available((&mut q.queue, index), mem, counter, &self.health, |c| {
+            work.chain(role, c)
+        });
+        if served {
+            signal_used(&mut q.queue, mem, self.interrupt.as_ref(), index, counter);
+        }
+    }
+}
+
+/// What one chain's handling reads and counts.
+struct Work<'a> {
+    mem: &'a GuestMemoryMmap,
+    health: &'a DeviceHealth,
+    shared: &'a Shared,
+}
+
+impl Work<'_> {
+    /// Handles one chain; None for a malformed one (completed empty and counted).
+    fn chain(&self, role: Role, chain: DescriptorChain<&GuestMemoryMmap>) -> Option<u32> {
+        let head = chain.head_index();
+        let buffers = match role {
+            Role::Reporting => Some(chain.map(|d| (d.addr().0, u64::from(d.len()))).collect()),
+            Role::Inflate | Role::Deflate => pfn_buffers(chain),
+        };
+        let Some(buffers) = buffers.filter(|b: &Vec<_>| !b.is_empty()) else {
+            return self.malformed(role, head, "a chain the balloon cannot take");
+        };
+        match role {
+            Role::Reporting => {
+                for (addr, len) in buffers {
+                    self.give_back(addr, len, &self.shared.stats.reported_pages);
+                }
+            }
+            Role::Inflate => {
+                let pfns = self.read_pfns(&buffers, role, head)?;
+                for (first, count) in runs(&pfns) {
+                    let counter = &self.shared.stats.inflated_pages;
+                    self.give_back(first * PAGE_SIZE, count * PAGE_SIZE, counter);
+                }
+            }
+            Role::Deflate => {
+                let pfns = self.read_pfns(&buffers, role, head)?;
+                add(&self.shared.stats.deflated_pages, pfns.len() as u64);
+            }
+        }
+        Some(0)
+    }
+
+    /// The PFNs of an inflate or deflate chain's buffers; None (counted) if one cannot be read.
+    fn read_pfns(&self, buffers: &[(u64, u64)], role: Role, head: u16) -> Option<Vec<u64>> {
+        let mut pfns = Vec::new();
+        let mut raw = [0u8; PFN_BATCH * 4];
+        for &(addr, len) in buffers {
+            let mut done = 0;
+            while done < len {
+                let take = (len - done).min(raw.len() as u64) as usize;
+                let at = GuestAddress(addr.wrapping_add(done));
+                if self.mem.read_slice(&mut raw[..take], at).is_err() {
+                    return self.malformed(role, head, "a PFN array outside guest memory");
+                }
+                pfns.extend(
+                    raw[..take]
+                        .chunks_exact(4)
+                        .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+                );
+                done += take as u64;
+            }
+        }
+        Some(pfns)
+    }
+
+    /// Gives `[addr, addr + len)` back to the host; counts its pages in `pages` and what was
+    /// refused, clipped or failed.
+    fn give_back(&self, addr: u64, len: u64, pages: &AtomicU64) {
+        let stats = &self.shared.stats;
+        let name = self.health.name();
+        match discard_range(self.mem, addr, len) {
+            Ok(RangeOutcome::Discarded { pages: n }) => add(pages, n),
+            Ok(RangeOutcome::Clipped { pages: n }) => {
+                add(pages, n);
+                add(&stats.clipped_ranges, 1);
+                self.health.log.log(|| {
+                    format!(
+                        "{name}: guest range {addr:#x}+{len:#x} runs outside guest RAM; clipped"
+                    )
+                });
+            }
+            Ok(RangeOutcome::Refused) => {
+                add(&stats.refused_ranges, 1);
+                self.health.log.log(|| {
+                    format!("{name}: guest range {addr:#x}+{len:#x} is unaligned or not guest RAM; refused")
+                });
+            }
+            Err(e) => {
+                add(&stats.discard_errors, 1);
+                self.health.log.log(|| format!("{name}: {e}"));
+            }
+        }
+    }
+
+    /// Logs (rate-limited) a malformed chain; None, so that it is completed empty and counted.
+    fn malformed<T>(&self, role: Role, head: u16, what: &str) -> Option<T> {
+        let name = self.health.name();
+        self.health
+            .log
+            .log(|| format!("{name}: {what} on the {role:?} queue (chain {head}); ignored"));
+        None
+    }
+}
+
+/// The (address, length) of each buffer of an inflate or deflate chain: device-readable,
+/// whole le32 PFNs, at least one and at most [`MAX_PFNS_PER_CHAIN`] in all; None otherwise.
+fn pfn_buffers(chain: DescriptorChain<&GuestMemoryMmap>) -> Option<Vec<(u64, u64)>> {
+    let mut total = 0u64;
+    let mut buffers = Vec::new();
+    for d in chain {
+        let len = u64::from(d.len());
+        total += len / 4;
+        if d.is_write_only() || len % 4 != 0 || total > MAX_PFNS_PER_CHAIN {
+            return None;
+        }
+        buffers.push((d.addr().0, len));
+    }
+    (total > 0).then_some(buffers)
+}
+
+/// Runs of consecutive PFNs: (first, count), in the order given.
+fn runs(pfns: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &p in pfns {
+        match out.last_mut() {
+            Some((first, count)) if *first + *count == p => *count += 1,
+            _ => out.push((p, 1)),
+        }
+    }
+    out
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+}
+
+impl MutEventSubscriber for BalloonWorker {
+    fn process(&mut self, events: Events, _ops: &mut EventOps) {
+        let fd = events.fd();
+        let Some(i) = self.queues.iter().position(|q| q.notify.as_raw_fd() == fd) else {
+            return;
+        };
+        if self.queues[i].notify.read().is_ok() {
+            let index = usize::from(self.queues[i].index);
+            QueueCounters::add(&self.counters[index].notifies, 1);
+        }
+        self.serve(i);
+    }
+
+    fn init(&mut self, ops: &mut EventOps) {
+        for q in &self.queues {
+            if let Err(e) = ops.add(Events::new(q.notify.as_ref(), EventSet::IN)) {
+                eprintln!("exitless: virtio-balloon cannot watch queue notifications: {e}");
+            }
+        }
+        // Work the driver queued before activation is served now.
+        for i in 0..self.queues.len() {
+            self.serve(i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn consecutive_pfns_make_one_run() {
+        assert_eq!(
+            runs(&[5, 6, 7, 9, 10, 3, 3]),
+            vec![(5, 3), (9, 2), (3, 1), (3, 1)]
+        );
+        assert!(runs(&[]).is_empty());
+    }
+}
