@@ -16,6 +16,7 @@ const SOURCES: &[&str] = &[
     "guest/hotplug.c",
     "guest/ipi.c",
     "guest/virtio_hostile.c",
+    "guest/virtio_balloon.c",
 ];
 const HEADERS: &[&str] = &[
     "guest/layout.h",

@@ -33,6 +33,7 @@
 #define PCI_DEVICE_VIRTIO_RNG 0x1044  /* 0x1040 + device id 4 */
 #define PCI_DEVICE_VIRTIO_NET 0x1041  /* 0x1040 + device id 1 */
 #define PCI_DEVICE_VIRTIO_VSOCK 0x1053 /* 0x1040 + device id 19 */
+#define PCI_DEVICE_VIRTIO_BALLOON 0x1045 /* 0x1040 + device id 5 */
 /* Several seconds at any TSC rate: how long the drivers wait for a device. */
 #define VIRTIO_WAIT_CYCLES 20000000000UL
 
@@ -156,5 +157,10 @@ const char *hostile_vsock_setup(const char *cmdline);
 u64 loop_hostile_vsock(u64 n);
 const char *hostile_toggle_setup(const char *cmdline);
 u64 loop_hostile_toggle(u64 n);
+
+/* virtio-balloon (virtio_balloon.c): balloon_check touches `mib` MiB, reports them free and
+ * checks they read back as zeros, inflates and deflates pages (inflate=N, sync, follow). */
+const char *virtio_balloon_setup(const char *cmdline);
+u64 loop_balloon_check(u64 mib);
 
 #endif
