@@ -29,6 +29,7 @@ use crate::config::BalloonConfig;
 use crate::event_loop::Subscriber;
 use discard::PAGE_SIZE;
 use worker::BalloonWorker;
+pub use worker::{take_chain, MAX_PFNS_PER_CHAIN};
 
 /// The driver must tell the device before it uses a deflated page (never offered).
 pub const F_MUST_TELL_HOST: u64 = 1 << 0;

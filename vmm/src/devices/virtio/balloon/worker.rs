@@ -12,7 +12,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::discard::{discard_range, RangeOutcome, PAGE_SIZE};
-use super::{role_of, Role, Shared};
+use super::{role_of, BalloonStats, Role, Shared};
 use crate::devices::virtio::{
     serve_available, signal_used, Activation, DeviceHealth, QueueCounters, VirtioInterrupt,
 };
@@ -77,7 +77,7 @@ impl BalloonWorker {
         let work = Work {
             mem,
             health: &self.health,
-            shared: &self.shared,
+            stats: &self.shared.stats,
         };
         let served = serve_available((&mut q.queue, index), mem, counter, &self.health, |c| {
             work.chain(role, c)
@@ -88,11 +88,23 @@ impl BalloonWorker {
     }
 }
 
+/// Takes one chain off queue role `role` as the device does (what the fuzz target drives):
+/// the pages it names given back, counted in `stats`; None for a malformed chain.
+pub fn take_chain(
+    role: Role,
+    chain: DescriptorChain<&GuestMemoryMmap>,
+    mem: &GuestMemoryMmap,
+    health: &DeviceHealth,
+    stats: &BalloonStats,
+) -> Option<u32> {
+    Work { mem, health, stats }.chain(role, chain)
+}
+
 /// What one chain's handling reads and counts.
 struct Work<'a> {
     mem: &'a GuestMemoryMmap,
     health: &'a DeviceHealth,
-    shared: &'a Shared,
+    stats: &'a BalloonStats,
 }
 
 impl Work<'_> {
@@ -109,19 +121,19 @@ impl Work<'_> {
         match role {
             Role::Reporting => {
                 for (addr, len) in buffers {
-                    self.give_back(addr, len, &self.shared.stats.reported_pages);
+                    self.give_back(addr, len, &self.stats.reported_pages);
                 }
             }
             Role::Inflate => {
                 let pfns = self.read_pfns(&buffers, role, head)?;
                 for (first, count) in runs(&pfns) {
-                    let counter = &self.shared.stats.inflated_pages;
+                    let counter = &self.stats.inflated_pages;
                     self.give_back(first * PAGE_SIZE, count * PAGE_SIZE, counter);
                 }
             }
             Role::Deflate => {
                 let pfns = self.read_pfns(&buffers, role, head)?;
-                add(&self.shared.stats.deflated_pages, pfns.len() as u64);
+                add(&self.stats.deflated_pages, pfns.len() as u64);
             }
         }
         Some(0)
@@ -153,7 +165,7 @@ impl Work<'_> {
     /// Gives `[addr, addr + len)` back to the host; counts its pages in `pages` and what was
     /// refused, clipped or failed.
     fn give_back(&self, addr: u64, len: u64, pages: &AtomicU64) {
-        let stats = &self.shared.stats;
+        let stats = self.stats;
         let name = self.health.name();
         match discard_range(self.mem, addr, len) {
             Ok(RangeOutcome::Discarded { pages: n }) => add(pages, n),
