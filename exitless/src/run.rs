@@ -112,15 +112,12 @@ pub struct RunOptions {
     /// [default: none]
     #[arg(long, value_name = "cid=N,socket=PATH")]
     vsock: Option<String>,
-    /// A virtio-balloon device: the guest gives memory back to the host. free_page_reporting=on
-    /// lets it report free pages, which exitless discards (the host's RSS falls);
-    /// size=SIZE is the memory the guest is asked to put in the balloon at boot (0, or a
-    /// size as --memory takes it); deflate_on_oom=on lets the guest take it back when short
-    /// of memory. e.g. --balloon free_page_reporting=on [default: none]
-    #[arg(
-        long,
-        value_name = "[size=SIZE][,free_page_reporting=on][,deflate_on_oom=on]"
-    )]
+    /// A virtio-balloon device, through which the guest gives memory back to the host:
+    /// free_page_reporting=on lets it report its free pages, which exitless discards (the
+    /// host's RSS falls); size=SIZE (0, or a size as --memory takes it) is what it is asked to
+    /// put in the balloon at boot; deflate_on_oom=on lets it take that back when short of
+    /// memory. e.g. --balloon free_page_reporting=on,size=0 [default: none]
+    #[arg(long, value_name = "KEY=VALUE,...")]
     balloon: Option<String>,
     /// Stop the VM after SECS seconds and exit with code 124 [default: no timeout]
     #[arg(long, value_name = "SECS")]

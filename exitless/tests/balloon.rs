@@ -111,6 +111,75 @@ fn pages_the_guest_reports_free_leave_the_vmms_memory_and_read_back_as_zeros() {
     }
 }
 
+/// `exitless remote --api-socket SOCKET ARGS`: its stdout, after checking it succeeded.
+fn remote(socket: &Path, args: &[&str]) -> String {
+    let o = exitless()
+        .args(["remote", "--api-socket"])
+        .arg(socket)
+        .args(args)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{args:?}: {out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+#[test]
+fn a_target_set_through_the_api_socket_reaches_the_guest_and_vm_info() {
+    if !kvm_available("balloon_api_resize") {
+        return;
+    }
+    let guest = export_guest("balloon-api");
+    let socket = guest.with_extension("sock");
+    let mut child = exitless()
+        .args(["run", "--kernel"])
+        .arg(&guest)
+        .args(["--memory", "256M", "--timeout", "120"])
+        .args(["--balloon", "free_page_reporting=on", "--api-socket"])
+        .arg(&socket)
+        .args(["--cmdline", "case=balloon_check iters=1 follow"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = Stream::spawn(child.stdout.take().unwrap());
+    let mut err = Stream::spawn(child.stderr.take().unwrap());
+    // The guest's own inflate and deflate are done: it follows the host's target now.
+    wait_line(&mut out, "EXITLESS BALLOON inflated pages=16 zero=16");
+    remote(&socket, &["resize", "--balloon", "8M"]);
+    wait_line(&mut out, "EXITLESS BALLOON target actual=2048");
+    let info: serde_json::Value =
+        serde_json::from_str(&remote(&socket, &["info"])).expect("vm.info is JSON");
+    assert_eq!(info["memory_actual_size"], 248u64 << 20, "{info:#}");
+    assert_eq!(info["config"]["balloon"]["size"], 8u64 << 20, "{info:#}");
+    assert_eq!(info["config"]["balloon"]["free_page_reporting"], true);
+    let counters: serde_json::Value =
+        serde_json::from_str(&remote(&socket, &["counters"])).unwrap();
+    // `run` names its devices itself (virtio-balloon); API ids name what vm.create made.
+    let balloon = &counters["virtio-balloon"];
+    assert_eq!(balloon["inflated_pages"], 16 + 2048, "{counters:#}");
+    assert_eq!(balloon["actual_pages"], 2048, "{counters:#}");
+    remote(&socket, &["resize", "--balloon", "0"]);
+    // The guest deflates, ends the case and resets (the VMM boots it again: the API keeps
+    // the VM).
+    wait_line(&mut out, "EXITLESS DONE");
+    remote(&socket, &["shutdown-vmm"]);
+    let status = child.wait().unwrap();
+    err.read_to_end(Duration::from_secs(5));
+    std::fs::remove_file(&guest).ok();
+    assert_eq!(status.code(), Some(0), "{}", err.text);
+    assert!(
+        out.text.contains("EXITLESS BALLOON target actual=0"),
+        "{}",
+        out.text
+    );
+}
+
 #[test]
 fn qemus_balloon_gives_the_guest_driver_the_same_answers() {
     let Some(qemu) = qemu("qemu_balloon") else {

@@ -45,13 +45,7 @@ fn on_off(input: &str, key: &str, value: &str) -> Result<bool, ConfigError> {
 
 /// `0`, or a size as `--memory` takes it (a bare number is MiB).
 fn size(input: &str, value: &str) -> Result<u64, ConfigError> {
-    if value == "0" {
-        return Ok(0);
-    }
-    value
-        .parse::<MemorySize>()
-        .map(MemorySize::bytes)
-        .map_err(|e| bad(input, e.to_string()))
+    BalloonConfig::parse_size(value).map_err(|e| bad(input, e.to_string()))
 }
 
 impl FromStr for BalloonConfig {
@@ -84,6 +78,14 @@ impl FromStr for BalloonConfig {
 }
 
 impl BalloonConfig {
+    /// A balloon size in bytes: `0`, or a size as `--memory` takes it (a bare number is MiB).
+    pub fn parse_size(value: &str) -> Result<u64, ConfigError> {
+        if value.trim() == "0" {
+            return Ok(0);
+        }
+        value.parse::<MemorySize>().map(MemorySize::bytes)
+    }
+
     /// The target fits in `memory` bytes of guest RAM.
     pub fn check(&self, memory: u64) -> Result<(), String> {
         if self.size > memory {
