@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use virtio_queue::{DescriptorChain, Queue};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::discard::{discard_range, RangeOutcome, PAGE_SIZE};
@@ -113,10 +113,10 @@ impl Work<'_> {
         let head = chain.head_index();
         let buffers = match role {
             Role::Reporting => Some(chain.map(|d| (d.addr().0, u64::from(d.len()))).collect()),
-            Role::Inflate | Role::Deflate => pfn_buffers(chain),
+            Role::Inflate | Role::Deflate => pfn_buffers(chain, self.mem),
         };
         let Some(buffers) = buffers.filter(|b: &Vec<_>| !b.is_empty()) else {
-            return self.malformed(role, head, "a chain the balloon cannot take");
+            return self.malformed(role, head);
         };
         match role {
             Role::Reporting => {
@@ -125,41 +125,48 @@ impl Work<'_> {
                 }
             }
             Role::Inflate => {
-                let pfns = self.read_pfns(&buffers, role, head)?;
-                for (first, count) in runs(&pfns) {
-                    let counter = &self.stats.inflated_pages;
-                    self.give_back(first * PAGE_SIZE, count * PAGE_SIZE, counter);
+                let mut run = Run::default();
+                let pages = &self.stats.inflated_pages;
+                self.for_each_pfn(&buffers, |pfn| {
+                    if let Some((first, count)) = run.push(pfn) {
+                        self.give_back(first * PAGE_SIZE, count * PAGE_SIZE, pages);
+                    }
+                });
+                if let Some((first, count)) = run.take() {
+                    self.give_back(first * PAGE_SIZE, count * PAGE_SIZE, pages);
                 }
             }
             Role::Deflate => {
-                let pfns = self.read_pfns(&buffers, role, head)?;
-                add(&self.stats.deflated_pages, pfns.len() as u64);
+                let mut n = 0;
+                self.for_each_pfn(&buffers, |_| n += 1);
+                add(&self.stats.deflated_pages, n);
             }
         }
         Some(0)
     }
 
-    /// The PFNs of an inflate or deflate chain's buffers; None (counted) if one cannot be read.
-    fn read_pfns(&self, buffers: &[(u64, u64)], role: Role, head: u16) -> Option<Vec<u64>> {
-        let mut pfns = Vec::new();
+    /// Calls `f` with each PFN of `buffers` (checked to be in guest memory), in order, read
+    /// [`PFN_BATCH`] at a time: the host holds no more of a guest's array than that.
+    fn for_each_pfn(&self, buffers: &[(u64, u64)], mut f: impl FnMut(u64)) {
         let mut raw = [0u8; PFN_BATCH * 4];
         for &(addr, len) in buffers {
             let mut done = 0;
             while done < len {
                 let take = (len - done).min(raw.len() as u64) as usize;
-                let at = GuestAddress(addr.wrapping_add(done));
-                if self.mem.read_slice(&mut raw[..take], at).is_err() {
-                    return self.malformed(role, head, "a PFN array outside guest memory");
+                // Checked by `pfn_buffers`: the array lies in guest memory.
+                if self
+                    .mem
+                    .read_slice(&mut raw[..take], GuestAddress(addr + done))
+                    .is_err()
+                {
+                    return;
                 }
-                pfns.extend(
-                    raw[..take]
-                        .chunks_exact(4)
-                        .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
-                );
+                for c in raw[..take].chunks_exact(4) {
+                    f(u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+                }
                 done += take as u64;
             }
         }
-        Some(pfns)
     }
 
     /// Gives `[addr, addr + len)` back to the host; counts its pages in `pages` and what was
@@ -192,24 +199,29 @@ impl Work<'_> {
     }
 
     /// Logs (rate-limited) a malformed chain; None, so that it is completed empty and counted.
-    fn malformed<T>(&self, role: Role, head: u16, what: &str) -> Option<T> {
+    fn malformed<T>(&self, role: Role, head: u16) -> Option<T> {
         let name = self.health.name();
-        self.health
-            .log
-            .log(|| format!("{name}: {what} on the {role:?} queue (chain {head}); ignored"));
+        self.health.log.log(|| {
+            format!("{name}: a malformed chain on the {role:?} queue (chain {head}); ignored")
+        });
         None
     }
 }
 
-/// The (address, length) of each buffer of an inflate or deflate chain: device-readable,
-/// whole le32 PFNs, at least one and at most [`MAX_PFNS_PER_CHAIN`] in all; None otherwise.
-fn pfn_buffers(chain: DescriptorChain<&GuestMemoryMmap>) -> Option<Vec<(u64, u64)>> {
+/// The (address, length) of each buffer of an inflate or deflate chain: device-readable, in
+/// guest memory, whole le32 PFNs, at least one and at most [`MAX_PFNS_PER_CHAIN`] in all;
+/// None otherwise.
+fn pfn_buffers(
+    chain: DescriptorChain<&GuestMemoryMmap>,
+    mem: &GuestMemoryMmap,
+) -> Option<Vec<(u64, u64)>> {
     let mut total = 0u64;
     let mut buffers = Vec::new();
     for d in chain {
         let len = u64::from(d.len());
         total += len / 4;
-        if d.is_write_only() || len % 4 != 0 || total > MAX_PFNS_PER_CHAIN {
+        let inside = mem.get_slice(d.addr(), len as usize).is_ok();
+        if d.is_write_only() || len % 4 != 0 || total > MAX_PFNS_PER_CHAIN || !inside {
             return None;
         }
         buffers.push((d.addr().0, len));
@@ -217,16 +229,26 @@ fn pfn_buffers(chain: DescriptorChain<&GuestMemoryMmap>) -> Option<Vec<(u64, u64
     (total > 0).then_some(buffers)
 }
 
-/// Runs of consecutive PFNs: (first, count), in the order given.
-fn runs(pfns: &[u64]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &p in pfns {
-        match out.last_mut() {
-            Some((first, count)) if *first + *count == p => *count += 1,
-            _ => out.push((p, 1)),
+/// A run of consecutive PFNs being gathered: (first, count).
+#[derive(Debug, Default)]
+struct Run(Option<(u64, u64)>);
+
+impl Run {
+    /// Adds `pfn`; returns the run it ended, if it does not follow the current one.
+    fn push(&mut self, pfn: u64) -> Option<(u64, u64)> {
+        match &mut self.0 {
+            Some((first, count)) if *first + *count == pfn => {
+                *count += 1;
+                None
+            }
+            _ => self.0.replace((pfn, 1)),
         }
     }
-    out
+
+    /// The run gathered last.
+    fn take(&mut self) -> Option<(u64, u64)> {
+        self.0.take()
+    }
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -261,14 +283,17 @@ impl MutEventSubscriber for BalloonWorker {
 
 #[cfg(test)]
 mod tests {
-    use super::runs;
+    use super::Run;
 
     #[test]
     fn consecutive_pfns_make_one_run() {
-        assert_eq!(
-            runs(&[5, 6, 7, 9, 10, 3, 3]),
-            vec![(5, 3), (9, 2), (3, 1), (3, 1)]
-        );
-        assert!(runs(&[]).is_empty());
+        let mut run = Run::default();
+        let mut done: Vec<_> = [5, 6, 7, 9, 10, 3, 3]
+            .into_iter()
+            .filter_map(|p| run.push(p))
+            .collect();
+        done.extend(run.take());
+        assert_eq!(done, vec![(5, 3), (9, 2), (3, 1), (3, 1)]);
+        assert_eq!(run.take(), None);
     }
 }
