@@ -17,6 +17,7 @@ const SOURCES: &[&str] = &[
     "guest/ipi.c",
     "guest/virtio_hostile.c",
     "guest/virtio_fs.c",
+    "guest/virtio_balloon.c",
 ];
 const HEADERS: &[&str] = &[
     "guest/layout.h",

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use vmm::api::client::ApiClient;
-use vmm::config::{DiskConfig, NetConfig, VsockConfig};
+use vmm::config::{BalloonConfig, DiskConfig, NetConfig, VsockConfig};
 
 /// Options of `exitless remote`.
 #[derive(Args)]
@@ -16,6 +16,7 @@ exitless remote --api-socket /tmp/x.sock create vm.json   # a Cloud Hypervisor V
 exitless remote --api-socket /tmp/x.sock boot\n  \
 exitless remote --api-socket /tmp/x.sock add-disk path=/tmp/d.img,readonly=on\n  \
 exitless remote --api-socket /tmp/x.sock resize --cpus 2\n  \
+exitless remote --api-socket /tmp/x.sock resize --balloon 256M   # ask the guest for 256 MiB back\n  \
 exitless remote --api-socket /tmp/x.sock profile          # where the VM's exit cycles go\n\n\
 Each command is one request; a refused one prints its status and why, and exits with 1.")]
 pub struct RemoteArgs {
@@ -62,10 +63,13 @@ enum RemoteCommand {
     AddFs { spec: String },
     /// Remove a device by its id (vm.remove-device)
     RemoveDevice { id: String },
-    /// Change the number of vCPUs (vm.resize)
+    /// Change the number of vCPUs, or the balloon's target (vm.resize)
     Resize {
-        #[arg(long, value_name = "N")]
-        cpus: u8,
+        #[arg(long, value_name = "N", required_unless_present = "balloon")]
+        cpus: Option<u8>,
+        /// Memory the guest is asked to put in its balloon: 0, or a size as --memory takes it
+        #[arg(long, value_name = "SIZE")]
+        balloon: Option<String>,
     },
     /// Per-device counters (vm.counters)
     Counters,
@@ -157,9 +161,23 @@ fn request(
             "vm.remove-device",
             Some(serde_json::json!({ "id": id }).to_string()),
         ),
-        C::Resize { cpus } => {
-            let body = serde_json::json!({ "desired_vcpus": cpus }).to_string();
-            ("PUT", "vm.resize", Some(body))
+        C::Resize { cpus, balloon } => {
+            let balloon = balloon
+                .as_deref()
+                .map(BalloonConfig::parse_size)
+                .transpose()?;
+            let mut body = serde_json::Map::new();
+            if let Some(n) = cpus {
+                body.insert("desired_vcpus".into(), (*n).into());
+            }
+            if let Some(bytes) = balloon {
+                body.insert("desired_balloon".into(), bytes.into());
+            }
+            (
+                "PUT",
+                "vm.resize",
+                Some(serde_json::Value::Object(body).to_string()),
+            )
         }
     })
 }

@@ -123,6 +123,13 @@ pub struct RunOptions {
     /// [default: 1], queue_size= [default: 1024] [default: none]
     #[arg(long, value_name = "tag=TAG,socket=PATH")]
     fs: Vec<String>,
+    /// A virtio-balloon device, through which the guest gives memory back to the host:
+    /// free_page_reporting=on lets it report its free pages, which exitless discards (the
+    /// host's RSS falls); size=SIZE (0, or a size as --memory takes it) is what it is asked to
+    /// put in the balloon at boot; deflate_on_oom=on lets it take that back when short of
+    /// memory. e.g. --balloon free_page_reporting=on,size=0 [default: none]
+    #[arg(long, value_name = "KEY=VALUE,...")]
+    balloon: Option<String>,
     /// Stop the VM after SECS seconds and exit with code 124 [default: no timeout]
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
@@ -191,6 +198,7 @@ fn vm_config(args: &RunOptions) -> anyhow::Result<VmConfig> {
             .iter()
             .map(|f| f.parse())
             .collect::<Result<_, ConfigError>>()?,
+        balloon: parse(args.balloon.as_deref())?,
     };
     Ok(VmConfig::merge_cli(file, cli)?)
 }

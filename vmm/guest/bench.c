@@ -16,6 +16,24 @@ struct hvm_start_info {
     u32 memmap_entries, reserved;
 };
 
+struct hvm_memmap_entry {
+    u64 addr, size;
+    u32 type, reserved;
+};
+
+u64 ram_end;
+
+/* The end of the RAM range that holds the guest's image (1 MiB), from the PVH memory map. */
+static void find_ram_end(const struct hvm_start_info *si)
+{
+    if (!si || si->version < 1)
+        return;
+    const struct hvm_memmap_entry *m = (const struct hvm_memmap_entry *)si->memmap_paddr;
+    for (u32 i = 0; m && i < si->memmap_entries; i++)
+        if (m[i].type == 1 && m[i].addr <= 0x100000 && m[i].addr + m[i].size > 0x100000)
+            ram_end = m[i].addr + m[i].size;
+}
+
 TSS64_WITH_IO_BITMAP(tss64, 8192);
 
 struct idt_gate {
@@ -313,6 +331,7 @@ static const struct bench_case cases[] = {
     {"virtio_fs", 3, NAMED, loop_virtio_fs, loop_empty_c, virtio_fs_bench_setup, report_virtio_fs},
     {"fs_check", 3, NAMED, loop_fs_check, loop_empty_c, virtio_fs_setup, 0},
     {"fs_hostile", 3, NAMED, loop_fs_hostile, loop_empty_c, virtio_fs_setup, 0},
+    {"balloon_check", 3, NAMED, loop_balloon_check, loop_empty_c, virtio_balloon_setup, 0},
 };
 #define NR_CASES (sizeof(cases) / sizeof(cases[0]))
 
@@ -570,6 +589,7 @@ void bench_main(u32 start_info_addr)
 {
     const struct hvm_start_info *si = (const struct hvm_start_info *)(u64)start_info_addr;
     const char *cmdline = si && si->cmdline_paddr ? (const char *)si->cmdline_paddr : "";
+    find_ram_end(si);
     setup_cpu();
     puts_("EXITLESS START version=1\n");
     const char *want = find_arg(cmdline, "case=");

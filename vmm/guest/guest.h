@@ -96,6 +96,9 @@ int ipi_case(const char *want);
 const char *ipi_prepare(u64 cpus);
 void ipi_main(u64 iters, u64 cpus, const char *why);
 
+/* End of the RAM range that holds the guest's image (the PVH memory map); 0 if unknown. */
+extern u64 ram_end;
+
 /* Interrupts the guest handled (self-IPIs and virtio MSI-X vectors). */
 extern u64 ipi_count;
 

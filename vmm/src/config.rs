@@ -21,10 +21,12 @@ use thiserror::Error;
 
 use crate::memory::MIN_MEMORY;
 
+pub mod balloon;
 pub mod disk;
 pub mod fs;
 pub mod memory;
 pub mod net;
+pub use balloon::BalloonConfig;
 pub use disk::DiskConfig;
 pub use fs::FsConfig;
 pub use memory::MemoryOption;
@@ -104,6 +106,8 @@ pub enum ConfigError {
     },
     #[error("virtio-fs needs shared guest memory (a vhost-user back end maps it): use --memory size=SIZE,shared=on (memory.shared=true in the API)")]
     FsNeedsSharedMemory,
+    #[error("Invalid --balloon '{input}': {reason}")]
+    Balloon { input: String, reason: String },
 }
 
 /// A guest memory size in bytes, always a non-zero multiple of 4 KiB.
@@ -404,6 +408,9 @@ pub struct VmConfig {
     /// Shared file systems, each a virtio-fs device served by a vhost-user back end.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fs: Vec<FsConfig>,
+    /// A virtio-balloon device (free page reporting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<BalloonConfig>,
 }
 
 impl Default for VmConfig {
@@ -427,6 +434,7 @@ impl Default for VmConfig {
             nets: Vec::new(),
             vsock: None,
             fs: Vec::new(),
+            balloon: None,
         }
     }
 }
@@ -464,6 +472,7 @@ pub struct VmConfigOverrides {
     pub vsock: Option<VsockConfig>,
     /// File systems given on the command line replace the file's list.
     pub fs: Vec<FsConfig>,
+    pub balloon: Option<BalloonConfig>,
 }
 
 impl VmConfig {
@@ -529,6 +538,7 @@ impl VmConfig {
         if !o.fs.is_empty() {
             c.fs = o.fs;
         }
+        c.balloon = o.balloon.or(c.balloon);
         if c.kernel.as_os_str().is_empty() {
             return Err(ConfigError::NoKernel);
         }
@@ -581,11 +591,11 @@ impl VmConfig {
             return Err(ConfigError::CmdlineNul);
         }
         self.validate_memory_backing()?;
-        self.validate_network()
+        self.validate_devices()
     }
 
     /// The checks the command line's parsers make, for what came from a config file.
-    fn validate_network(&self) -> Result<(), ConfigError> {
+    fn validate_devices(&self) -> Result<(), ConfigError> {
         for n in &self.nets {
             if n.tap_fd.is_none() {
                 net::check_tap_name(&n.tap)?;
@@ -602,6 +612,13 @@ impl VmConfig {
                 input: format!("tag={},socket={}", f.tag, f.socket.display()),
                 reason,
             })?;
+        }
+        if let Some(b) = &self.balloon {
+            b.check(self.memory.bytes())
+                .map_err(|reason| ConfigError::Balloon {
+                    input: format!("size={}", MemorySize(b.size)),
+                    reason,
+                })?;
         }
         Ok(())
     }
@@ -719,6 +736,7 @@ mod tests {
             nets: vec!["tap=tap0,mac=52:54:00:00:00:07".parse().unwrap()],
             vsock: Some("cid=3,socket=/run/v.sock".parse().unwrap()),
             fs: vec!["tag=share,socket=/run/fs.sock".parse().unwrap()],
+            balloon: Some("size=8M,free_page_reporting=on".parse().unwrap()),
         }
     }
 
@@ -834,5 +852,9 @@ mod tests {
             .unwrap()
             .contains("3000 bytes"));
         assert!(check(&|c| c.cmdline.push('\0')).unwrap().contains("NUL"));
+        assert_eq!(
+            check(&|c| c.balloon.as_mut().unwrap().size = 2 << 30).unwrap(),
+            "Invalid --balloon 'size=2G': size 2G is more than the guest's 1G of memory"
+        );
     }
 }

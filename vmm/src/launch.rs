@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+mod balloon;
 mod hotplug;
 mod start_up_memory;
 pub use hotplug::HotplugDevice;
@@ -80,6 +81,10 @@ pub enum LaunchError {
     NotPlaced(String),
     #[error(transparent)]
     Devices(#[from] crate::device_manager::DeviceManagerError),
+    #[error("The VM has no balloon device")]
+    NoBalloon,
+    #[error("Cannot tell the guest of the balloon's new target: {0}")]
+    BalloonNotice(std::io::Error),
     #[error("Cannot write the serial console to {}: {error}", path.display())]
     SerialFile {
         path: PathBuf,
@@ -157,6 +162,8 @@ pub struct LaunchedVm {
     started: Instant,
     /// How to create vCPUs added while the VM runs (`vm.resize`).
     template: Option<VcpuTemplate>,
+    /// The balloon, if the VM has one.
+    balloon: Option<balloon::BalloonControl>,
 }
 
 /// Builds the VM described by `config` and starts its vCPUs.
@@ -194,6 +201,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     builder.add_i8042()?;
     builder.enable_hotplug()?;
     let socket_files = add_virtio_devices(&mut builder, config)?;
+    let balloon = balloon::add_balloon(&mut builder, config)?;
     startup::mark(moment::DEVICES);
     let vcpu_opts = VcpuOptions {
         affinity: config.cpu_affinity.clone(),
@@ -215,6 +223,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         tsc_khz: built.tsc_khz,
         started: Instant::now(),
         template: built.template,
+        balloon,
     };
     launched.open_stats(&built.vcpus)?;
     launched.started = Instant::now();

@@ -150,6 +150,9 @@ const DEVICES: &[libc::c_long] = &[
     libc::SYS_epoll_ctl,
     libc::SYS_epoll_pwait,
     libc::SYS_epoll_wait,
+    // virtio-balloon: pages the guest reported free or inflated, given back from shared
+    // (memfd) guest memory by punching a hole in the file (private memory uses madvise).
+    libc::SYS_fallocate,
     libc::SYS_fdatasync,
     libc::SYS_fsync,
     // Starting a disk: its io_uring and completion eventfd, or its I/O threads.

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::schema::{
-    ConsoleConfig, CpusConfig, DiskConfig, Extra, FsConfig, MemoryConfig, NetConfig, PayloadConfig,
-    VmConfig, VsockConfig,
+    BalloonConfig, ConsoleConfig, CpusConfig, DiskConfig, Extra, FsConfig, MemoryConfig, NetConfig,
+    PayloadConfig, VmConfig, VsockConfig,
 };
 use super::ApiError;
 use crate::config::{self, MemorySize, SerialOutputMode, TapFd};
@@ -54,7 +54,6 @@ const UNSUPPORTED: &[&str] = &[
     "sgx_epc",
     "numa",
     "tpm",
-    "balloon",
     "iommu",
     "watchdog",
     "pvpanic",
@@ -137,6 +136,9 @@ impl VmConfig {
         for f in self.fs.iter().flatten() {
             c.fs.push(f.to_fs_config());
         }
+        if let Some(b) = &self.balloon {
+            c.balloon = Some(b.to_balloon_config(c.memory.bytes())?);
+        }
         c.validate(config::MAX_VCPUS)
             .map_err(|e| refuse(e.to_string()))?;
         Ok(c)
@@ -207,6 +209,13 @@ impl VmConfig {
                     extra: Extra::new(),
                 })
                 .collect()
+            }),
+            balloon: c.balloon.as_ref().map(|b| BalloonConfig {
+                size: b.size,
+                deflate_on_oom: b.deflate_on_oom,
+                free_page_reporting: b.free_page_reporting,
+                id: Some(b.id.clone().unwrap_or_else(|| "_balloon0".into())),
+                ..BalloonConfig::default()
             }),
             ..VmConfig::default()
         }
@@ -374,6 +383,21 @@ impl VsockConfig {
     }
 }
 
+impl BalloonConfig {
+    /// exitless's balloon for this body, whose target must fit in `memory` bytes.
+    pub fn to_balloon_config(&self, memory: u64) -> Result<config::BalloonConfig, ApiError> {
+        let b = config::BalloonConfig {
+            size: self.size,
+            deflate_on_oom: self.deflate_on_oom,
+            free_page_reporting: self.free_page_reporting,
+            id: self.id.clone(),
+        };
+        b.check(memory)
+            .map_err(|e| refuse(format!("balloon.{e}")))?;
+        Ok(b)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -495,6 +519,52 @@ mod tests {
         let back = serde_json::to_value(VmConfig::from_vm_config(&vm)).unwrap();
         assert_eq!(back["fs"][0]["tag"], "kataShared");
         assert_eq!(back["fs"][0]["id"], "_fs0");
+    }
+
+    #[test]
+    fn a_balloon_is_accepted_and_converted() {
+        // What Kata sends with reclaim_guest_freed_memory = true.
+        let body = r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456},
+            "balloon":{"size":0,"free_page_reporting":true}}"#;
+        let vm = parse(body).to_vm_config().unwrap();
+        let b = vm.balloon.expect("a balloon");
+        assert_eq!(
+            (b.size, b.free_page_reporting, b.deflate_on_oom),
+            (0, true, false)
+        );
+        let body = r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456},
+            "balloon":{"id":"b0","size":67108864,"deflate_on_oom":true,"stats_polling_interval":0}}"#;
+        let c = parse(body);
+        let b = c.to_vm_config().unwrap().balloon.unwrap();
+        assert_eq!(
+            (b.size, b.deflate_on_oom, b.free_page_reporting),
+            (64 << 20, true, false)
+        );
+        assert_eq!(b.id.as_deref(), Some("b0"));
+        assert_eq!(
+            c.balloon.unwrap().extra["stats_polling_interval"],
+            0,
+            "kept"
+        );
+        let too_big = r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456},
+            "balloon":{"size":536870912}}"#;
+        let e = parse(too_big).to_vm_config().unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(
+            e.message.starts_with("balloon.size 512M is more than"),
+            "{}",
+            e.message
+        );
+        assert!(
+            serde_json::from_str::<VmConfig>(r#"{"balloon":{}}"#).is_err(),
+            "size is required"
+        );
+        // And back, for `run --api-socket`'s vm.info.
+        let mut cli = config::VmConfig::new("/k");
+        cli.balloon = Some("free_page_reporting=on".parse().unwrap());
+        let shown = VmConfig::from_vm_config(&cli).balloon.unwrap();
+        assert!(shown.free_page_reporting);
+        assert_eq!(shown.id.as_deref(), Some("_balloon0"));
     }
 
     #[test]

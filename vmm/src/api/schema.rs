@@ -146,6 +146,22 @@ pub struct FsConfig {
     pub extra: Extra,
 }
 
+/// The balloon (`balloon`): free page reporting, and memory the host asks back.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BalloonConfig {
+    /// Bytes the guest is asked to put in the balloon (`vm.resize`'s `desired_balloon`
+    /// changes it).
+    pub size: u64,
+    #[serde(default)]
+    pub deflate_on_oom: bool,
+    #[serde(default)]
+    pub free_page_reporting: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
 /// `serial` and `console`: where output goes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ConsoleConfig {
@@ -201,6 +217,8 @@ pub struct VmConfig {
     pub vsock: Option<VsockConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fs: Option<Vec<FsConfig>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<BalloonConfig>,
     #[serde(flatten)]
     pub extra: Extra,
 }

@@ -60,6 +60,15 @@ fn every_endpoint_becomes_its_request() {
     assert!(matches!(rm, R::VmRemoveDevice(r) if r.id.as_deref() == Some("_disk0")));
     let resize = put("vm.resize", r#"{"desired_vcpus":2}"#);
     assert!(matches!(resize, R::VmResize(r) if r.desired_vcpus == Some(2)));
+    let balloon = put("vm.resize", r#"{"desired_balloon":268435456}"#);
+    assert!(matches!(balloon, R::VmResize(r) if r.desired_balloon == Some(256 << 20)));
+    let create = put(
+        "vm.create",
+        r#"{"payload":{"kernel":"/k"},"balloon":{"size":0,"free_page_reporting":true}}"#,
+    );
+    assert!(
+        matches!(create, R::VmCreate(c) if c.balloon.as_ref().is_some_and(|b| b.free_page_reporting))
+    );
 }
 
 #[test]

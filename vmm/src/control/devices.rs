@@ -34,6 +34,9 @@ impl DeviceIds {
         for i in 0..config.fs.len() {
             ids.used.insert(format!("_fs{i}"));
         }
+        if config.balloon.is_some() {
+            ids.used.insert("_balloon0".into());
+        }
         ids
     }
 
@@ -79,6 +82,9 @@ impl DeviceIds {
         }
         for f in api.fs.iter_mut().flatten() {
             f.id = Some(self.assign(f.id.take(), "_fs")?);
+        }
+        if let Some(b) = api.balloon.as_mut() {
+            b.id = Some(self.assign(b.id.take(), "_balloon")?);
         }
         Ok(())
     }
@@ -182,6 +188,16 @@ impl Vmm {
         if !slot.ids.contains(&id) {
             return Err(ControlError::UnknownDevice(id));
         }
+        if slot
+            .api
+            .balloon
+            .as_ref()
+            .is_some_and(|b| b.id.as_deref() == Some(&id))
+        {
+            return Err(ControlError::Unsupported(format!(
+                "Device {id} is the balloon, which cannot be removed"
+            )));
+        }
         if let Some(vm) = slot.booted.as_mut() {
             vm.request_removal(&id)?;
         }
@@ -189,8 +205,8 @@ impl Vmm {
         Ok(())
     }
 
-    /// `vm.resize`: vCPUs added up to `max_vcpus` (hotplug) or removed (the guest ejects
-    /// them); memory and balloon resizing are not supported.
+    /// `vm.resize`: the balloon's target (`desired_balloon`), vCPUs added up to `max_vcpus`
+    /// (hotplug) or removed (the guest ejects them); memory resizing is not supported.
     pub(super) fn resize(&mut self, r: schema::VmResize) -> Result<(), ControlError> {
         if r.desired_ram.is_some() {
             return Err(ControlError::Unsupported(
@@ -198,13 +214,10 @@ impl Vmm {
                     .into(),
             ));
         }
-        if r.desired_balloon.is_some() {
-            return Err(ControlError::Unsupported(
-                "vm.resize: desired_balloon is not supported (exitless has no balloon device)"
-                    .into(),
-            ));
-        }
         let slot = self.slot()?;
+        if let Some(bytes) = r.desired_balloon {
+            slot.resize_balloon(bytes)?;
+        }
         let Some(wanted) = r.desired_vcpus else {
             return Ok(());
         };
@@ -275,6 +288,28 @@ impl VmSlot {
         if self.booted.is_none() {
             self.ids.release(id);
         }
+    }
+
+    /// Sets the balloon's target (the guest is told at once if it runs).
+    fn resize_balloon(&mut self, bytes: u64) -> Result<(), ControlError> {
+        let (Some(api), Some(config)) = (self.api.balloon.as_mut(), self.config.balloon.as_mut())
+        else {
+            return Err(ControlError::Invalid(
+                "vm.resize: desired_balloon needs a balloon device (balloon in vm.create)".into(),
+            ));
+        };
+        let memory = self.config.memory.bytes();
+        if bytes > memory {
+            return Err(ControlError::Invalid(format!(
+                "vm.resize: desired_balloon {bytes} is more than the guest's {memory} bytes of memory"
+            )));
+        }
+        if let Some(vm) = self.booted.as_ref() {
+            vm.set_balloon_target(bytes)?;
+        }
+        api.size = bytes;
+        config.size = bytes;
+        Ok(())
     }
 
     fn resize_vcpus(&mut self, wanted: u8) -> Result<(), ControlError> {

@@ -296,10 +296,19 @@ impl Vmm {
 
     fn info(&mut self) -> Result<schema::VmInfo, ControlError> {
         let slot = self.slot()?;
+        // What the guest can use: its memory less what it put in the balloon.
+        let ballooned = slot
+            .booted
+            .as_ref()
+            .and_then(|vm| vm.balloon_actual_bytes());
         Ok(schema::VmInfo {
             config: slot.api.clone(),
             state: slot.state.to_string(),
-            memory_actual_size: slot.config.memory.bytes(),
+            memory_actual_size: slot
+                .config
+                .memory
+                .bytes()
+                .saturating_sub(ballooned.unwrap_or(0)),
             device_tree: Default::default(),
         })
     }

@@ -125,6 +125,35 @@ fn resize_checks_its_bounds_and_refuses_memory() {
     assert_eq!(info(&mut vmm)["config"]["cpus"]["boot_vcpus"], 2);
 }
 
+#[test]
+fn balloon_resize_needs_a_balloon_that_fits_and_the_balloon_stays() {
+    let mut vmm = Vmm::new();
+    vmm.handle(R::VmCreate(create_body("/k", "")));
+    let resize = |v: serde_json::Value| R::VmResize(serde_json::from_value(v).unwrap());
+    let none = vmm.handle(resize(serde_json::json!({"desired_balloon": 4096})));
+    assert_eq!(status(&none), 400);
+    assert!(
+        message(&none).contains("needs a balloon"),
+        "{}",
+        message(&none)
+    );
+    vmm.handle(R::VmDelete);
+    let mut body = create_body("/k", "");
+    body.balloon = Some(serde_json::from_value(serde_json::json!({"size": 0})).unwrap());
+    assert_eq!(status(&vmm.handle(R::VmCreate(body))), 204);
+    assert_eq!(info(&mut vmm)["config"]["balloon"]["id"], "_balloon0");
+    let big = vmm.handle(resize(serde_json::json!({"desired_balloon": 1u64 << 30})));
+    assert_eq!(status(&big), 400, "more than the guest's memory");
+    let ok = vmm.handle(resize(serde_json::json!({"desired_balloon": 8u64 << 20})));
+    assert_eq!(status(&ok), 204, "{}", message(&ok));
+    assert_eq!(info(&mut vmm)["config"]["balloon"]["size"], 8u64 << 20);
+    let rm = R::VmRemoveDevice(schema::VmRemoveDevice {
+        id: Some("_balloon0".into()),
+    });
+    assert_eq!(status(&vmm.handle(rm)), 400);
+    assert!(info(&mut vmm)["config"]["balloon"].is_object());
+}
+
 /// The bench guest as a kernel file (it is a PVH ELF).
 fn bench_kernel(test: &str) -> PathBuf {
     let name = format!("exitless-control-{test}-{}.elf", std::process::id());
@@ -196,6 +225,66 @@ fn a_vm_boots_pauses_resumes_shuts_down_and_boots_again() {
     assert!(vmm.exit().is_none(), "a running guest keeps the VMM up");
     assert_eq!(status(&vmm.handle(R::VmmShutdown)), 204);
     assert_eq!(vmm.exit(), Some(VmmExit(0)));
+    let _ = std::fs::remove_file(kernel);
+}
+
+/// One of device `id`'s own counters (`vm.counters`), 0 before the VM runs it.
+fn device_counter(vmm: &mut Vmm, id: &str, name: &str) -> u64 {
+    let counters: serde_json::Value = match vmm.handle(R::VmCounters) {
+        ApiResponse::Json(body) => serde_json::from_str(&body).unwrap(),
+        other => panic!(
+            "vm.counters answered {} {}",
+            status(&other),
+            message(&other)
+        ),
+    };
+    counters[id][name].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn a_balloon_target_set_by_resize_reaches_the_running_guest_and_back() {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        crate::test_skip::skip("control_balloon", "/dev/kvm is missing on this host");
+        return;
+    }
+    let kernel = bench_kernel("balloon");
+    let mut vmm = Vmm::new();
+    // The guest reports 1 MiB, inflates and deflates 16 pages, then follows the host's target.
+    let mut body = create_body(
+        kernel.to_str().unwrap(),
+        "case=balloon_check iters=1 follow",
+    );
+    body.memory.size = 256 << 20;
+    let balloon = serde_json::json!({"size": 0, "free_page_reporting": true});
+    body.balloon = Some(serde_json::from_value(balloon).unwrap());
+    assert_eq!(status(&vmm.handle(R::VmCreate(body))), 204);
+    let boot = vmm.handle(R::VmBoot);
+    assert_eq!(status(&boot), 204, "{}", message(&boot));
+    let id = "_balloon0";
+    wait_for("the guest's own inflate and deflate", || {
+        device_counter(&mut vmm, id, "deflated_pages") == 16
+    });
+    assert_eq!(device_counter(&mut vmm, id, "reported_pages"), 256);
+    assert_eq!(info(&mut vmm)["memory_actual_size"], 256u64 << 20);
+    let resize = |bytes: u64| {
+        R::VmResize(schema::VmResize {
+            desired_balloon: Some(bytes),
+            ..schema::VmResize::default()
+        })
+    };
+    assert_eq!(status(&vmm.handle(resize(8 << 20))), 204);
+    assert_eq!(device_counter(&mut vmm, id, "target_pages"), 2048);
+    wait_for("the guest to put 8 MiB in the balloon", || {
+        info(&mut vmm)["memory_actual_size"] == 248u64 << 20
+    });
+    assert_eq!(device_counter(&mut vmm, id, "inflated_pages"), 16 + 2048);
+    assert_eq!(info(&mut vmm)["config"]["balloon"]["size"], 8u64 << 20);
+    assert_eq!(status(&vmm.handle(resize(0))), 204);
+    wait_for("the guest to take them back", || {
+        info(&mut vmm)["memory_actual_size"] == 256u64 << 20
+    });
+    assert_eq!(device_counter(&mut vmm, id, "deflated_pages"), 16 + 2048);
+    vmm.stop();
     let _ = std::fs::remove_file(kernel);
 }
 

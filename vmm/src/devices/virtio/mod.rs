@@ -7,6 +7,7 @@
 //! transport itself on a notify exit), an [`VirtioInterrupt`] to raise the queue's MSI-X
 //! vector, and the device event loop, where all queue work runs (never on a vCPU thread).
 
+pub mod balloon;
 pub mod blk;
 pub mod health;
 pub mod net;
@@ -42,6 +43,8 @@ pub const TYPE_NET: u32 = 1;
 pub const TYPE_BLOCK: u32 = 2;
 /// virtio device type of an entropy source.
 pub const TYPE_RNG: u32 = 4;
+/// virtio device type of a memory balloon.
+pub const TYPE_BALLOON: u32 = 5;
 /// virtio device type of a socket device (vsock).
 pub const TYPE_VSOCK: u32 = 19;
 /// virtio device type of a shared file system (virtio-fs).
