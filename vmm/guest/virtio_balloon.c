@@ -9,8 +9,8 @@
  *   5. inflates `inflate=` pages (16 by default) on the inflate queue, sets `actual`, checks
  *      they read zero, deflates them.
  *
- * `sync`: after 1 and after 3 the guest waits for a byte on COM1 (a test samples the VMM's
- * memory there). `follow`: then it follows the host's target (num_pages) for seconds,
+ * `sync`: after 1, after 2 and after 3 the guest waits for a byte on COM1 (a test samples
+ * the VMM's memory there). `follow`: then it follows the host's target (num_pages) for seconds,
  * inflating and deflating, until the target has gone up and back to 0. Every wait is
  * bounded. Runs at CPL3, polling (no interrupts). */
 #include "virtio.h"
@@ -220,8 +220,12 @@ u64 loop_balloon_check(u64 mib)
         if (sync && !wait_for_host())
             bal_fail("no go-ahead from the host on COM1");
         u64 chains = report(BALLOON_BASE, len);
-        u64 zero = zero_pages(BALLOON_BASE, len, 0);
         line("reported mib=", mib, " chains=", chains);
+        /* Before reading the range: a read of a discarded page of shared (memfd) memory
+         * allocates it again. */
+        if (sync && !wait_for_host())
+            bal_fail("no go-ahead from the host on COM1");
+        u64 zero = zero_pages(BALLOON_BASE, len, 0);
         line("after_report zero_pages=", zero, " of=", len / PAGE);
         if (sync && !wait_for_host())
             bal_fail("no go-ahead from the host on COM1");
