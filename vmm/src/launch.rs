@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 mod hotplug;
+mod memory_hotplug;
 mod start_up_memory;
 pub use hotplug::HotplugDevice;
 pub use start_up_memory::release_unused_stack;
@@ -32,6 +33,8 @@ use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::devices::virtio::vsock::{SocketFile, Vsock};
 use crate::event_loop::EventLoop;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
+use crate::memory::hotplug::HotplugRam;
+use crate::memory::Backing;
 use crate::profile::virtio::VirtioStats;
 use crate::profile::{KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
 use crate::startup::{self, moment};
@@ -79,6 +82,10 @@ pub enum LaunchError {
         path: PathBuf,
         error: std::io::Error,
     },
+    #[error(transparent)]
+    MemoryHotplug(#[from] crate::memory::hotplug::MemoryHotplugError),
+    #[error("Cannot add guest memory: {0}")]
+    MemoryRegion(#[from] crate::memory::MemoryError),
 }
 
 /// Launch choices that are not part of the VM configuration.
@@ -132,6 +139,10 @@ pub struct LaunchedVm {
     started: Instant,
     /// How to create vCPUs added while the VM runs (`vm.resize`).
     template: Option<VcpuTemplate>,
+    /// Where memory added while the VM runs goes (with `memory.hotplug_size`).
+    hotplug_ram: Option<HotplugRam>,
+    /// What backs guest RAM, hot-added RAM too.
+    memory_backing: Backing,
 }
 
 /// Builds the VM described by `config` and starts its vCPUs.
@@ -167,7 +178,8 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     startup::mark(moment::VM_CREATED);
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
-    builder.enable_hotplug()?;
+    let hotplug_ram = config.hotplug_ram();
+    builder.enable_hotplug(hotplug_ram.as_ref().map_or(0, HotplugRam::slots))?;
     let socket_files = add_virtio_devices(&mut builder, config)?;
     startup::mark(moment::DEVICES);
     let vcpu_opts = VcpuOptions {
@@ -190,6 +202,8 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         tsc_khz: built.tsc_khz,
         started: Instant::now(),
         template: built.template,
+        hotplug_ram,
+        memory_backing: config.memory_backing(),
     };
     launched.open_stats(&built.vcpus)?;
     launched.started = Instant::now();

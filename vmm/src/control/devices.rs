@@ -167,14 +167,9 @@ impl Vmm {
     }
 
     /// `vm.resize`: vCPUs added up to `max_vcpus` (hotplug) or removed (the guest ejects
-    /// them); memory and balloon resizing are not supported.
+    /// them), then memory added (ACPI memory hotplug, see `memory`); balloon resizing is not
+    /// supported.
     pub(super) fn resize(&mut self, r: schema::VmResize) -> Result<(), ControlError> {
-        if r.desired_ram.is_some() {
-            return Err(ControlError::Unsupported(
-                "vm.resize: desired_ram is not supported (exitless has no memory hotplug yet)"
-                    .into(),
-            ));
-        }
         if r.desired_balloon.is_some() {
             return Err(ControlError::Unsupported(
                 "vm.resize: desired_balloon is not supported (exitless has no balloon device)"
@@ -182,18 +177,20 @@ impl Vmm {
             ));
         }
         let slot = self.slot()?;
-        let Some(wanted) = r.desired_vcpus else {
-            return Ok(());
-        };
-        let max = slot.config.max_vcpus.unwrap_or(slot.config.cpus);
-        if wanted == 0 || wanted > max {
-            return Err(ControlError::Invalid(format!(
-                "vm.resize: desired_vcpus {wanted} is outside 1..={max} (max_vcpus)"
-            )));
+        if let Some(wanted) = r.desired_vcpus {
+            let max = slot.config.max_vcpus.unwrap_or(slot.config.cpus);
+            if wanted == 0 || wanted > max {
+                return Err(ControlError::Invalid(format!(
+                    "vm.resize: desired_vcpus {wanted} is outside 1..={max} (max_vcpus)"
+                )));
+            }
+            slot.resize_vcpus(wanted)?;
+            slot.api.cpus.boot_vcpus = wanted;
+            slot.config.cpus = wanted;
         }
-        slot.resize_vcpus(wanted)?;
-        slot.api.cpus.boot_vcpus = wanted;
-        slot.config.cpus = wanted;
+        if let Some(ram) = r.desired_ram {
+            slot.resize_memory(ram)?;
+        }
         Ok(())
     }
 }
