@@ -96,6 +96,10 @@ int ipi_case(const char *want);
 const char *ipi_prepare(u64 cpus);
 void ipi_main(u64 iters, u64 cpus, const char *why);
 
+/* memory_hotplug_check (memory_hotplug.c): memory added while the guest runs, found through
+ * exitless's ACPI memory hotplug controller, mapped, written and read back. */
+u64 loop_memory_hotplug_check(u64 n);
+
 /* Interrupts the guest handled (self-IPIs and virtio MSI-X vectors). */
 extern u64 ipi_count;
 
