@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use vmm::api::client::ApiClient;
-use vmm::config::{DiskConfig, NetConfig, VsockConfig};
+use vmm::config::{DiskConfig, MemorySize, NetConfig, VsockConfig};
 
 /// Options of `exitless remote`.
 #[derive(Args)]
@@ -16,6 +16,7 @@ exitless remote --api-socket /tmp/x.sock create vm.json   # a Cloud Hypervisor V
 exitless remote --api-socket /tmp/x.sock boot\n  \
 exitless remote --api-socket /tmp/x.sock add-disk path=/tmp/d.img,readonly=on\n  \
 exitless remote --api-socket /tmp/x.sock resize --cpus 2\n  \
+exitless remote --api-socket /tmp/x.sock resize --memory 1G   # needs memory.hotplug_size\n  \
 exitless remote --api-socket /tmp/x.sock profile          # where the VM's exit cycles go\n\n\
 Each command is one request; a refused one prints its status and why, and exits with 1.")]
 pub struct RemoteArgs {
@@ -59,10 +60,14 @@ enum RemoteCommand {
     AddVsock { spec: String },
     /// Remove a device by its id (vm.remove-device)
     RemoveDevice { id: String },
-    /// Change the number of vCPUs (vm.resize)
+    /// Change the number of vCPUs, or grow the guest's memory (vm.resize)
     Resize {
         #[arg(long, value_name = "N")]
-        cpus: u8,
+        cpus: Option<u8>,
+        /// Guest RAM to grow to, e.g. 1G (ACPI memory hotplug, up to memory.size +
+        /// memory.hotplug_size)
+        #[arg(long, value_name = "SIZE")]
+        memory: Option<MemorySize>,
     },
     /// Per-device counters (vm.counters)
     Counters,
@@ -143,9 +148,13 @@ fn request(
             "vm.remove-device",
             Some(serde_json::json!({ "id": id }).to_string()),
         ),
-        C::Resize { cpus } => {
-            let body = serde_json::json!({ "desired_vcpus": cpus }).to_string();
-            ("PUT", "vm.resize", Some(body))
+        C::Resize { cpus, memory } => {
+            if cpus.is_none() && memory.is_none() {
+                anyhow::bail!("resize needs --cpus N or --memory SIZE");
+            }
+            let ram = memory.map(MemorySize::bytes);
+            let body = serde_json::json!({ "desired_vcpus": cpus, "desired_ram": ram });
+            ("PUT", "vm.resize", Some(body.to_string()))
         }
     })
 }
@@ -205,5 +214,22 @@ mod tests {
         assert_eq!(v["cid"], 3);
         assert!(disk_body("readonly=on").is_err());
         assert!(vsock_body("cid=1,socket=/v").is_err());
+    }
+
+    #[test]
+    fn resize_sends_cpus_memory_or_both() {
+        let memory = Some("1G".parse().unwrap());
+        let r = request(&RemoteCommand::Resize { cpus: None, memory }).unwrap();
+        let body: serde_json::Value = serde_json::from_str(&r.2.unwrap()).unwrap();
+        assert_eq!(
+            (r.1, &body["desired_ram"]),
+            ("vm.resize", &(1u64 << 30).into())
+        );
+        assert!(body["desired_vcpus"].is_null());
+        let neither = RemoteCommand::Resize {
+            cpus: None,
+            memory: None,
+        };
+        assert!(request(&neither).is_err());
     }
 }
