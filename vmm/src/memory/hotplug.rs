@@ -108,7 +108,7 @@ impl HotplugRam {
 
     /// The most RAM the VM may have.
     pub fn limit(&self) -> u64 {
-        self.boot + self.hotplug
+        self.boot.saturating_add(self.hotplug)
     }
 
     /// The region that brings the VM to `desired` bytes of RAM, or None if it has that
@@ -198,6 +198,10 @@ mod tests {
         let huge = HotplugRam::new(3 * GIB + 512 * MIB, 4 * GIB, Some(GIB)).unwrap();
         assert_eq!((huge.base().0, huge.slots()), (5 * GIB, 4));
         assert!(HotplugRam::new(256 * MIB, 64 * MIB, None).is_none());
+        // A client's absurd hotplug_size saturates: the limit, not an overflow.
+        let huge = HotplugRam::new(256 * MIB, u64::MAX, None).unwrap();
+        assert_eq!(huge.limit(), u64::MAX);
+        assert!(huge.plan(u64::MAX).is_err(), "not whole blocks");
         let mut ram = HotplugRam::new(256 * MIB, 64 * GIB, None).unwrap();
         assert_eq!(ram.slots(), MAX_MEMORY_SLOTS);
         for _ in 0..MAX_MEMORY_SLOTS {
