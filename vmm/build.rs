@@ -14,6 +14,7 @@ const SOURCES: &[&str] = &[
     "guest/virtio_net.c",
     "guest/virtio_vsock.c",
     "guest/hotplug.c",
+    "guest/memory_hotplug.c",
     "guest/ipi.c",
     "guest/virtio_hostile.c",
     "guest/virtio_fs.c",

@@ -70,7 +70,9 @@ pub struct RunOptions {
     /// Guest RAM: a number with a K, M, G or T suffix (256M, 1G); a bare number is MiB; 16M to
     /// 1T. Or size=SIZE with what backs it: shared=on (a memfd a vhost-user back end such as
     /// virtiofsd can map; --fs needs it), hugepages=on (from the host's hugetlb pool, which
-    /// must have enough free pages), hugepage_size=2M|1G [default: 512M, private, normal pages]
+    /// must have enough free pages), hugepage_size=2M|1G, hotplug_size=SIZE (how much
+    /// vm.resize may add through --api-socket, ACPI memory hotplug) [default: 512M, private,
+    /// normal pages, no hotplug]
     #[arg(long, value_name = "SIZE|size=SIZE,...")]
     memory: Option<String>,
     /// JSON VM config file; command line options override it [default: none]

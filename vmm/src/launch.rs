@@ -15,6 +15,7 @@ use thiserror::Error;
 
 mod balloon;
 mod hotplug;
+mod memory_hotplug;
 mod start_up_memory;
 pub use hotplug::HotplugDevice;
 pub use start_up_memory::release_unused_stack;
@@ -34,6 +35,8 @@ use crate::devices::virtio::vhost_user::fs::Fs;
 use crate::devices::virtio::vsock::{SocketFile, Vsock};
 use crate::event_loop::EventLoop;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
+use crate::memory::hotplug::HotplugRam;
+use crate::memory::Backing;
 use crate::profile::virtio::VirtioStats;
 use crate::profile::{KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
 use crate::startup::{self, moment};
@@ -90,6 +93,10 @@ pub enum LaunchError {
         path: PathBuf,
         error: std::io::Error,
     },
+    #[error(transparent)]
+    MemoryHotplug(#[from] crate::memory::hotplug::MemoryHotplugError),
+    #[error("Cannot add guest memory: {0}")]
+    MemoryRegion(#[from] crate::memory::MemoryError),
 }
 
 impl LaunchError {
@@ -164,6 +171,10 @@ pub struct LaunchedVm {
     template: Option<VcpuTemplate>,
     /// The balloon, if the VM has one.
     balloon: Option<balloon::BalloonControl>,
+    /// Where memory added while the VM runs goes (with `memory.hotplug_size`).
+    hotplug_ram: Option<HotplugRam>,
+    /// What backs guest RAM, hot-added RAM too.
+    memory_backing: Backing,
 }
 
 /// Builds the VM described by `config` and starts its vCPUs.
@@ -199,7 +210,8 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     startup::mark(moment::VM_CREATED);
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
-    builder.enable_hotplug()?;
+    let hotplug_ram = config.hotplug_ram();
+    builder.enable_hotplug(hotplug_ram.as_ref().map_or(0, HotplugRam::slots))?;
     let socket_files = add_virtio_devices(&mut builder, config)?;
     let balloon = balloon::add_balloon(&mut builder, config)?;
     startup::mark(moment::DEVICES);
@@ -224,6 +236,8 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         started: Instant::now(),
         template: built.template,
         balloon,
+        hotplug_ram,
+        memory_backing: config.memory_backing(),
     };
     launched.open_stats(&built.vcpus)?;
     launched.started = Instant::now();
@@ -258,7 +272,9 @@ fn add_virtio_devices(
     for (i, fs) in config.fs.iter().enumerate() {
         let name = device_name(fs.id.as_deref(), "virtio-fs", i);
         let dev = connect_fs(&name, fs)?;
+        let listener = dev.memory_listener(&name, builder.event_loop());
         builder.add_virtio(&name, Box::new(dev), Notify::Ioeventfd)?;
+        builder.devices().add_memory_listener(Box::new(listener));
     }
     let mut files = Vec::new();
     if let Some(vsock) = &config.vsock {
@@ -281,13 +297,15 @@ pub(crate) fn connect_fs(name: &str, fs: &crate::config::FsConfig) -> Result<Fs,
         name: name.to_string(),
         error,
     })?;
-    let f = dev.frontend();
-    eprintln!(
-        "exitless: {name}: vhost-user back end at {} connected (virtio features {:#x}, protocol features {:#x})",
-        fs.socket.display(),
-        f.offered_features(),
-        f.protocol_features().bits()
-    );
+    {
+        let f = dev.frontend();
+        eprintln!(
+            "exitless: {name}: vhost-user back end at {} connected (virtio features {:#x}, protocol features {:#x})",
+            fs.socket.display(),
+            f.offered_features(),
+            f.protocol_features().bits()
+        );
+    }
     Ok(dev)
 }
 

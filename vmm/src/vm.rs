@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 
 use kvm_ioctls::{Kvm, VmFd};
 use thiserror::Error;
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestAddressSpace, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryMmap};
+use vm_memory::{GuestRegionCollectionError, GuestRegionMmap};
 use vmm_sys_util::signal::Killable;
 
 use crate::config::IrqchipMode;
+use crate::devices::virtio::SharedGuestMemory;
 use crate::kvm::{self, Capabilities, KvmError, StatsFd, SupportedCpuid};
 use crate::memory::{self, MemoryError};
 use crate::vcpu::{Vcpu, VcpuError, VcpuOutcome, VmControl, VmEnd};
@@ -39,6 +41,8 @@ pub enum VmError {
     PauseTimeout(Duration),
     #[error("No vCPU {0}")]
     NoVcpu(usize),
+    #[error("The new memory region overlaps guest memory: {0}")]
+    MemoryRegion(GuestRegionCollectionError),
 }
 
 /// How long a stopped vCPU may take to leave KVM_RUN before it is left behind.
@@ -52,7 +56,9 @@ pub struct Vm {
     pub kvm: Arc<Kvm>,
     /// Shared with the device manager, which registers eventfds and routes while the VM runs.
     pub fd: Arc<VmFd>,
-    pub mem: GuestMemoryMmap,
+    /// Guest memory: the devices share it, and it grows when memory is hot-added
+    /// ([`Vm::add_memory_region`]).
+    pub mem: SharedGuestMemory,
     pub caps: Capabilities,
     pub irqchip: IrqchipMode,
     pub control: Arc<VmControl>,
@@ -88,13 +94,36 @@ impl Vm {
         Ok(Vm {
             kvm,
             fd: Arc::new(fd),
-            mem,
+            mem: SharedGuestMemory::new(mem),
             caps,
             irqchip,
             control: Arc::new(VmControl::default()),
             stats,
             supported_cpuid: SupportedCpuid::for_new_vm(),
         })
+    }
+
+    /// Guest memory as it is now.
+    pub fn memory(&self) -> GuestMemoryLoadGuard<GuestMemoryMmap> {
+        self.mem.memory()
+    }
+
+    /// Adds `region` to guest memory while the VM runs (a hot-added memory slot): a new KVM
+    /// memory slot, then the map the devices see. Regions are never removed, so the slot
+    /// numbers are the regions' count. Returns the region as the map holds it.
+    pub fn add_memory_region(
+        &self,
+        region: GuestRegionMmap,
+    ) -> Result<Arc<GuestRegionMmap>, VmError> {
+        let writer = self.mem.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.mem.memory();
+        let region = Arc::new(region);
+        let grown = current
+            .insert_region(region.clone())
+            .map_err(VmError::MemoryRegion)?;
+        kvm::register_region(&self.fd, current.num_regions() as u32, &region)?;
+        writer.replace(grown);
+        Ok(region)
     }
 
     /// Starts one thread per vCPU.
