@@ -652,7 +652,7 @@ fn the_memory_listener_adds_a_region_to_a_started_back_end_only() {
     use crate::devices::virtio::VirtioDevice;
     let (sock, seen, _t) = fake(Behaviour::Honest);
     let frontend = Frontend::handshake(sock, Path::new("fake"), 2, Duration::from_secs(2)).unwrap();
-    let mut fs = Fs::new(&fs_config(Path::new("fake")), frontend).unwrap();
+    let fs = Fs::new(&fs_config(Path::new("fake")), frontend).unwrap();
     let events = crate::event_loop::EventLoop::start().unwrap();
     let mut listener = fs.memory_listener("fs0", events.handle());
     let shared = Backing {
