@@ -220,7 +220,11 @@ fn a_guest_reset_reboots_the_vm() {
         vmm.poll();
         vmm.reboots() >= 2
     });
-    assert!(vmm.exit().is_none(), "a reset does not end the VMM: {:?}", vmm.exit());
+    assert!(
+        vmm.exit().is_none(),
+        "a reset does not end the VMM: {:?}",
+        vmm.exit()
+    );
     assert_eq!(info(&mut vmm)["state"], "Running");
     vmm.stop();
     let _ = std::fs::remove_file(kernel);
