@@ -5,7 +5,8 @@
 //! run measures: the time until all N printed their first line, each VM's own start (spawn to
 //! first line), memory (private dirty, peak RSS, Pss) once all are idle, the host CPU and the
 //! wake-ups (context switches) of each idle VM over a window, and the N-th VM against the
-//! first. Every process is killed at the end of its run, whatever happened.
+//! first. Each VMM's binary is read from disk once before (its page cache dropped, one VM
+//! started unmeasured). Every process is killed at the end of its run, whatever happened.
 
 pub mod start;
 pub mod threads;
@@ -133,6 +134,7 @@ pub fn run(
         if let Err(e) = drop_page_cache(&vmm.path) {
             progress(&format!("{}: page cache as found: {e}", vmm.kind.name()));
         }
+        warm_up(plan, vmm, &stop);
     }
     for &n in &plan.counts {
         if let Some(why) = too_big(n, plan.memory_mib, mem_available_kib()) {
@@ -153,6 +155,20 @@ pub fn run(
         }
     }
     Ok(report)
+}
+
+/// One VM started and stopped, unmeasured: the VMM's binary, its page cache just dropped,
+/// is read from disk once (as after a reboot: its text then faults in as in any run), so
+/// that the first measured run does not include the disk.
+fn warm_up(plan: &DensityPlan, vmm: &Vmm, stop: &dyn Fn() -> bool) {
+    let fleet = Fleet::default();
+    if let Ok((_, _, workers)) = start_all(plan, vmm, 1, &fleet, stop) {
+        drop(fleet);
+        for w in workers {
+            let _ = w.join();
+        }
+    }
+    remove_files(plan, vmm, 1);
 }
 
 /// Why N VMs of `memory_mib` cannot be run with `available_kib` of host memory, if so.

@@ -1,13 +1,15 @@
 //! What a VMM process's threads did over a window, read from /proc: on-CPU time
 //! (`schedstat`, ns) and context switches (`status`: a thread that sleeps and is woken makes a
 //! voluntary one, a thread preempted an involuntary one), per thread and by thread name.
-//! Kernel threads that live in the process's thread group (KVM's `kvm-nx-lpage-recovery`)
-//! are kept apart: they are KVM's, not the VMM's.
+//! The kernel's threads that live in the process's thread group (KVM's
+//! `kvm-nx-lpage-recovery`, a user worker of the process since Linux 6.13) are kept apart:
+//! they are KVM's, not the VMM's.
 
 use std::collections::BTreeMap;
 
-/// PF_KTHREAD in the flags field of /proc/PID/task/TID/stat.
-const PF_KTHREAD: u64 = 0x0020_0000;
+/// PF_KTHREAD and PF_USER_WORKER in the flags field of /proc/PID/task/TID/stat: a thread the
+/// kernel runs, not the program.
+const KERNEL_THREAD: u64 = 0x0020_0000 | 0x0000_4000;
 
 /// One thread at one moment.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -51,7 +53,7 @@ fn parse(status: &str, schedstat: &str, stat: &str) -> ThreadSample {
         .unwrap_or(0);
     ThreadSample {
         name: field("Name:").unwrap_or("?").to_string(),
-        kernel: flags & PF_KTHREAD != 0,
+        kernel: flags & KERNEL_THREAD != 0,
         cpu_ns: schedstat
             .split_whitespace()
             .next()
@@ -111,8 +113,11 @@ mod tests {
             (t.name.as_str(), t.cpu_ns, t.switches, t.kernel),
             ("vcpu0", 123456, 9, false)
         );
-        let kthread = "43 (kvm-nx-lpage-re) S 2 0 0 0 -1 2129984 0 0";
-        assert!(parse("Name:\tkvm-nx-lpage-re\n", "", kthread).kernel);
+        // KVM's NX recovery thread as Linux 6.18 shows it: a user worker (0x404040).
+        let worker = "43 (kvm-nx-lpage-re) S 2 0 0 0 -1 4210752 0 0";
+        assert!(parse("Name:\tkvm-nx-lpage-re\n", "", worker).kernel);
+        let kthread = "44 (kworker/0:1) S 2 0 0 0 -1 2129984 0 0";
+        assert!(parse("Name:\tkworker/0:1\n", "", kthread).kernel);
     }
 
     #[test]
