@@ -1,45 +1,54 @@
 //! A `compare --density` report as curves over N, one line per VMM: the time until all N VMs
-//! printed their first line, each VM's own start, private dirty memory, peak RSS, and the
-//! host CPU and wake-ups of an idle VM (medians over the N VMs).
+//! printed their first line, each VM's own start, private dirty memory, peak RSS (those four
+//! on a log scale: QEMU's are 10-100 times the others'), and the host CPU and wake-ups of an
+//! idle VM (medians over the N VMs).
 
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde_json::Value;
 
 use super::{colour, draw_error};
 
-/// One panel: a title and where its value is in a run.
+/// One panel: a title, where its value is in a run, and whether its scale is logarithmic.
 struct Curve {
     title: &'static str,
     value: fn(&Value) -> Option<f64>,
+    log: bool,
 }
 
 const CURVES: [Curve; 6] = [
     Curve {
         title: "ms until all N printed their first line",
         value: |r| r["all_started_ms"].as_f64(),
+        log: true,
     },
     Curve {
         title: "ms from a VM's spawn to its first line",
         value: |r| r["summary"]["start_ms"]["median"].as_f64(),
+        log: true,
     },
     Curve {
         title: "private dirty kB per VM",
         value: |r| r["summary"]["private_dirty_kib"]["median"].as_f64(),
+        log: true,
     },
     Curve {
         title: "peak RSS kB per VM",
         value: |r| r["summary"]["peak_rss_kib"]["median"].as_f64(),
+        log: true,
     },
     Curve {
         title: "host CPU µs per second per idle VM",
         value: |r| r["summary"]["idle_cpu_us_per_s"]["median"].as_f64(),
+        log: false,
     },
     Curve {
         title: "wake-ups per second per idle VM",
         value: |r| r["summary"]["idle_wakeups_per_s"]["median"].as_f64(),
+        log: false,
     },
 ];
 
@@ -95,24 +104,44 @@ fn draw_curve(
     series: &[(String, Vec<(f64, &Value)>)],
     max_n: f64,
 ) -> anyhow::Result<()> {
-    let top = series
+    let values = series
         .iter()
-        .flat_map(|(_, p)| p.iter().filter_map(|(_, r)| (curve.value)(r)))
-        .fold(0.0f64, f64::max)
-        .max(1e-9)
-        * 1.15;
-    let mut chart = ChartBuilder::on(area)
+        .flat_map(|(_, p)| p.iter().filter_map(|(_, r)| (curve.value)(r)));
+    let (low, high) = values.fold((f64::MAX, 0.0f64), |(l, h), v| (l.min(v), h.max(v)));
+    let mut builder = ChartBuilder::on(area);
+    builder
         .caption(curve.title, ("sans-serif", 15))
         .margin(12)
         .x_label_area_size(28)
-        .y_label_area_size(56)
-        .build_cartesian_2d(0f64..max_n * 1.05, 0f64..top)
-        .map_err(draw_error)?;
-    chart
-        .configure_mesh()
-        .x_desc("N")
-        .draw()
-        .map_err(draw_error)?;
+        .y_label_area_size(56);
+    let x = 0f64..max_n * 1.05;
+    if curve.log && low > 0.0 && low < f64::MAX {
+        let y = (low * 0.7..high * 1.5).log_scale();
+        let mut chart = builder.build_cartesian_2d(x, y).map_err(draw_error)?;
+        chart
+            .configure_mesh()
+            .x_desc("N")
+            .draw()
+            .map_err(draw_error)?;
+        draw_lines(&mut chart, curve, series)
+    } else {
+        let y = 0f64..high.max(1e-9) * 1.15;
+        let mut chart = builder.build_cartesian_2d(x, y).map_err(draw_error)?;
+        chart
+            .configure_mesh()
+            .x_desc("N")
+            .draw()
+            .map_err(draw_error)?;
+        draw_lines(&mut chart, curve, series)
+    }
+}
+
+/// One line with its points per VMM.
+fn draw_lines<Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<SVGBackend, Cartesian2d<RangedCoordf64, Y>>,
+    curve: &Curve,
+    series: &[(String, Vec<(f64, &Value)>)],
+) -> anyhow::Result<()> {
     for (i, (name, points)) in series.iter().enumerate() {
         let style = colour(name, i);
         let line: Vec<(f64, f64)> = points
