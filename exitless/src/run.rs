@@ -254,7 +254,8 @@ fn serve_api(
     let mut vmm = Vmm::with_running(api, config, vm);
     let start = Instant::now();
     let mut timed_out = false;
-    let exit = serve::serve(&mut vmm, &requests, verbose, |_| {
+    let deadline = timeout.map(|t| start + t);
+    let exit = serve::serve(&mut vmm, &requests, verbose, deadline, |_| {
         timed_out = timeout.is_some_and(|t| start.elapsed() >= t);
         timed_out || launch::stop_signal().is_some()
     });
@@ -282,7 +283,7 @@ fn wait(
     // when a live summary needs them, not held for the VM's life.
     let mut last = interval.map(|_| (Instant::now(), vm.snapshots()));
     let end = vm
-        .wait(timeout, Duration::from_millis(10), |vm| {
+        .wait(timeout, interval, |vm| {
             if launch::stop_signal().is_some() {
                 return true;
             }

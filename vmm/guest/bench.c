@@ -594,6 +594,13 @@ void bench_main(u32 start_info_addr)
     setup_cpu();
     puts_("EXITLESS START version=1\n");
     const char *want = find_arg(cmdline, "case=");
+    /* case=idle: up, then idle for good (compare --density): the first line, DONE, and a
+     * halt with interrupts off that nothing wakes, so the VMM's vCPU thread sleeps. */
+    if (want && word_eq(want, "idle")) {
+        puts_("EXITLESS DONE\n");
+        for (;;)
+            __asm__ volatile("cli; hlt");
+    }
     u64 iters = parse_u64(find_arg(cmdline, "iters="));
     if (!iters)
         iters = 1000;

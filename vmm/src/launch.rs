@@ -8,7 +8,6 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
@@ -42,6 +41,7 @@ use crate::profile::{KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapsh
 use crate::startup::{self, moment};
 use crate::vcpu::{Vcpu, VcpuOutcome, VmEnd};
 use crate::vm::{self, RunningVm, VcpuThreadsAhead, Vm, VmError};
+use crate::wake;
 
 /// Errors building or running a Linux VM.
 #[derive(Debug, Error)]
@@ -453,33 +453,38 @@ impl LaunchedVm {
         }
     }
 
-    /// Waits for the VM to end, calling `on_poll` every `poll` (it returns true to stop the
-    /// VM), and stopping the VM once `timeout` passes. Collects every vCPU thread.
+    /// Waits for the VM to end, stopping it once `timeout` passes. `on_wake` is called on
+    /// every wake-up of the main thread (a signal, a vCPU thread ending: [`crate::wake`]) and
+    /// at least every `every` if given (it returns true to stop the VM); between them the
+    /// thread sleeps. Collects every vCPU thread.
     pub fn wait(
         &mut self,
         timeout: Option<Duration>,
-        poll: Duration,
-        mut on_poll: impl FnMut(&LaunchedVm) -> bool,
+        every: Option<Duration>,
+        mut on_wake: impl FnMut(&LaunchedVm) -> bool,
     ) -> Result<LaunchEnd, LaunchError> {
         let start = Instant::now();
         let mut end = None;
         loop {
+            let seen = wake::generation();
             let running = self.running.as_ref().ok_or(LaunchError::NotRunning)?;
             if running.is_done() {
                 break;
             }
-            if timeout.is_some_and(|t| start.elapsed() >= t) {
+            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            if left.is_some_and(|l| l.is_zero()) {
                 end = Some(LaunchEnd::TimedOut);
                 break;
             }
-            if on_poll(self) {
+            if on_wake(self) {
                 end = Some(LaunchEnd::StopRequested);
                 break;
             }
-            thread::sleep(
-                poll.min(Duration::from_millis(20))
-                    .max(Duration::from_millis(1)),
-            );
+            let next = match (left, every) {
+                (Some(l), Some(e)) => Some(l.min(e)),
+                (l, e) => l.or(e),
+            };
+            wake::sleep_until_changed(seen, next);
         }
         let running = self.running.take().ok_or(LaunchError::NotRunning)?;
         let outcomes = Self::collect(running)?;
@@ -660,13 +665,16 @@ static REPORT_REQUESTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_stop_signal(num: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
     STOP_SIGNAL.store(num, Ordering::SeqCst);
+    wake::wake();
 }
 
 extern "C" fn on_report_signal(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
     REPORT_REQUESTED.store(true, Ordering::SeqCst);
+    wake::wake();
 }
 
-/// Installs handlers that only set flags: SIGINT and SIGTERM ask to stop
+/// Installs handlers that only set flags and wake the main thread ([`crate::wake`], both
+/// async-signal-safe): SIGINT and SIGTERM ask to stop
 /// ([`stop_signal`]), SIGUSR1 asks for a profile report ([`take_report_request`]).
 pub fn install_signal_handlers() -> Result<(), LaunchError> {
     use vmm_sys_util::signal::register_signal_handler;

@@ -152,6 +152,16 @@ struct VcpuThread {
     id: usize,
     handle: JoinHandle<Result<VcpuOutcome, VcpuError>>,
     retired: Arc<AtomicBool>,
+    /// Set by the thread as its last act, before it wakes the main thread.
+    ended: Arc<AtomicBool>,
+}
+
+impl VcpuThread {
+    /// Whether the thread has ended (or is about to: it set its flag and woke the main
+    /// thread, which then joins it at once).
+    fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire) || self.handle.is_finished()
+    }
 }
 
 /// vCPU threads started before their vCPUs exist: each names itself `vcpuN`, pins itself and
@@ -167,6 +177,7 @@ struct WaitingThread {
     vcpu: SyncSender<Vcpu>,
     named: Receiver<()>,
     handle: JoinHandle<Result<VcpuOutcome, VcpuError>>,
+    ended: Arc<AtomicBool>,
 }
 
 impl VcpuThreadsAhead {
@@ -181,17 +192,26 @@ impl VcpuThreadsAhead {
 }
 
 impl WaitingThread {
-    /// The thread of vCPU `id`, named `vcpuN` (how Kata finds vCPU threads).
+    /// The thread of vCPU `id`, named `vcpuN` (how Kata finds vCPU threads). Ending, it
+    /// wakes the main thread ([`crate::wake`]), which then sees how the guest ended the VM.
     fn spawn(id: usize, cpu: Option<usize>) -> Result<Self, VmError> {
         let (vcpu, given) = mpsc::sync_channel::<Vcpu>(1);
         let (name_done, named) = mpsc::sync_channel(1);
+        let ended = Arc::new(AtomicBool::new(false));
+        let ends = ended.clone();
         let handle = thread::Builder::new()
             .name(format!("vcpu{id}"))
             .spawn(move || {
-                let _ = name_done.send(());
-                crate::vcpu::prepare_thread(cpu)?;
-                let vcpu = given.recv().map_err(|_| VcpuError::NeverStarted)?;
-                vcpu.run_on_prepared_thread()
+                let run = || {
+                    let _ = name_done.send(());
+                    crate::vcpu::prepare_thread(cpu)?;
+                    let vcpu = given.recv().map_err(|_| VcpuError::NeverStarted)?;
+                    vcpu.run_on_prepared_thread()
+                };
+                let outcome = run();
+                ends.store(true, Ordering::Release);
+                crate::wake::wake();
+                outcome
             })
             .map_err(VmError::Thread)?;
         Ok(WaitingThread {
@@ -199,6 +219,7 @@ impl WaitingThread {
             vcpu,
             named,
             handle,
+            ended,
         })
     }
 }
@@ -233,6 +254,7 @@ impl RunningVm {
                 id: t.id,
                 handle: t.handle,
                 retired,
+                ended: t.ended,
             });
         }
         Ok(())
@@ -316,12 +338,12 @@ impl RunningVm {
 
     /// Whether a vCPU thread has ended or the stop flag is set (what [`RunningVm::wait`] polls).
     pub fn is_done(&self) -> bool {
-        self.threads.iter().any(|t| t.handle.is_finished()) || self.control.stopping()
+        self.threads.iter().any(VcpuThread::ended) || self.control.stopping()
     }
 
-    /// Whether every vCPU thread has ended.
+    /// Whether every vCPU thread has ended (each is joined at once).
     pub fn all_finished(&self) -> bool {
-        self.threads.iter().all(|t| t.handle.is_finished())
+        self.threads.iter().all(VcpuThread::ended)
     }
 
     /// Waits until a vCPU ends the VM (then stops the others), the VMM's stop flag is set, or
