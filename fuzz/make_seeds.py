@@ -118,6 +118,18 @@ def net_chains():
     save("net_chains", "seed-frames", image(tx + rx + bad, [0, 2, 4, 5, 6, 0], []))
 
 
+def balloon_chains():
+    # Chains are taken in turn as a report, an inflate and a deflate.
+    report = [desc(0x10000, 0x8000, WRITE | NEXT, 1), desc(0x20000, 0x1000, 0, 0)]
+    inflate = [desc(0x3000, 16, 0, 0)]
+    deflate = [desc(0x3000, 8, 0, 0)]
+    bad_report = [desc(0x30800, 0x1000, WRITE | NEXT, 5), desc(0xff000, 0x4000, WRITE, 0)]
+    bad_inflate = [desc(0x3000, 6, WRITE, 0)]
+    pfns = struct.pack("<IIII", 0x10, 0x11, 0x12, 0x400)
+    save("balloon_chains", "seed-report-inflate-deflate",
+         image(report + inflate + deflate + bad_report + bad_inflate, [0, 2, 3, 4, 6], [(0x3000, pfns)]))
+
+
 def vsock_packets():
     def pkt(flags, src_port, length, op, shut=0, dst_port=None, buf_alloc=0x1000, fwd=0):
         b = struct.pack("<BH", flags, src_port)
@@ -185,6 +197,7 @@ def api_config():
                                                      "memory": {"size": 1}, "cpus": {"boot_vcpus": 3, "max_vcpus": 2}}))
 
 
-for make in (serial, i8042, pci_config, virtio_transport, virtio_status, blk_request, net_chains, vsock_packets,
+for make in (serial, i8042, pci_config, virtio_transport, virtio_status, blk_request, net_chains, balloon_chains,
+             vsock_packets,
              coalesced_ring, bench_line, api_http, api_config):
     make()

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use vmm::api::client::ApiClient;
-use vmm::config::{DiskConfig, NetConfig, VsockConfig};
+use vmm::config::{BalloonConfig, DiskConfig, MemorySize, NetConfig, VsockConfig};
 
 /// Options of `exitless remote`.
 #[derive(Args)]
@@ -16,6 +16,8 @@ exitless remote --api-socket /tmp/x.sock create vm.json   # a Cloud Hypervisor V
 exitless remote --api-socket /tmp/x.sock boot\n  \
 exitless remote --api-socket /tmp/x.sock add-disk path=/tmp/d.img,readonly=on\n  \
 exitless remote --api-socket /tmp/x.sock resize --cpus 2\n  \
+exitless remote --api-socket /tmp/x.sock resize --balloon 256M   # ask the guest for 256 MiB back\n  \
+exitless remote --api-socket /tmp/x.sock resize --memory 1G   # needs memory.hotplug_size\n  \
 exitless remote --api-socket /tmp/x.sock profile          # where the VM's exit cycles go\n  \
 exitless remote --api-socket /tmp/x.sock pause && exitless remote --api-socket /tmp/x.sock snapshot /tmp/snap\n  \
 exitless remote --api-socket /tmp/y.sock restore /tmp/snap   # in a fresh exitless --api-socket\n\n\
@@ -59,12 +61,23 @@ enum RemoteCommand {
     AddNet { spec: String },
     /// Add the vsock device: cid=N,socket=PATH[,id=ID] (vm.add-vsock)
     AddVsock { spec: String },
+    /// Add a virtio-fs device on a vhost-user back end: tag=TAG,socket=PATH[,num_queues=N]
+    /// [,queue_size=Q][,id=ID] (vm.add-fs; the VM's memory must be shared)
+    AddFs { spec: String },
     /// Remove a device by its id (vm.remove-device)
     RemoveDevice { id: String },
-    /// Change the number of vCPUs (vm.resize)
+    /// Change the number of vCPUs, grow the guest's memory, or set the balloon's target
+    /// (vm.resize)
     Resize {
         #[arg(long, value_name = "N")]
-        cpus: u8,
+        cpus: Option<u8>,
+        /// Guest RAM to grow to, e.g. 1G (ACPI memory hotplug, up to memory.size +
+        /// memory.hotplug_size)
+        #[arg(long, value_name = "SIZE")]
+        memory: Option<MemorySize>,
+        /// Memory the guest is asked to put in its balloon: 0, or a size as --memory takes it
+        #[arg(long, value_name = "SIZE")]
+        balloon: Option<String>,
     },
     /// Write the paused VM to directory DIR: config.json, state.json, guest-ram
     /// (vm.snapshot)
@@ -119,6 +132,16 @@ fn net_body(spec: &str) -> anyhow::Result<String> {
     Ok(serde_json::json!({"tap": net.tap, "mac": mac, "id": id}).to_string())
 }
 
+fn fs_body(spec: &str) -> anyhow::Result<String> {
+    let (spec, id) = split_id(spec);
+    let f: vmm::config::FsConfig = spec.parse()?;
+    Ok(
+        serde_json::json!({"tag": f.tag, "socket": f.socket, "num_queues": f.num_queues,
+        "queue_size": f.queue_size, "id": id})
+        .to_string(),
+    )
+}
+
 fn vsock_body(spec: &str) -> anyhow::Result<String> {
     let (spec, id) = split_id(spec);
     let v: VsockConfig = spec.parse()?;
@@ -156,6 +179,7 @@ fn request(
         C::AddDisk { spec } => ("PUT", "vm.add-disk", Some(disk_body(spec)?)),
         C::AddNet { spec } => ("PUT", "vm.add-net", Some(net_body(spec)?)),
         C::AddVsock { spec } => ("PUT", "vm.add-vsock", Some(vsock_body(spec)?)),
+        C::AddFs { spec } => ("PUT", "vm.add-fs", Some(fs_body(spec)?)),
         C::RemoveDevice { id } => (
             "PUT",
             "vm.remove-device",
@@ -169,9 +193,33 @@ fn request(
             let body = serde_json::json!({ "source_url": file_url(dir)?, "resume": resume });
             ("PUT", "vm.restore", Some(body.to_string()))
         }
-        C::Resize { cpus } => {
-            let body = serde_json::json!({ "desired_vcpus": cpus }).to_string();
-            ("PUT", "vm.resize", Some(body))
+        C::Resize {
+            cpus,
+            memory,
+            balloon,
+        } => {
+            if cpus.is_none() && memory.is_none() && balloon.is_none() {
+                anyhow::bail!("resize needs --cpus N, --memory SIZE or --balloon SIZE");
+            }
+            let balloon = balloon
+                .as_deref()
+                .map(BalloonConfig::parse_size)
+                .transpose()?;
+            let mut body = serde_json::Map::new();
+            if let Some(n) = cpus {
+                body.insert("desired_vcpus".into(), (*n).into());
+            }
+            if let Some(ram) = memory {
+                body.insert("desired_ram".into(), ram.bytes().into());
+            }
+            if let Some(bytes) = balloon {
+                body.insert("desired_balloon".into(), bytes.into());
+            }
+            (
+                "PUT",
+                "vm.resize",
+                Some(serde_json::Value::Object(body).to_string()),
+            )
         }
     })
 }
@@ -231,5 +279,28 @@ mod tests {
         assert_eq!(v["cid"], 3);
         assert!(disk_body("readonly=on").is_err());
         assert!(vsock_body("cid=1,socket=/v").is_err());
+    }
+
+    #[test]
+    fn resize_sends_cpus_memory_or_both() {
+        let memory = Some("1G".parse().unwrap());
+        let r = request(&RemoteCommand::Resize {
+            cpus: None,
+            memory,
+            balloon: None,
+        })
+        .unwrap();
+        let body: serde_json::Value = serde_json::from_str(&r.2.unwrap()).unwrap();
+        assert_eq!(
+            (r.1, &body["desired_ram"]),
+            ("vm.resize", &(1u64 << 30).into())
+        );
+        assert!(body["desired_vcpus"].is_null());
+        let neither = RemoteCommand::Resize {
+            cpus: None,
+            memory: None,
+            balloon: None,
+        };
+        assert!(request(&neither).is_err());
     }
 }

@@ -70,7 +70,9 @@ pub struct RunOptions {
     /// Guest RAM: a number with a K, M, G or T suffix (256M, 1G); a bare number is MiB; 16M to
     /// 1T. Or size=SIZE with what backs it: shared=on (a memfd a vhost-user back end such as
     /// virtiofsd can map; --fs needs it), hugepages=on (from the host's hugetlb pool, which
-    /// must have enough free pages), hugepage_size=2M|1G [default: 512M, private, normal pages]
+    /// must have enough free pages), hugepage_size=2M|1G, hotplug_size=SIZE (how much
+    /// vm.resize may add through --api-socket, ACPI memory hotplug) [default: 512M, private,
+    /// normal pages, no hotplug]
     #[arg(long, value_name = "SIZE|size=SIZE,...")]
     memory: Option<String>,
     /// JSON VM config file; command line options override it [default: none]
@@ -123,6 +125,13 @@ pub struct RunOptions {
     /// [default: 1], queue_size= [default: 1024] [default: none]
     #[arg(long, value_name = "tag=TAG,socket=PATH")]
     fs: Vec<String>,
+    /// A virtio-balloon device, through which the guest gives memory back to the host:
+    /// free_page_reporting=on lets it report its free pages, which exitless discards (the
+    /// host's RSS falls); size=SIZE (0, or a size as --memory takes it) is what it is asked to
+    /// put in the balloon at boot; deflate_on_oom=on lets it take that back when short of
+    /// memory. e.g. --balloon free_page_reporting=on,size=0 [default: none]
+    #[arg(long, value_name = "KEY=VALUE,...")]
+    balloon: Option<String>,
     /// Stop the VM after SECS seconds and exit with code 124 [default: no timeout]
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
@@ -202,6 +211,7 @@ fn vm_config(args: &RunOptions) -> anyhow::Result<VmConfig> {
             .iter()
             .map(|f| f.parse())
             .collect::<Result<_, ConfigError>>()?,
+        balloon: parse(args.balloon.as_deref())?,
     };
     Ok(VmConfig::merge_cli(file, cli)?)
 }
@@ -281,6 +291,7 @@ fn shaping_options(args: &RunOptions) -> Vec<&'static str> {
         ("--net", !args.net.is_empty()),
         ("--vsock", args.vsock.is_some()),
         ("--fs", !args.fs.is_empty()),
+        ("--balloon", args.balloon.is_some()),
     ];
     given.into_iter().filter(|g| g.1).map(|g| g.0).collect()
 }
@@ -354,7 +365,8 @@ fn serve_api(
     let mut vmm = Vmm::with_vm(api, config, vm, paused);
     let start = Instant::now();
     let mut timed_out = false;
-    let exit = serve::serve(&mut vmm, &requests, verbose, |_| {
+    let deadline = timeout.map(|t| start + t);
+    let exit = serve::serve(&mut vmm, &requests, verbose, deadline, |_| {
         timed_out = timeout.is_some_and(|t| start.elapsed() >= t);
         timed_out || launch::stop_signal().is_some()
     });
@@ -382,7 +394,7 @@ fn wait(
     // when a live summary needs them, not held for the VM's life.
     let mut last = interval.map(|_| (Instant::now(), vm.snapshots()));
     let end = vm
-        .wait(timeout, Duration::from_millis(10), |vm| {
+        .wait(timeout, interval, |vm| {
             if launch::stop_signal().is_some() {
                 return true;
             }

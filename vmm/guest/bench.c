@@ -16,6 +16,24 @@ struct hvm_start_info {
     u32 memmap_entries, reserved;
 };
 
+struct hvm_memmap_entry {
+    u64 addr, size;
+    u32 type, reserved;
+};
+
+u64 ram_end;
+
+/* The end of the RAM range that holds the guest's image (1 MiB), from the PVH memory map. */
+static void find_ram_end(const struct hvm_start_info *si)
+{
+    if (!si || si->version < 1)
+        return;
+    const struct hvm_memmap_entry *m = (const struct hvm_memmap_entry *)si->memmap_paddr;
+    for (u32 i = 0; m && i < si->memmap_entries; i++)
+        if (m[i].type == 1 && m[i].addr <= 0x100000 && m[i].addr + m[i].size > 0x100000)
+            ram_end = m[i].addr + m[i].size;
+}
+
 TSS64_WITH_IO_BITMAP(tss64, 8192);
 
 struct idt_gate {
@@ -308,11 +326,13 @@ static const struct bench_case cases[] = {
     {"vsock_check", 3, NAMED, loop_vsock_check, loop_empty_c, virtio_vsock_setup, 0},
     {"hotplug_disk", 3, NAMED, loop_hotplug_disk, loop_empty_c, hotplug_disk_setup, 0},
     {"hotplug_cpu", 0, NAMED, loop_hotplug_cpu, loop_empty_c, 0, 0},
+    {"memory_hotplug_check", 3, NAMED, loop_memory_hotplug_check, loop_empty_c, 0, 0},
     {"hostile_vsock", 3, NAMED, loop_hostile_vsock, loop_empty_c, hostile_vsock_setup, 0},
     {"hostile_toggle", 3, NAMED, loop_hostile_toggle, loop_empty_c, hostile_toggle_setup, 0},
     {"virtio_fs", 3, NAMED, loop_virtio_fs, loop_empty_c, virtio_fs_bench_setup, report_virtio_fs},
     {"fs_check", 3, NAMED, loop_fs_check, loop_empty_c, virtio_fs_setup, 0},
     {"fs_hostile", 3, NAMED, loop_fs_hostile, loop_empty_c, virtio_fs_setup, 0},
+    {"balloon_check", 3, NAMED, loop_balloon_check, loop_empty_c, virtio_balloon_setup, 0},
 };
 #define NR_CASES (sizeof(cases) / sizeof(cases[0]))
 
@@ -570,9 +590,17 @@ void bench_main(u32 start_info_addr)
 {
     const struct hvm_start_info *si = (const struct hvm_start_info *)(u64)start_info_addr;
     const char *cmdline = si && si->cmdline_paddr ? (const char *)si->cmdline_paddr : "";
+    find_ram_end(si);
     setup_cpu();
     puts_("EXITLESS START version=1\n");
     const char *want = find_arg(cmdline, "case=");
+    /* case=idle: up, then idle for good (compare --density): the first line, DONE, and a
+     * halt with interrupts off that nothing wakes, so the VMM's vCPU thread sleeps. */
+    if (want && word_eq(want, "idle")) {
+        puts_("EXITLESS DONE\n");
+        for (;;)
+            __asm__ volatile("cli; hlt");
+    }
     u64 iters = parse_u64(find_arg(cmdline, "iters="));
     if (!iters)
         iters = 1000;

@@ -220,11 +220,13 @@ gdt_ptr:
     .word gdt_end - gdt - 1
     .quad gdt
 
-/* Identity map of the low 4 GiB with 2 MiB pages, user-accessible (U=1), static. */
+/* Identity map of the low 4 GiB with 2 MiB pages, user-accessible (U=1), static. Memory
+ * hot-added above 4 GiB gets PDPT entries of its own (memory_hotplug.c). */
     .balign 4096
 pml4:
     .quad pdpt + 0x7
     .fill 511, 8, 0
+    .globl pdpt
 pdpt:
     .quad pd + 0x7
     .quad pd + 0x1000 + 0x7

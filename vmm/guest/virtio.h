@@ -34,6 +34,7 @@
 #define PCI_DEVICE_VIRTIO_NET 0x1041  /* 0x1040 + device id 1 */
 #define PCI_DEVICE_VIRTIO_VSOCK 0x1053 /* 0x1040 + device id 19 */
 #define PCI_DEVICE_VIRTIO_FS 0x105a    /* 0x1040 + device id 26 */
+#define PCI_DEVICE_VIRTIO_BALLOON 0x1045 /* 0x1040 + device id 5 */
 /* Several seconds at any TSC rate: how long the drivers wait for a device. */
 #define VIRTIO_WAIT_CYCLES 20000000000UL
 
@@ -170,5 +171,10 @@ u64 loop_fs_check(u64 n);
 u64 loop_virtio_fs(u64 n);
 u64 loop_fs_hostile(u64 n);
 void report_virtio_fs(void);
+
+/* virtio-balloon (virtio_balloon.c): balloon_check touches `mib` MiB, reports them free and
+ * checks they read back as zeros, inflates and deflates pages (inflate=N, sync, follow). */
+const char *virtio_balloon_setup(const char *cmdline);
+u64 loop_balloon_check(u64 mib);
 
 #endif

@@ -21,10 +21,12 @@ use thiserror::Error;
 
 use crate::memory::MIN_MEMORY;
 
+pub mod balloon;
 pub mod disk;
 pub mod fs;
 pub mod memory;
 pub mod net;
+pub use balloon::BalloonConfig;
 pub use disk::DiskConfig;
 pub use fs::FsConfig;
 pub use memory::{MemoryOption, MemoryZoneConfig};
@@ -106,6 +108,8 @@ pub enum ConfigError {
     MemoryZone { id: String, reason: String },
     #[error("virtio-fs needs shared guest memory (a vhost-user back end maps it): use --memory size=SIZE,shared=on (memory.shared=true in the API)")]
     FsNeedsSharedMemory,
+    #[error("Invalid --balloon '{input}': {reason}")]
+    Balloon { input: String, reason: String },
 }
 
 /// A guest memory size in bytes, always a non-zero multiple of 4 KiB.
@@ -382,6 +386,10 @@ pub struct VmConfig {
     /// Guest RAM in zones, in order (the API's `memory.zones`); `memory` is then their sum.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub memory_zones: Vec<MemoryZoneConfig>,
+    /// How much memory may be added while the VM runs (`vm.resize`, through ACPI memory
+    /// hotplug; see [`crate::memory::hotplug`]); none: no memory hotplug.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hotplug_memory: Option<MemorySize>,
     /// File that also receives everything the guest writes to the serial console.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial_log: Option<PathBuf>,
@@ -409,6 +417,9 @@ pub struct VmConfig {
     /// Shared file systems, each a virtio-fs device served by a vhost-user back end.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fs: Vec<FsConfig>,
+    /// A virtio-balloon device (free page reporting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<BalloonConfig>,
 }
 
 impl Default for VmConfig {
@@ -424,6 +435,7 @@ impl Default for VmConfig {
             hugepages: false,
             hugepage_size: None,
             memory_zones: Vec::new(),
+            hotplug_memory: None,
             serial_log: None,
             serial_output: SerialOutputMode::default(),
             irqchip: IrqchipMode::default(),
@@ -433,6 +445,7 @@ impl Default for VmConfig {
             nets: Vec::new(),
             vsock: None,
             fs: Vec::new(),
+            balloon: None,
         }
     }
 }
@@ -470,6 +483,7 @@ pub struct VmConfigOverrides {
     pub vsock: Option<VsockConfig>,
     /// File systems given on the command line replace the file's list.
     pub fs: Vec<FsConfig>,
+    pub balloon: Option<BalloonConfig>,
 }
 
 impl VmConfig {
@@ -535,6 +549,7 @@ impl VmConfig {
         if !o.fs.is_empty() {
             c.fs = o.fs;
         }
+        c.balloon = o.balloon.or(c.balloon);
         if c.kernel.as_os_str().is_empty() {
             return Err(ConfigError::NoKernel);
         }
@@ -587,11 +602,11 @@ impl VmConfig {
             return Err(ConfigError::CmdlineNul);
         }
         self.validate_memory_backing()?;
-        self.validate_network()
+        self.validate_devices()
     }
 
     /// The checks the command line's parsers make, for what came from a config file.
-    fn validate_network(&self) -> Result<(), ConfigError> {
+    fn validate_devices(&self) -> Result<(), ConfigError> {
         for n in &self.nets {
             if n.tap_fd.is_none() {
                 net::check_tap_name(&n.tap)?;
@@ -608,6 +623,13 @@ impl VmConfig {
                 input: format!("tag={},socket={}", f.tag, f.socket.display()),
                 reason,
             })?;
+        }
+        if let Some(b) = &self.balloon {
+            b.check(self.memory.bytes())
+                .map_err(|reason| ConfigError::Balloon {
+                    input: format!("size={}", MemorySize(b.size)),
+                    reason,
+                })?;
         }
         Ok(())
     }
@@ -717,6 +739,7 @@ mod tests {
             hugepages: false,
             hugepage_size: None,
             memory_zones: Vec::new(),
+            hotplug_memory: Some("2G".parse().unwrap()),
             serial_log: Some("serial.log".into()),
             serial_output: SerialOutputMode::Stdout,
             irqchip: IrqchipMode::Split,
@@ -726,6 +749,7 @@ mod tests {
             nets: vec!["tap=tap0,mac=52:54:00:00:00:07".parse().unwrap()],
             vsock: Some("cid=3,socket=/run/v.sock".parse().unwrap()),
             fs: vec!["tag=share,socket=/run/fs.sock".parse().unwrap()],
+            balloon: Some("size=8M,free_page_reporting=on".parse().unwrap()),
         }
     }
 
@@ -841,5 +865,9 @@ mod tests {
             .unwrap()
             .contains("3000 bytes"));
         assert!(check(&|c| c.cmdline.push('\0')).unwrap().contains("NUL"));
+        assert_eq!(
+            check(&|c| c.balloon.as_mut().unwrap().size = 2 << 30).unwrap(),
+            "Invalid --balloon 'size=2G': size 2G is more than the guest's 1G of memory"
+        );
     }
 }

@@ -40,6 +40,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("virtio_status", virtio_status),
     ("blk_request", blk_request),
     ("net_chains", net_chains),
+    ("balloon_chains", balloon_chains),
     ("vsock_packets", vsock_packets),
     ("coalesced_ring", coalesced_ring),
     ("bench_line", bench_line),
@@ -127,7 +128,7 @@ fn rng_function(mem: &GuestMemoryMmap) -> Option<(Arc<VirtioPciDevice>, EventLoo
         "virtio-rng",
         Box::new(Rng::new()),
         0xc000_0000,
-        mem.clone(),
+        crate::devices::virtio::SharedGuestMemory::new(mem.clone()),
         event_loop.handle(),
     )
     .ok()?;
@@ -267,6 +268,30 @@ pub fn net_chains(data: &[u8]) {
             let n = c.fill(&mem, &payload);
             assert!(n <= c.capacity && n <= payload.len(), "filled {n}");
         }
+    }
+}
+
+/// virtio-balloon chains from arbitrary memory, taken in turn as reports, inflates and
+/// deflates: never a panic, and the device writes nothing back (used length 0).
+pub fn balloon_chains(data: &[u8]) {
+    use crate::devices::virtio::balloon::{take_chain, BalloonStats, Role};
+    use crate::devices::virtio::transport::MsixInterrupt;
+    use crate::devices::virtio::DeviceHealth;
+    let Some((mem, mut queue)) = queue_from(data) else {
+        return;
+    };
+    let Ok(irq) = MsixInterrupt::new(1, 1) else {
+        return;
+    };
+    let health = DeviceHealth::new("virtio-balloon", Arc::new(irq));
+    let stats = BalloonStats::default();
+    let roles = [Role::Reporting, Role::Inflate, Role::Deflate];
+    for i in 0..32 {
+        let Some(chain) = queue.pop_descriptor_chain(&mem) else {
+            break;
+        };
+        let used = take_chain(roles[i % 3], chain, &mem, &health, &stats);
+        assert!(matches!(used, None | Some(0)), "used length {used:?}");
     }
 }
 

@@ -8,12 +8,13 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+mod balloon;
 mod hotplug;
+mod memory_hotplug;
 mod restore;
 mod snapshot;
 mod start_up_memory;
@@ -33,15 +34,19 @@ use crate::devices::virtio::blk::Block;
 use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::transport::VirtioPciDevice;
+use crate::devices::virtio::vhost_user::fs::Fs;
 use crate::devices::virtio::vsock::{SocketFile, Vsock};
 use crate::event_loop::EventLoop;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
+use crate::memory::hotplug::HotplugRam;
+use crate::memory::Backing;
 use crate::memory::MemoryError;
 use crate::profile::virtio::VirtioStats;
 use crate::profile::{KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
 use crate::startup::{self, moment};
 use crate::vcpu::{Vcpu, VcpuOutcome, VmEnd};
 use crate::vm::{self, RunningVm, VcpuThreadsAhead, Vm, VmError};
+use crate::wake;
 
 /// Errors building or running a Linux VM.
 #[derive(Debug, Error)]
@@ -73,12 +78,21 @@ pub enum LaunchError {
     Tap(#[from] crate::devices::virtio::net::tap::TapError),
     #[error(transparent)]
     Vsock(#[from] crate::devices::virtio::vsock::VsockError),
+    #[error("{name}: {error}")]
+    Fs {
+        name: String,
+        error: crate::devices::virtio::vhost_user::VhostUserError,
+    },
     #[error("Device {0} is not on the VM")]
     NoSuchDevice(String),
     #[error("Device {0} was added but has no PCI slot")]
     NotPlaced(String),
     #[error(transparent)]
     Devices(#[from] crate::device_manager::DeviceManagerError),
+    #[error("The VM has no balloon device")]
+    NoBalloon,
+    #[error("Cannot tell the guest of the balloon's new target: {0}")]
+    BalloonNotice(std::io::Error),
     #[error("Cannot write the serial console to {}: {error}", path.display())]
     SerialFile {
         path: PathBuf,
@@ -88,6 +102,8 @@ pub enum LaunchError {
     Snapshot(#[from] crate::snapshot::SnapshotError),
     #[error(transparent)]
     Memory(#[from] crate::memory::MemoryError),
+    #[error(transparent)]
+    MemoryHotplug(#[from] crate::memory::hotplug::MemoryHotplugError),
 }
 
 impl LaunchError {
@@ -171,6 +187,12 @@ pub struct LaunchedVm {
     template: Option<VcpuTemplate>,
     /// vCPUs at boot (a snapshot saves exactly these).
     boot_vcpus: usize,
+    /// The balloon, if the VM has one.
+    balloon: Option<balloon::BalloonControl>,
+    /// Where memory added while the VM runs goes (with `memory.hotplug_size`).
+    hotplug_ram: Option<HotplugRam>,
+    /// What backs guest RAM, hot-added RAM too.
+    memory_backing: Backing,
 }
 
 /// Builds the VM described by `config` and starts its vCPUs.
@@ -212,8 +234,10 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     startup::mark(moment::VM_CREATED);
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
-    builder.enable_hotplug()?;
+    let hotplug_ram = config.hotplug_ram();
+    builder.enable_hotplug(hotplug_ram.as_ref().map_or(0, HotplugRam::slots))?;
     let socket_files = add_virtio_devices(&mut builder, config)?;
+    let balloon = balloon::add_balloon(&mut builder, config)?;
     startup::mark(moment::DEVICES);
     let vcpu_opts = VcpuOptions {
         affinity: config.cpu_affinity.clone(),
@@ -236,6 +260,9 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         started: Instant::now(),
         template: built.template,
         boot_vcpus: usize::from(config.cpus),
+        balloon,
+        hotplug_ram,
+        memory_backing: config.memory_backing(),
     };
     launched.open_stats(&built.vcpus)?;
     launched.started = Instant::now();
@@ -267,6 +294,13 @@ fn add_virtio_devices(
         let name = device_name(net.id.as_deref(), "virtio-net", i);
         builder.add_virtio(&name, Box::new(Net::open(net)?), Notify::Ioeventfd)?;
     }
+    for (i, fs) in config.fs.iter().enumerate() {
+        let name = device_name(fs.id.as_deref(), "virtio-fs", i);
+        let dev = connect_fs(&name, fs)?;
+        let listener = dev.memory_listener(&name, builder.event_loop());
+        builder.add_virtio(&name, Box::new(dev), Notify::Ioeventfd)?;
+        builder.devices().add_memory_listener(Box::new(listener));
+    }
     let mut files = Vec::new();
     if let Some(vsock) = &config.vsock {
         let (dev, file) = Vsock::new(vsock)?;
@@ -280,6 +314,24 @@ fn add_virtio_devices(
 /// A device's name in the profile and `vm.counters`: its API id, else kind and index.
 pub(crate) fn device_name(id: Option<&str>, kind: &str, index: usize) -> String {
     id.map_or_else(|| format!("{kind}{index}"), str::to_string)
+}
+
+/// The virtio-fs device `name`, connected to its back end (one line says so).
+pub(crate) fn connect_fs(name: &str, fs: &crate::config::FsConfig) -> Result<Fs, LaunchError> {
+    let dev = Fs::connect(fs).map_err(|error| LaunchError::Fs {
+        name: name.to_string(),
+        error,
+    })?;
+    {
+        let f = dev.frontend();
+        eprintln!(
+            "exitless: {name}: vhost-user back end at {} connected (virtio features {:#x}, protocol features {:#x})",
+            fs.socket.display(),
+            f.offered_features(),
+            f.protocol_features().bits()
+        );
+    }
+    Ok(dev)
 }
 
 /// The disk's image, opened as its config says.
@@ -426,36 +478,42 @@ impl LaunchedVm {
         }
     }
 
-    /// Waits for the VM to end, calling `on_poll` every `poll` (it returns true to stop the
-    /// VM), and stopping the VM once `timeout` passes. Collects every vCPU thread.
+    /// Waits for the VM to end, stopping it once `timeout` passes. `on_wake` is called on
+    /// every wake-up of the main thread (a signal, a vCPU thread ending: [`crate::wake`]) and
+    /// at least every `every` if given (it returns true to stop the VM); between them the
+    /// thread sleeps. Collects every vCPU thread.
     pub fn wait(
         &mut self,
         timeout: Option<Duration>,
-        poll: Duration,
-        mut on_poll: impl FnMut(&LaunchedVm) -> bool,
+        every: Option<Duration>,
+        mut on_wake: impl FnMut(&LaunchedVm) -> bool,
     ) -> Result<LaunchEnd, LaunchError> {
         let start = Instant::now();
         let mut end = None;
         loop {
+            let seen = wake::generation();
             let running = self.running.as_ref().ok_or(LaunchError::NotRunning)?;
             if running.is_done() {
                 break;
             }
-            if timeout.is_some_and(|t| start.elapsed() >= t) {
+            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            if left.is_some_and(|l| l.is_zero()) {
                 end = Some(LaunchEnd::TimedOut);
                 break;
             }
-            if on_poll(self) {
+            if on_wake(self) {
                 end = Some(LaunchEnd::StopRequested);
                 break;
             }
-            thread::sleep(
-                poll.min(Duration::from_millis(20))
-                    .max(Duration::from_millis(1)),
-            );
+            let next = match (left, every) {
+                (Some(l), Some(e)) => Some(l.min(e)),
+                (l, e) => l.or(e),
+            };
+            wake::sleep_until_changed(seen, next);
         }
         let running = self.running.take().ok_or(LaunchError::NotRunning)?;
         let outcomes = Self::collect(running)?;
+        self.stop_devices();
         if let Ok(mut s) = self.serial.lock() {
             s.flush_output();
         }
@@ -474,6 +532,14 @@ impl LaunchedVm {
                 Ok(None)
             }
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Resets the devices that ask for it before the VM goes (vhost-user back ends stop their
+    /// queues), on the event loop; once the vCPUs are stopped.
+    fn stop_devices(&self) {
+        for d in self.virtio().filter(|d| d.resets_on_stop()) {
+            d.shut_down();
         }
     }
 
@@ -544,6 +610,7 @@ impl LaunchedVm {
         if let Some(running) = self.running.take() {
             let _ = Self::collect(running);
         }
+        self.stop_devices();
         if let Ok(mut s) = self.serial.lock() {
             s.flush_output();
         }
@@ -623,13 +690,16 @@ static REPORT_REQUESTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_stop_signal(num: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
     STOP_SIGNAL.store(num, Ordering::SeqCst);
+    wake::wake();
 }
 
 extern "C" fn on_report_signal(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
     REPORT_REQUESTED.store(true, Ordering::SeqCst);
+    wake::wake();
 }
 
-/// Installs handlers that only set flags: SIGINT and SIGTERM ask to stop
+/// Installs handlers that only set flags and wake the main thread ([`crate::wake`], both
+/// async-signal-safe): SIGINT and SIGTERM ask to stop
 /// ([`stop_signal`]), SIGUSR1 asks for a profile report ([`take_report_request`]).
 pub fn install_signal_handlers() -> Result<(), LaunchError> {
     use vmm_sys_util::signal::register_signal_handler;

@@ -30,3 +30,4 @@ pub mod terminal;
 pub mod test_skip;
 pub mod vcpu;
 pub mod vm;
+pub mod wake;

@@ -5,6 +5,9 @@
 //! mapped shared (writes reach the file: a VM template's memory) or private (copy-on-write:
 //! the VMs made from it), and regions may map any file at an offset ([`create_file_region`]:
 //! a restored snapshot's memory).
+//! Where memory hot-added while the VM runs goes: [`hotplug`].
+
+pub mod hotplug;
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};

@@ -150,6 +150,9 @@ const DEVICES: &[libc::c_long] = &[
     libc::SYS_epoll_ctl,
     libc::SYS_epoll_pwait,
     libc::SYS_epoll_wait,
+    // virtio-balloon: pages the guest reported free or inflated, given back from shared
+    // (memfd) guest memory by punching a hole in the file (private memory uses madvise).
+    libc::SYS_fallocate,
     libc::SYS_fdatasync,
     libc::SYS_fsync,
     // Starting a disk: its io_uring and completion eventfd, or its I/O threads.
@@ -164,6 +167,9 @@ const DEVICES: &[libc::c_long] = &[
     // vsock: std's Unix stream reads and writes are recv and send.
     libc::SYS_recvfrom,
     libc::SYS_sendto,
+    // vhost-user: a device's start and reset talk to its back end; SET_MEM_TABLE and
+    // SET_VRING_KICK/CALL carry file descriptors (SCM_RIGHTS), which only sendmsg sends.
+    libc::SYS_sendmsg,
     libc::SYS_shutdown,
     libc::SYS_timerfd_settime,
 ];

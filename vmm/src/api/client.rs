@@ -63,10 +63,16 @@ impl ApiClient {
         }
         req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
         let bytes = req.as_bytes();
-        let sent = self
-            .stream
-            .send_with_fds(&[bytes], fds)
-            .map_err(io::Error::from)?;
+        let sent = loop {
+            match self
+                .stream
+                .send_with_fds(&[bytes], fds)
+                .map_err(io::Error::from)
+            {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => break r?,
+            }
+        };
         if sent < bytes.len() {
             use std::io::Write;
             self.stream.write_all(&bytes[sent..])?;
@@ -81,7 +87,11 @@ impl ApiClient {
                 return Ok(reply);
             }
             let mut chunk = [0u8; 4096];
-            let n = self.stream.read(&mut chunk)?;
+            // A signal (a child of the caller ending, say) may interrupt the read: go on.
+            let n = match self.stream.read(&mut chunk) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => r?,
+            };
             if n == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,

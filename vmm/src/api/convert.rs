@@ -9,8 +9,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::schema::{
-    ConsoleConfig, CpusConfig, DiskConfig, Extra, MemoryConfig, MemoryZoneConfig, NetConfig,
-    PayloadConfig, VmConfig, VsockConfig,
+    BalloonConfig, ConsoleConfig, CpusConfig, DiskConfig, Extra, FsConfig, MemoryConfig,
+    MemoryZoneConfig, NetConfig, PayloadConfig, VmConfig, VsockConfig,
 };
 use super::ApiError;
 use crate::config::{self, MemorySize, SerialOutputMode, TapFd};
@@ -46,7 +46,6 @@ fn refuse_set(extra: &Extra, at: &str, fields: &[&str]) -> Result<(), ApiError> 
 
 /// Top-level fields for devices and features exitless does not have.
 const UNSUPPORTED: &[&str] = &[
-    "fs",
     "pmem",
     "devices",
     "user_devices",
@@ -55,7 +54,6 @@ const UNSUPPORTED: &[&str] = &[
     "sgx_epc",
     "numa",
     "tpm",
-    "balloon",
     "iommu",
     "watchdog",
     "pvpanic",
@@ -94,7 +92,20 @@ impl VmConfig {
         for n in self.net.iter().flatten() {
             n.check()?;
         }
+        let segments = self.pci_segments();
+        for f in self.fs.iter().flatten() {
+            f.check(self.memory.shared, segments)?;
+        }
         Ok(())
+    }
+
+    /// `platform.num_pci_segments` (1 when not given).
+    pub fn pci_segments(&self) -> u64 {
+        let platform = self.extra.get("platform");
+        platform
+            .and_then(|p| p.get("num_pci_segments"))
+            .and_then(Value::as_u64)
+            .unwrap_or(1)
     }
 
     /// exitless's configuration for this body (checked first).
@@ -114,6 +125,7 @@ impl VmConfig {
         c.shared_memory = self.memory.shared;
         c.hugepages = self.memory.hugepages;
         c.hugepage_size = self.memory.hugepage_size.map(hugepage_size).transpose()?;
+        c.hotplug_memory = hotplug_memory(&self.memory)?;
         c.serial_output = serial_output(self.serial.as_ref())?;
         // Cloud Hypervisor always has an entropy device; so does a VM made through the API.
         c.rng = true;
@@ -130,6 +142,12 @@ impl VmConfig {
         }
         if let Some(v) = &self.vsock {
             c.vsock = Some(v.to_vsock_config()?);
+        }
+        for f in self.fs.iter().flatten() {
+            c.fs.push(f.to_fs_config());
+        }
+        if let Some(b) = &self.balloon {
+            c.balloon = Some(b.to_balloon_config(c.memory.bytes())?);
         }
         c.validate(config::MAX_VCPUS)
             .map_err(|e| refuse(e.to_string()))?;
@@ -155,6 +173,7 @@ impl VmConfig {
                 hugepage_size: c.hugepage_size.map(MemorySize::bytes),
                 zones: (!c.memory_zones.is_empty())
                     .then(|| c.memory_zones.iter().map(zone_body).collect()),
+                hotplug_size: c.hotplug_memory.map(MemorySize::bytes),
                 ..MemoryConfig::default()
             },
             payload: PayloadConfig {
@@ -193,6 +212,26 @@ impl VmConfig {
                 socket: path(&v.socket),
                 id: Some("_vsock0".into()),
                 ..VsockConfig::default()
+            }),
+            fs: (!c.fs.is_empty()).then(|| {
+                let fs = c.fs.iter().enumerate();
+                fs.map(|(i, f)| FsConfig {
+                    tag: f.tag.clone(),
+                    socket: path(&f.socket),
+                    num_queues: f.num_queues,
+                    queue_size: f.queue_size,
+                    id: Some(f.id.clone().unwrap_or_else(|| format!("_fs{i}"))),
+                    pci_segment: 0,
+                    extra: Extra::new(),
+                })
+                .collect()
+            }),
+            balloon: c.balloon.as_ref().map(|b| BalloonConfig {
+                size: b.size,
+                deflate_on_oom: b.deflate_on_oom,
+                free_page_reporting: b.free_page_reporting,
+                id: Some(b.id.clone().unwrap_or_else(|| "_balloon0".into())),
+                ..BalloonConfig::default()
             }),
             ..VmConfig::default()
         }
@@ -254,6 +293,35 @@ fn zone_body(z: &config::MemoryZoneConfig) -> MemoryZoneConfig {
         hugepage_size: z.hugepage_size.map(MemorySize::bytes),
         extra: Extra::new(),
     }
+}
+
+/// `memory.hotplug_size` (0 or absent: no memory hotplug), added through ACPI:
+/// `hotplug_method` `Acpi` (Cloud Hypervisor's default); `VirtioMem` is refused.
+fn hotplug_memory(memory: &MemoryConfig) -> Result<Option<MemorySize>, ApiError> {
+    let size = memory.hotplug_size.filter(|&s| s > 0);
+    match memory.extra.get("hotplug_method").and_then(Value::as_str) {
+        None | Some("Acpi") => {}
+        Some("VirtioMem") if size.is_none() => {}
+        Some("VirtioMem") => {
+            return Err(refuse(
+                "memory.hotplug_method VirtioMem is not supported by exitless: use Acpi".into(),
+            ))
+        }
+        Some(other) => {
+            return Err(refuse(format!(
+                "memory.hotplug_method {other} is unknown (Acpi or VirtioMem)"
+            )))
+        }
+    }
+    let Some(bytes) = size else {
+        return Ok(None);
+    };
+    if bytes % (1 << 20) != 0 {
+        return Err(refuse(format!(
+            "memory.hotplug_size {bytes} is not a whole number of MiB"
+        )));
+    }
+    Ok(Some(MemorySize::from_mib(bytes >> 20)))
 }
 
 fn hugepage_size(bytes: u64) -> Result<MemorySize, ApiError> {
@@ -360,6 +428,40 @@ impl NetConfig {
     }
 }
 
+impl FsConfig {
+    /// The device needs shared memory; its segment must be one the platform has; its tag and
+    /// queues ones virtio allows.
+    pub fn check(&self, shared_memory: bool, segments: u64) -> Result<(), ApiError> {
+        if !shared_memory {
+            return Err(refuse(
+                "fs needs memory.shared=true: the vhost-user back end (virtiofsd) maps guest memory"
+                    .into(),
+            ));
+        }
+        if u64::from(self.pci_segment) >= segments {
+            return Err(refuse(format!(
+                "fs[].pci_segment {} is not below platform.num_pci_segments {segments}",
+                self.pci_segment
+            )));
+        }
+        refuse_set(&self.extra, "fs[].", &["pci_segments"])?;
+        self.to_fs_config()
+            .check()
+            .map_err(|e| refuse(format!("fs: {e}")))
+    }
+
+    /// exitless's file system for this body (checked by [`FsConfig::check`]).
+    pub fn to_fs_config(&self) -> config::FsConfig {
+        config::FsConfig {
+            tag: self.tag.clone(),
+            socket: PathBuf::from(&self.socket),
+            num_queues: self.num_queues,
+            queue_size: self.queue_size,
+            id: self.id.clone(),
+        }
+    }
+}
+
 impl VsockConfig {
     pub fn to_vsock_config(&self) -> Result<config::VsockConfig, ApiError> {
         let cid = u32::try_from(self.cid)
@@ -371,6 +473,21 @@ impl VsockConfig {
         };
         v.check().map_err(|e| refuse(format!("vsock: {e}")))?;
         Ok(v)
+    }
+}
+
+impl BalloonConfig {
+    /// exitless's balloon for this body, whose target must fit in `memory` bytes.
+    pub fn to_balloon_config(&self, memory: u64) -> Result<config::BalloonConfig, ApiError> {
+        let b = config::BalloonConfig {
+            size: self.size,
+            deflate_on_oom: self.deflate_on_oom,
+            free_page_reporting: self.free_page_reporting,
+            id: self.id.clone(),
+        };
+        b.check(memory)
+            .map_err(|e| refuse(format!("balloon.{e}")))?;
+        Ok(b)
     }
 }
 
@@ -401,7 +518,18 @@ mod tests {
     #[test]
     fn features_exitless_lacks_are_refused_by_name() {
         for (body, field) in [
-            (r#"{"payload":{"kernel":"/k"},"fs":[{"tag":"x"}]}"#, "fs"),
+            (
+                r#"{"payload":{"kernel":"/k"},"fs":[{"tag":"x","socket":"/s"}]}"#,
+                "fs needs memory.shared=true",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"shared":true},"fs":[{"tag":"x","socket":"/s","pci_segment":1}]}"#,
+                "pci_segment 1 is not below platform.num_pci_segments 1",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"shared":true},"fs":[{"tag":"","socket":"/s"}]}"#,
+                "fs: tag=",
+            ),
             (
                 r#"{"payload":{"kernel":"/k"},"devices":[{"path":"/sys/x"}]}"#,
                 "devices",
@@ -450,6 +578,40 @@ mod tests {
             "pvpanic":false,"watchdog":false,"iommu":false,"balloon":null,
             "console":{"mode":"Off"},"rng":{"src":"/dev/urandom"}}"#;
         parse(body).to_vm_config().unwrap();
+    }
+
+    #[test]
+    fn hotplug_size_is_taken_and_virtio_mem_refused() {
+        let body = r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456,
+            "hotplug_size":1073741824,"hotplug_method":"Acpi"}}"#;
+        let vm = parse(body).to_vm_config().unwrap();
+        assert_eq!(vm.hotplug_memory.map(MemorySize::bytes), Some(1 << 30));
+        assert_eq!(vm.hotplug_ram().map(|r| r.slots()), Some(8));
+        let back = serde_json::to_value(VmConfig::from_vm_config(&vm)).unwrap();
+        assert_eq!(back["memory"]["hotplug_size"], 1073741824u64);
+        let none = parse(r#"{"payload":{"kernel":"/k"},"memory":{"hotplug_size":0}}"#);
+        assert!(none.to_vm_config().unwrap().hotplug_memory.is_none());
+        for (body, why) in [
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"hotplug_size":1073741824,"hotplug_method":"VirtioMem"}}"#,
+                "memory.hotplug_method VirtioMem is not supported",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"hotplug_method":"Dimm"}}"#,
+                "hotplug_method Dimm is unknown",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"hotplug_size":1000}}"#,
+                "hotplug_size 1000 is not a whole number of MiB",
+            ),
+        ] {
+            let e = parse(body).to_vm_config().unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(e.message.contains(why), "{body}: {}", e.message);
+        }
+        let virtio_mem_without_hotplug =
+            r#"{"payload":{"kernel":"/k"},"memory":{"hotplug_method":"VirtioMem"}}"#;
+        parse(virtio_mem_without_hotplug).to_vm_config().unwrap();
     }
 
     #[test]
@@ -502,6 +664,72 @@ mod tests {
             let e = parse(body).to_vm_config().unwrap_err();
             assert!(e.message.contains(why), "{body}: {}", e.message);
         }
+    }
+
+    #[test]
+    fn kata_s_virtio_fs_body_is_taken() {
+        let body = r#"{"payload":{"kernel":"/k"},"platform":{"num_pci_segments":2},
+            "memory":{"size":268435456,"shared":true,"hugepages":false,"hotplug_size":2147483648},
+            "fs":[{"tag":"kataShared","socket":"/run/vc/vfs.sock","num_queues":1,
+                   "queue_size":1024,"pci_segment":1}]}"#;
+        let vm = parse(body).to_vm_config().unwrap();
+        assert!(vm.shared_memory);
+        assert_eq!(vm.fs.len(), 1);
+        let f = &vm.fs[0];
+        assert_eq!(
+            (f.tag.as_str(), f.num_queues, f.queue_size),
+            ("kataShared", 1, 1024)
+        );
+        assert_eq!(f.socket, PathBuf::from("/run/vc/vfs.sock"));
+        let back = serde_json::to_value(VmConfig::from_vm_config(&vm)).unwrap();
+        assert_eq!(back["fs"][0]["tag"], "kataShared");
+        assert_eq!(back["fs"][0]["id"], "_fs0");
+    }
+
+    #[test]
+    fn a_balloon_is_accepted_and_converted() {
+        // What Kata sends with reclaim_guest_freed_memory = true.
+        let body = r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456},
+            "balloon":{"size":0,"free_page_reporting":true}}"#;
+        let vm = parse(body).to_vm_config().unwrap();
+        let b = vm.balloon.expect("a balloon");
+        assert_eq!(
+            (b.size, b.free_page_reporting, b.deflate_on_oom),
+            (0, true, false)
+        );
+        let body = r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456},
+            "balloon":{"id":"b0","size":67108864,"deflate_on_oom":true,"stats_polling_interval":0}}"#;
+        let c = parse(body);
+        let b = c.to_vm_config().unwrap().balloon.unwrap();
+        assert_eq!(
+            (b.size, b.deflate_on_oom, b.free_page_reporting),
+            (64 << 20, true, false)
+        );
+        assert_eq!(b.id.as_deref(), Some("b0"));
+        assert_eq!(
+            c.balloon.unwrap().extra["stats_polling_interval"],
+            0,
+            "kept"
+        );
+        let too_big = r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456},
+            "balloon":{"size":536870912}}"#;
+        let e = parse(too_big).to_vm_config().unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(
+            e.message.starts_with("balloon.size 512M is more than"),
+            "{}",
+            e.message
+        );
+        assert!(
+            serde_json::from_str::<VmConfig>(r#"{"balloon":{}}"#).is_err(),
+            "size is required"
+        );
+        // And back, for `run --api-socket`'s vm.info.
+        let mut cli = config::VmConfig::new("/k");
+        cli.balloon = Some("free_page_reporting=on".parse().unwrap());
+        let shown = VmConfig::from_vm_config(&cli).balloon.unwrap();
+        assert!(shown.free_page_reporting);
+        assert_eq!(shown.id.as_deref(), Some("_balloon0"));
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub enum ApiRequest {
     /// A card, with the tap fds received with the request (SCM_RIGHTS).
     VmAddNet(schema::NetConfig, Vec<OwnedFd>),
     VmAddVsock(schema::VsockConfig),
+    VmAddFs(schema::FsConfig),
     VmRemoveDevice(schema::VmRemoveDevice),
     VmResize(schema::VmResize),
     VmSnapshot(schema::VmSnapshotConfig),
@@ -76,7 +77,6 @@ pub enum Route {
 /// Cloud Hypervisor endpoints exitless does not offer (answered 400 with why, not 404).
 const NOT_OFFERED: &[&str] = &[
     "vm.add-device",
-    "vm.add-fs",
     "vm.add-pmem",
     "vm.add-vdpa",
     "vm.add-user-device",
@@ -130,6 +130,7 @@ pub fn route(req: &http::Request, fds: Vec<OwnedFd>) -> Result<Route, HttpError>
         "vm.add-disk" => (Method::Put, ApiRequest::VmAddDisk(body(endpoint, b)?)),
         "vm.add-net" => (Method::Put, ApiRequest::VmAddNet(body(endpoint, b)?, fds)),
         "vm.add-vsock" => (Method::Put, ApiRequest::VmAddVsock(body(endpoint, b)?)),
+        "vm.add-fs" => (Method::Put, ApiRequest::VmAddFs(body(endpoint, b)?)),
         "vm.remove-device" => (Method::Put, ApiRequest::VmRemoveDevice(body(endpoint, b)?)),
         "vm.resize" => (Method::Put, ApiRequest::VmResize(optional(endpoint, b)?)),
         "vm.snapshot" => (Method::Put, ApiRequest::VmSnapshot(body(endpoint, b)?)),

@@ -141,6 +141,48 @@ pub struct VsockConfig {
     pub extra: Extra,
 }
 
+fn default_fs_queues() -> u16 {
+    1
+}
+
+fn default_fs_queue_size() -> u16 {
+    1024
+}
+
+/// A shared file system (`fs[]`, `vm.add-fs`): virtio-fs served by a vhost-user back end.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FsConfig {
+    pub tag: String,
+    pub socket: String,
+    #[serde(default = "default_fs_queues")]
+    pub num_queues: u16,
+    #[serde(default = "default_fs_queue_size")]
+    pub queue_size: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Accepted and kept; the device is placed on segment 0 (docs/api.md).
+    #[serde(default)]
+    pub pci_segment: u16,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// The balloon (`balloon`): free page reporting, and memory the host asks back.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BalloonConfig {
+    /// Bytes the guest is asked to put in the balloon (`vm.resize`'s `desired_balloon`
+    /// changes it).
+    pub size: u64,
+    #[serde(default)]
+    pub deflate_on_oom: bool,
+    #[serde(default)]
+    pub free_page_reporting: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
 /// `serial` and `console`: where output goes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ConsoleConfig {
@@ -194,6 +236,10 @@ pub struct VmConfig {
     pub console: Option<ConsoleConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<VsockConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs: Option<Vec<FsConfig>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<BalloonConfig>,
     #[serde(flatten)]
     pub extra: Extra,
 }

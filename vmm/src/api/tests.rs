@@ -68,6 +68,15 @@ fn every_endpoint_becomes_its_request() {
     assert!(matches!(rm, R::VmRemoveDevice(r) if r.id.as_deref() == Some("_disk0")));
     let resize = put("vm.resize", r#"{"desired_vcpus":2}"#);
     assert!(matches!(resize, R::VmResize(r) if r.desired_vcpus == Some(2)));
+    let balloon = put("vm.resize", r#"{"desired_balloon":268435456}"#);
+    assert!(matches!(balloon, R::VmResize(r) if r.desired_balloon == Some(256 << 20)));
+    let create = put(
+        "vm.create",
+        r#"{"payload":{"kernel":"/k"},"balloon":{"size":0,"free_page_reporting":true}}"#,
+    );
+    assert!(
+        matches!(create, R::VmCreate(c) if c.balloon.as_ref().is_some_and(|b| b.free_page_reporting))
+    );
 }
 
 #[test]
@@ -90,13 +99,17 @@ fn wrong_methods_paths_and_bodies_say_why() {
         message.contains("invalid type") && message.contains("column"),
         "{message}"
     );
-    let e = routed(Method::Put, "/api/v1/vm.add-fs", "{}").unwrap_err();
+    let e = routed(Method::Put, "/api/v1/vm.add-pmem", "{}").unwrap_err();
     assert_eq!(e.status, 400);
     assert!(
-        e.message.contains("vm.add-fs is not supported"),
+        e.message.contains("vm.add-pmem is not supported"),
         "{}",
         e.message
     );
+    // vm.add-fs is offered: a body without its fields is a 400 naming the field.
+    let e = routed(Method::Put, "/api/v1/vm.add-fs", "{}").unwrap_err();
+    assert_eq!(e.status, 400);
+    assert!(e.message.contains("missing field `tag`"), "{}", e.message);
 }
 
 #[test]

@@ -1,5 +1,7 @@
-//! `--memory SIZE` or `--memory size=SIZE[,shared=on][,hugepages=on][,hugepage_size=2M|1G]`:
-//! how much guest RAM, and what backs it (see [`crate::memory::Backing`]).
+//! `--memory SIZE` or
+//! `--memory size=SIZE[,shared=on][,hugepages=on][,hugepage_size=2M|1G][,hotplug_size=SIZE]`:
+//! how much guest RAM, what backs it (see [`crate::memory::Backing`]), and how much may be
+//! added while the VM runs (see [`crate::memory::hotplug`]).
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -7,6 +9,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, MemorySize, VmConfig};
+use crate::memory::hotplug::HotplugRam;
 use crate::memory::{Backing, Zone, ZoneSource, HUGEPAGE_1G, HUGEPAGE_2M};
 
 /// One zone of guest RAM (the API's `memory.zones[]`): fresh memory backed as its flags say,
@@ -52,6 +55,7 @@ pub struct MemoryOption {
     pub shared: Option<bool>,
     pub hugepages: Option<bool>,
     pub hugepage_size: Option<MemorySize>,
+    pub hotplug_size: Option<MemorySize>,
 }
 
 fn on_off(
@@ -70,7 +74,7 @@ impl FromStr for MemoryOption {
     type Err = ConfigError;
 
     /// A bare size (`512M`), or `key=value` parts: `size=`, `shared=`, `hugepages=`,
-    /// `hugepage_size=`.
+    /// `hugepage_size=`, `hotplug_size=`.
     fn from_str(input: &str) -> Result<Self, ConfigError> {
         if !input.contains('=') {
             return Ok(MemoryOption {
@@ -92,9 +96,10 @@ impl FromStr for MemoryOption {
                 "shared" => m.shared = Some(on_off(key, value, &bad)?),
                 "hugepages" => m.hugepages = Some(on_off(key, value, &bad)?),
                 "hugepage_size" => m.hugepage_size = Some(value.parse()?),
+                "hotplug_size" => m.hotplug_size = Some(value.parse()?),
                 _ => {
                     return Err(bad(format!(
-                        "unknown key '{key}' (size=, shared=, hugepages=, hugepage_size=)"
+                        "unknown key '{key}' (size=, shared=, hugepages=, hugepage_size=, hotplug_size=)"
                     )))
                 }
             }
@@ -110,10 +115,22 @@ impl MemoryOption {
         c.shared_memory = self.shared.unwrap_or(c.shared_memory);
         c.hugepages = self.hugepages.unwrap_or(c.hugepages);
         c.hugepage_size = self.hugepage_size.or(c.hugepage_size);
+        c.hotplug_memory = self.hotplug_size.or(c.hotplug_memory);
     }
 }
 
 impl VmConfig {
+    /// Where memory added while the VM runs goes (None: no memory hotplug, or less than a
+    /// block of it).
+    pub fn hotplug_ram(&self) -> Option<HotplugRam> {
+        let hotplug = self.hotplug_memory?.bytes();
+        HotplugRam::new(
+            self.memory.bytes(),
+            hotplug,
+            self.memory_backing().hugepage_size,
+        )
+    }
+
     /// What backs guest RAM: shared and huge pages as configured (2M pages by default).
     pub fn memory_backing(&self) -> Backing {
         Backing {
@@ -151,6 +168,12 @@ impl VmConfig {
                 return Err(bad("hugepage_size needs hugepages"));
             }
             total += z.size.bytes();
+        }
+        if let (Some(z), Some(_)) = (self.memory_zones.first(), self.hotplug_memory) {
+            return Err(ConfigError::MemoryZone {
+                id: z.id.clone(),
+                reason: "memory hotplug (hotplug_size) is not supported with zones".into(),
+            });
         }
         if !self.memory_zones.is_empty() && total != self.memory.bytes() {
             return Err(ConfigError::MemoryZone {
@@ -200,9 +223,10 @@ mod tests {
         let m: MemoryOption = "512M".parse().unwrap();
         assert_eq!(m.size.map(MemorySize::mib), Some(512));
         assert_eq!((m.shared, m.hugepages), (None, None));
-        let m: MemoryOption = "size=1G,shared=on,hugepages=on,hugepage_size=2M"
+        let m: MemoryOption = "size=1G,shared=on,hugepages=on,hugepage_size=2M,hotplug_size=2G"
             .parse()
             .unwrap();
+        assert_eq!(m.hotplug_size.map(MemorySize::mib), Some(2048));
         assert_eq!(m.size.map(MemorySize::mib), Some(1024));
         assert_eq!((m.shared, m.hugepages), (Some(true), Some(true)));
         assert_eq!(m.hugepage_size.map(MemorySize::bytes), Some(HUGEPAGE_2M));

@@ -31,6 +31,12 @@ impl DeviceIds {
         if config.vsock.is_some() {
             ids.used.insert("_vsock0".into());
         }
+        for i in 0..config.fs.len() {
+            ids.used.insert(format!("_fs{i}"));
+        }
+        if config.balloon.is_some() {
+            ids.used.insert("_balloon0".into());
+        }
         ids
     }
 
@@ -73,6 +79,12 @@ impl DeviceIds {
         }
         if let Some(v) = api.vsock.as_mut() {
             v.id = Some(self.assign(v.id.take(), "_vsock")?);
+        }
+        for f in api.fs.iter_mut().flatten() {
+            f.id = Some(self.assign(f.id.take(), "_fs")?);
+        }
+        if let Some(b) = api.balloon.as_mut() {
+            b.id = Some(self.assign(b.id.take(), "_balloon")?);
         }
         Ok(())
     }
@@ -151,6 +163,23 @@ impl Vmm {
         slot.added(id, added)
     }
 
+    /// A virtio-fs device on the vhost-user back end at `fs.socket` (the VM's memory must be
+    /// shared): joins the config before boot, hot-plugged once booted.
+    pub(super) fn add_fs(&mut self, mut fs: schema::FsConfig) -> Added {
+        let slot = self.slot()?;
+        fs.check(slot.config.shared_memory, slot.api.pci_segments())
+            .map_err(invalid)?;
+        let id = slot.ids.assign(fs.id.take(), "_fs")?;
+        fs.id = Some(id.clone());
+        let internal = fs.to_fs_config();
+        let added = slot.plug(&id, HotplugDevice::Fs(&internal));
+        if added.is_ok() {
+            slot.config.fs.push(internal);
+            slot.api.fs.get_or_insert_with(Vec::new).push(fs);
+        }
+        slot.added(id, added)
+    }
+
     /// Removes a device from the configuration at once; a running VM's guest is asked to
     /// eject it, and its resources go when the guest has (Cloud Hypervisor's way).
     pub(super) fn remove_device(&mut self, r: schema::VmRemoveDevice) -> Result<(), ControlError> {
@@ -158,6 +187,16 @@ impl Vmm {
         let id = r.id.unwrap_or_default();
         if !slot.ids.contains(&id) {
             return Err(ControlError::UnknownDevice(id));
+        }
+        if slot
+            .api
+            .balloon
+            .as_ref()
+            .is_some_and(|b| b.id.as_deref() == Some(&id))
+        {
+            return Err(ControlError::Unsupported(format!(
+                "Device {id} is the balloon, which cannot be removed"
+            )));
         }
         if let Some(vm) = slot.booted.as_mut() {
             vm.request_removal(&id)?;
@@ -167,33 +206,27 @@ impl Vmm {
     }
 
     /// `vm.resize`: vCPUs added up to `max_vcpus` (hotplug) or removed (the guest ejects
-    /// them); memory and balloon resizing are not supported.
+    /// them), memory added (ACPI memory hotplug, see `memory`), the balloon's target
+    /// (`desired_balloon`).
     pub(super) fn resize(&mut self, r: schema::VmResize) -> Result<(), ControlError> {
-        if r.desired_ram.is_some() {
-            return Err(ControlError::Unsupported(
-                "vm.resize: desired_ram is not supported (exitless has no memory hotplug yet)"
-                    .into(),
-            ));
-        }
-        if r.desired_balloon.is_some() {
-            return Err(ControlError::Unsupported(
-                "vm.resize: desired_balloon is not supported (exitless has no balloon device)"
-                    .into(),
-            ));
-        }
         let slot = self.slot()?;
-        let Some(wanted) = r.desired_vcpus else {
-            return Ok(());
-        };
-        let max = slot.config.max_vcpus.unwrap_or(slot.config.cpus);
-        if wanted == 0 || wanted > max {
-            return Err(ControlError::Invalid(format!(
-                "vm.resize: desired_vcpus {wanted} is outside 1..={max} (max_vcpus)"
-            )));
+        if let Some(wanted) = r.desired_vcpus {
+            let max = slot.config.max_vcpus.unwrap_or(slot.config.cpus);
+            if wanted == 0 || wanted > max {
+                return Err(ControlError::Invalid(format!(
+                    "vm.resize: desired_vcpus {wanted} is outside 1..={max} (max_vcpus)"
+                )));
+            }
+            slot.resize_vcpus(wanted)?;
+            slot.api.cpus.boot_vcpus = wanted;
+            slot.config.cpus = wanted;
         }
-        slot.resize_vcpus(wanted)?;
-        slot.api.cpus.boot_vcpus = wanted;
-        slot.config.cpus = wanted;
+        if let Some(ram) = r.desired_ram {
+            slot.resize_memory(ram)?;
+        }
+        if let Some(bytes) = r.desired_balloon {
+            slot.resize_balloon(bytes)?;
+        }
         Ok(())
     }
 }
@@ -242,10 +275,38 @@ impl VmSlot {
             self.api.vsock = None;
             self.config.vsock = None;
         }
+        if let Some(fs) = self.api.fs.as_mut() {
+            if let Some(i) = fs.iter().position(|f| is(&f.id)) {
+                fs.remove(i);
+                self.config.fs.remove(i);
+            }
+        }
         // A running VM's device keeps its id until the guest has ejected it.
         if self.booted.is_none() {
             self.ids.release(id);
         }
+    }
+
+    /// Sets the balloon's target (the guest is told at once if it runs).
+    fn resize_balloon(&mut self, bytes: u64) -> Result<(), ControlError> {
+        let (Some(api), Some(config)) = (self.api.balloon.as_mut(), self.config.balloon.as_mut())
+        else {
+            return Err(ControlError::Invalid(
+                "vm.resize: desired_balloon needs a balloon device (balloon in vm.create)".into(),
+            ));
+        };
+        let memory = self.config.memory.bytes();
+        if bytes > memory {
+            return Err(ControlError::Invalid(format!(
+                "vm.resize: desired_balloon {bytes} is more than the guest's {memory} bytes of memory"
+            )));
+        }
+        if let Some(vm) = self.booted.as_ref() {
+            vm.set_balloon_target(bytes)?;
+        }
+        api.size = bytes;
+        config.size = bytes;
+        Ok(())
     }
 
     fn resize_vcpus(&mut self, wanted: u8) -> Result<(), ControlError> {

@@ -13,6 +13,7 @@
 //! state is refused with the state named; nothing is left half done.
 
 mod devices;
+mod memory;
 pub mod serve;
 mod snapshot;
 
@@ -220,6 +221,7 @@ impl Vmm {
             ApiRequest::VmAddDisk(disk) => self.add_disk(disk).into(),
             ApiRequest::VmAddNet(net, fds) => self.add_net(net, fds).into(),
             ApiRequest::VmAddVsock(vsock) => self.add_vsock(vsock).into(),
+            ApiRequest::VmAddFs(fs) => self.add_fs(fs).into(),
             ApiRequest::VmRemoveDevice(r) => done(self.remove_device(r)),
             ApiRequest::VmResize(r) => done(self.resize(r)),
             ApiRequest::VmSnapshot(s) => done(self.snapshot(&s.destination_url)),
@@ -319,10 +321,19 @@ impl Vmm {
 
     fn info(&mut self) -> Result<schema::VmInfo, ControlError> {
         let slot = self.slot()?;
+        // What the guest can use: its memory less what it put in the balloon.
+        let ballooned = slot
+            .booted
+            .as_ref()
+            .and_then(|vm| vm.balloon_actual_bytes());
         Ok(schema::VmInfo {
             config: slot.api.clone(),
             state: slot.state.to_string(),
-            memory_actual_size: slot.config.memory.bytes(),
+            memory_actual_size: slot
+                .config
+                .memory
+                .bytes()
+                .saturating_sub(ballooned.unwrap_or(0)),
             device_tree: Default::default(),
         })
     }

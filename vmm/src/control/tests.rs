@@ -103,13 +103,27 @@ fn devices_added_before_boot_join_the_config_with_ids() {
 }
 
 #[test]
-fn resize_checks_its_bounds_and_refuses_memory() {
+fn resize_checks_its_bounds_and_sets_memory_before_boot() {
     let mut vmm = Vmm::new();
     vmm.handle(R::VmCreate(create_body("/k", "")));
     let resize = |v: serde_json::Value| R::VmResize(serde_json::from_value(v).unwrap());
+    // Before boot the size joins the config, as Cloud Hypervisor does (the VM boots with it).
     let ram = vmm.handle(resize(serde_json::json!({"desired_ram": 1u64 << 30})));
-    assert_eq!(status(&ram), 400);
-    assert!(message(&ram).contains("desired_ram"), "{}", message(&ram));
+    assert_eq!(status(&ram), 204, "{}", message(&ram));
+    let shown = info(&mut vmm);
+    assert_eq!(shown["config"]["memory"]["size"], 1u64 << 30);
+    assert_eq!(shown["memory_actual_size"], 1u64 << 30);
+    for (bad, why) in [
+        ((1u64 << 30) + 1, "not a whole number of MiB"),
+        (1 << 20, "below the minimum"),
+    ] {
+        let r = vmm.handle(resize(serde_json::json!({ "desired_ram": bad })));
+        assert_eq!(status(&r), 400);
+        assert!(message(&r).contains(why), "{}", message(&r));
+    }
+    assert_eq!(info(&mut vmm)["config"]["memory"]["size"], 1u64 << 30);
+    let balloon = vmm.handle(resize(serde_json::json!({"desired_balloon": 0})));
+    assert_eq!(status(&balloon), 400);
     assert_eq!(
         status(&vmm.handle(resize(serde_json::json!({"desired_vcpus": 3})))),
         400
@@ -123,6 +137,35 @@ fn resize_checks_its_bounds_and_refuses_memory() {
         204
     );
     assert_eq!(info(&mut vmm)["config"]["cpus"]["boot_vcpus"], 2);
+}
+
+#[test]
+fn balloon_resize_needs_a_balloon_that_fits_and_the_balloon_stays() {
+    let mut vmm = Vmm::new();
+    vmm.handle(R::VmCreate(create_body("/k", "")));
+    let resize = |v: serde_json::Value| R::VmResize(serde_json::from_value(v).unwrap());
+    let none = vmm.handle(resize(serde_json::json!({"desired_balloon": 4096})));
+    assert_eq!(status(&none), 400);
+    assert!(
+        message(&none).contains("needs a balloon"),
+        "{}",
+        message(&none)
+    );
+    vmm.handle(R::VmDelete);
+    let mut body = create_body("/k", "");
+    body.balloon = Some(serde_json::from_value(serde_json::json!({"size": 0})).unwrap());
+    assert_eq!(status(&vmm.handle(R::VmCreate(body))), 204);
+    assert_eq!(info(&mut vmm)["config"]["balloon"]["id"], "_balloon0");
+    let big = vmm.handle(resize(serde_json::json!({"desired_balloon": 1u64 << 30})));
+    assert_eq!(status(&big), 400, "more than the guest's memory");
+    let ok = vmm.handle(resize(serde_json::json!({"desired_balloon": 8u64 << 20})));
+    assert_eq!(status(&ok), 204, "{}", message(&ok));
+    assert_eq!(info(&mut vmm)["config"]["balloon"]["size"], 8u64 << 20);
+    let rm = R::VmRemoveDevice(schema::VmRemoveDevice {
+        id: Some("_balloon0".into()),
+    });
+    assert_eq!(status(&vmm.handle(rm)), 400);
+    assert!(info(&mut vmm)["config"]["balloon"].is_object());
 }
 
 /// The bench guest as a kernel file (it is a PVH ELF).
@@ -199,6 +242,66 @@ fn a_vm_boots_pauses_resumes_shuts_down_and_boots_again() {
     let _ = std::fs::remove_file(kernel);
 }
 
+/// One of device `id`'s own counters (`vm.counters`), 0 before the VM runs it.
+fn device_counter(vmm: &mut Vmm, id: &str, name: &str) -> u64 {
+    let counters: serde_json::Value = match vmm.handle(R::VmCounters) {
+        ApiResponse::Json(body) => serde_json::from_str(&body).unwrap(),
+        other => panic!(
+            "vm.counters answered {} {}",
+            status(&other),
+            message(&other)
+        ),
+    };
+    counters[id][name].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn a_balloon_target_set_by_resize_reaches_the_running_guest_and_back() {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        crate::test_skip::skip("control_balloon", "/dev/kvm is missing on this host");
+        return;
+    }
+    let kernel = bench_kernel("balloon");
+    let mut vmm = Vmm::new();
+    // The guest reports 1 MiB, inflates and deflates 16 pages, then follows the host's target.
+    let mut body = create_body(
+        kernel.to_str().unwrap(),
+        "case=balloon_check iters=1 follow",
+    );
+    body.memory.size = 256 << 20;
+    let balloon = serde_json::json!({"size": 0, "free_page_reporting": true});
+    body.balloon = Some(serde_json::from_value(balloon).unwrap());
+    assert_eq!(status(&vmm.handle(R::VmCreate(body))), 204);
+    let boot = vmm.handle(R::VmBoot);
+    assert_eq!(status(&boot), 204, "{}", message(&boot));
+    let id = "_balloon0";
+    wait_for("the guest's own inflate and deflate", || {
+        device_counter(&mut vmm, id, "deflated_pages") == 16
+    });
+    assert_eq!(device_counter(&mut vmm, id, "reported_pages"), 256);
+    assert_eq!(info(&mut vmm)["memory_actual_size"], 256u64 << 20);
+    let resize = |bytes: u64| {
+        R::VmResize(schema::VmResize {
+            desired_balloon: Some(bytes),
+            ..schema::VmResize::default()
+        })
+    };
+    assert_eq!(status(&vmm.handle(resize(8 << 20))), 204);
+    assert_eq!(device_counter(&mut vmm, id, "target_pages"), 2048);
+    wait_for("the guest to put 8 MiB in the balloon", || {
+        info(&mut vmm)["memory_actual_size"] == 248u64 << 20
+    });
+    assert_eq!(device_counter(&mut vmm, id, "inflated_pages"), 16 + 2048);
+    assert_eq!(info(&mut vmm)["config"]["balloon"]["size"], 8u64 << 20);
+    assert_eq!(status(&vmm.handle(resize(0))), 204);
+    wait_for("the guest to take them back", || {
+        info(&mut vmm)["memory_actual_size"] == 256u64 << 20
+    });
+    assert_eq!(device_counter(&mut vmm, id, "deflated_pages"), 16 + 2048);
+    vmm.stop();
+    let _ = std::fs::remove_file(kernel);
+}
+
 #[test]
 fn a_guest_reset_reboots_the_vm() {
     if std::fs::metadata("/dev/kvm").is_err() {
@@ -210,12 +313,21 @@ fn a_guest_reset_reboots_the_vm() {
     // The bench guest resets through the i8042 when it is done (there is no exit port).
     let body = create_body(kernel.to_str().unwrap(), "case=pio_out iters=10");
     vmm.handle(R::VmCreate(body));
+    // A writable disk: each boot locks its image, so each reboot needs the last VM's devices
+    // gone (a reference cycle once kept them, and their files, alive).
+    let image = Scratch::new("reset", b"");
+    let add = vmm.handle(R::VmAddDisk(disk(serde_json::json!({"path": image.0}))));
+    assert_eq!(status(&add), 204, "{}", message(&add));
     assert_eq!(status(&vmm.handle(R::VmBoot)), 204);
     wait_for("two guest resets", || {
         vmm.poll();
         vmm.reboots() >= 2
     });
-    assert!(vmm.exit().is_none(), "a reset does not end the VMM");
+    assert!(
+        vmm.exit().is_none(),
+        "a reset does not end the VMM: {:?}",
+        vmm.exit()
+    );
     assert_eq!(info(&mut vmm)["state"], "Running");
     vmm.stop();
     let _ = std::fs::remove_file(kernel);
@@ -334,4 +446,55 @@ fn snapshot_and_restore_are_refused_where_they_cannot_be_done() {
         "a VMM with a VM takes no restore: {}",
         message(&r)
     );
+}
+
+fn fs(body: serde_json::Value) -> schema::FsConfig {
+    serde_json::from_value(body).unwrap()
+}
+
+#[test]
+fn add_fs_needs_shared_memory_and_joins_the_config_before_boot() {
+    let mut vmm = Vmm::new();
+    assert_eq!(status(&vmm.handle(R::VmCreate(create_body("/k", "")))), 204);
+    let body = serde_json::json!({"tag": "kataShared", "socket": "/run/fs.sock", "pci_segment": 1});
+    let refused = vmm.handle(R::VmAddFs(fs(body.clone())));
+    assert_eq!(status(&refused), 400);
+    assert!(
+        message(&refused).contains("memory.shared"),
+        "{}",
+        message(&refused)
+    );
+    assert!(
+        info(&mut vmm)["config"].get("fs").is_none(),
+        "nothing added"
+    );
+
+    assert_eq!(status(&vmm.handle(R::VmDelete)), 204);
+    let mut shared = create_body("/k", "");
+    shared.memory.shared = true;
+    assert_eq!(status(&vmm.handle(R::VmCreate(shared))), 204);
+    assert_eq!(
+        status(&vmm.handle(R::VmAddFs(fs(body)))),
+        204,
+        "before boot: joins the config"
+    );
+    let i = info(&mut vmm);
+    assert_eq!(i["config"]["memory"]["shared"], true);
+    assert_eq!(i["config"]["fs"][0]["tag"], "kataShared");
+    assert_eq!(i["config"]["fs"][0]["id"], "_fs0");
+    let bad_segment = serde_json::json!({"tag": "t", "socket": "/s", "pci_segment": 2});
+    let refused = vmm.handle(R::VmAddFs(fs(bad_segment)));
+    assert!(
+        message(&refused).contains("num_pci_segments 2"),
+        "{}",
+        message(&refused)
+    );
+    let remove = R::VmRemoveDevice(schema::VmRemoveDevice {
+        id: Some("_fs0".into()),
+    });
+    assert_eq!(status(&vmm.handle(remove)), 204);
+    assert!(info(&mut vmm)["config"]["fs"]
+        .as_array()
+        .unwrap()
+        .is_empty());
 }

@@ -8,6 +8,8 @@
 
 pub mod hotplug;
 pub mod pci;
+
+pub use hotplug::MemoryListener;
 pub mod routing;
 mod snapshot;
 
@@ -17,7 +19,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use kvm_ioctls::{IoEventAddress, VmFd};
 use thiserror::Error;
 use vm_allocator::{AddressAllocator, AllocPolicy};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot::acpi::{AcpiPlatform, Ecam};
@@ -25,7 +26,7 @@ use crate::bus::{BusBuilder, BusError, Buses, SharedBuses, SharedDevice};
 use crate::config::IrqchipMode;
 use crate::devices::pci::{PciConfigPorts, PciDevice, PciEcam, PciRoot};
 use crate::devices::virtio::transport::VirtioPciDevice;
-use crate::devices::virtio::VirtioDevice;
+use crate::devices::virtio::{SharedGuestMemory, VirtioDevice};
 use crate::event_loop::EventLoopHandle;
 use crate::kvm::{IoEvent, KvmError};
 use crate::memory;
@@ -52,6 +53,12 @@ pub enum DeviceManagerError {
     NoSlot(u8),
     #[error("This VM has no hotplug controllers")]
     NoHotplug,
+    #[error("This VM has no memory hotplug controller (memory.hotplug_size is not set)")]
+    NoMemoryHotplug,
+    #[error("The memory hotplug controller has no slot {0}")]
+    NoMemorySlot(usize),
+    #[error("{0} did not take the new memory region (the guest was not given it): {1}")]
+    MemoryListener(String, String),
 }
 
 /// How a virtio device's queue notifications reach it.
@@ -104,6 +111,8 @@ pub struct DeviceManager {
     snapshottable: Vec<(String, Arc<dyn crate::snapshot::Snapshottable>)>,
     /// Devices added or removed since the VM started (a snapshot cannot save that yet).
     hotplugged: bool,
+    /// Told of memory added while the VM runs ([`DeviceManager::memory_added`]).
+    memory_listeners: Vec<Box<dyn MemoryListener>>,
 }
 
 impl DeviceManager {
@@ -133,6 +142,7 @@ impl DeviceManager {
             hotplug: None,
             snapshottable: Vec::new(),
             hotplugged: false,
+            memory_listeners: Vec::new(),
         }
     }
 
@@ -258,7 +268,7 @@ impl DeviceManager {
         &mut self,
         name: &str,
         device: Box<dyn VirtioDevice>,
-        mem: &GuestMemoryMmap,
+        mem: &SharedGuestMemory,
         event_loop: EventLoopHandle,
         notify: Notify,
     ) -> Result<Arc<VirtioPciDevice>, DeviceManagerError> {
@@ -439,7 +449,7 @@ impl DeviceManager {
             pio: pio.freeze(),
             mmio: mmio.freeze(),
         }));
-        let _ = self.mapper.buses.set(buses.clone());
+        let _ = self.mapper.buses.set(Arc::downgrade(&buses));
         self.layout = Layout::Running(buses.clone());
         Ok(buses)
     }

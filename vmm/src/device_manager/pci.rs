@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::EventFd;
@@ -68,6 +68,22 @@ impl MsiRoutes for RouteUpdater {
             Err(e) => self.log(|name| format!("{name}: {e}")),
         }
     }
+
+    fn set_irqfd(&self, gsi: u32, irqfd: &EventFd, connected: bool) {
+        let done = if connected {
+            self.vm.register_irqfd(irqfd, gsi)
+        } else {
+            self.vm.unregister_irqfd(irqfd, gsi)
+        };
+        if let Err(e) = done {
+            let what = if connected {
+                "put back on"
+            } else {
+                "taken off"
+            };
+            self.log(|name| format!("{name}: the irqfd of GSI {gsi} not {what} KVM: {e}"));
+        }
+    }
 }
 
 /// Where a virtio-pci device's BAR 0 is mapped, and what it holds of the VM's resources.
@@ -123,13 +139,20 @@ impl IoEvents {
 /// Follows BAR moves: the MMIO range and the notify ioeventfds go where the guest put the BAR.
 pub struct PciMapper {
     pub io_events: Arc<IoEvents>,
-    pub buses: OnceLock<Arc<SharedBuses>>,
+    /// Weak: the buses hold PCI configuration access, which holds the root, which holds this
+    /// mapper; a strong reference would keep every device (and its files) alive after the VM
+    /// is dropped.
+    pub buses: OnceLock<Weak<SharedBuses>>,
     pub slots: Mutex<HashMap<u8, MappedVirtio>>,
 }
 
 impl PciMapper {
     fn move_bar(&self, m: &mut MappedVirtio, to: u64) -> Result<(), String> {
-        let buses = self.buses.get().ok_or("the buses are not built yet")?;
+        let buses = self
+            .buses
+            .get()
+            .and_then(Weak::upgrade)
+            .ok_or("the buses are not built yet, or gone")?;
         buses
             .update(|old| {
                 let mut mmio = old.mmio.to_builder();

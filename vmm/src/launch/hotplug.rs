@@ -2,7 +2,7 @@
 //! told and ejecting through ACPI), vCPUs added and removed through the CPU controller.
 
 use super::{device_name, open_disk, LaunchError, LaunchedVm};
-use crate::config::{DiskConfig, NetConfig, VsockConfig};
+use crate::config::{DiskConfig, FsConfig, NetConfig, VsockConfig};
 use crate::device_manager::Notify;
 use crate::devices::acpi::Ejected;
 use crate::devices::virtio::net::Net;
@@ -14,6 +14,7 @@ pub enum HotplugDevice<'a> {
     Disk(&'a DiskConfig),
     Net(&'a NetConfig),
     Vsock(&'a VsockConfig),
+    Fs(&'a FsConfig),
 }
 
 impl LaunchedVm {
@@ -27,6 +28,12 @@ impl LaunchedVm {
             HotplugDevice::Vsock(v) => {
                 let (dev, file) = Vsock::new(v)?;
                 socket = Some(file);
+                Box::new(dev)
+            }
+            HotplugDevice::Fs(f) => {
+                let dev = super::connect_fs(id, f)?;
+                let listener = dev.memory_listener(id, self.event_loop.handle());
+                self.devices.add_memory_listener(Box::new(listener));
                 Box::new(dev)
             }
         };

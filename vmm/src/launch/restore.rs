@@ -15,11 +15,12 @@ use super::{
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use crate::config::{IrqchipMode, VmConfig, MAX_VCPUS};
 use crate::kvm;
+use crate::memory::hotplug::HotplugRam;
 use crate::memory::{self, Backing};
-use crate::vm::VcpuThreadsAhead;
 use crate::snapshot::format::{RegionSource, RegionState, SnapshotState};
 use crate::snapshot::memory_file;
 use crate::snapshot::{cpu_features, SnapshotError, MEMORY_FILE};
+use crate::vm::VcpuThreadsAhead;
 
 /// Restore choices that are not part of the snapshot (the console goes where the config's
 /// `serial_output` and `serial_log` say).
@@ -77,7 +78,10 @@ pub fn restore(
     let mut builder = VmBuilder::with_memory(kvm, spec, mem)?;
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
-    builder.enable_hotplug()?;
+    // The same controllers at the same addresses as the saved VM's (its memory hotplug
+    // controller only if it had a hotplug area; slots are checked on the device's restore).
+    let hotplug_ram = config.hotplug_ram();
+    builder.enable_hotplug(hotplug_ram.as_ref().map_or(0, HotplugRam::slots))?;
     let socket_files = add_virtio_devices(&mut builder, config)?;
     let vcpu_opts = VcpuOptions {
         affinity: config.cpu_affinity.clone(),
@@ -100,6 +104,9 @@ pub fn restore(
         started: Instant::now(),
         template: built.template,
         boot_vcpus: usize::from(config.cpus),
+        balloon: None,
+        hotplug_ram,
+        memory_backing: config.memory_backing(),
     };
     launched.open_stats(&built.vcpus)?;
     // Parked before their first KVM_RUN: the VM is Paused until resumed.
@@ -137,6 +144,18 @@ fn check_fits(config: &VmConfig, state: &SnapshotState) -> Result<(), LaunchErro
     }
     if config.irqchip != IrqchipMode::Kernel {
         return Err(mismatch("only the in-kernel irqchip is restored".into()));
+    }
+    // A snapshot refuses these (docs/snapshot.md); config.json may have been edited since.
+    if let Some(fs) = config.fs.first() {
+        let tag = &fs.tag;
+        return Err(mismatch(format!(
+            "config.json has a virtio-fs device (tag {tag}), which a snapshot does not save yet"
+        )));
+    }
+    if config.balloon.is_some() {
+        return Err(mismatch(
+            "config.json has a balloon, which a snapshot does not save yet".into(),
+        ));
     }
     Ok(())
 }

@@ -143,7 +143,8 @@ impl LaunchedVm {
         let mut regions = Vec::new();
         let mut to_save = Vec::new();
         let mut cursor = 0u64;
-        for region in self.vm.mem.iter() {
+        let mem = self.vm.memory();
+        for region in mem.iter() {
             let (gpa, len) = (region.start_addr().0, region.len());
             let file = region
                 .file_offset()
@@ -171,7 +172,7 @@ impl LaunchedVm {
                 source,
             });
         }
-        let total = self.vm.mem.iter().map(|r| r.len()).sum();
+        let total = mem.iter().map(|r| r.len()).sum();
         let written = write_memory_file(dir, cursor, &to_save, verbose, start)?;
         let memory = MemorySection {
             size: total,

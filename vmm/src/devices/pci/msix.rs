@@ -111,6 +111,12 @@ impl Msix {
         self.enabled && !self.function_masked && !self.vectors[v].masked
     }
 
+    /// Whether vector `index` reaches the CPU now (MSI-X on, neither it nor the function
+    /// masked).
+    pub fn is_deliverable(&self, index: u16) -> bool {
+        usize::from(index) < self.vectors.len() && self.deliverable(usize::from(index))
+    }
+
     fn take_deliverable(&mut self) -> Vec<u16> {
         let ready: Vec<usize> = (0..self.vectors.len())
             .filter(|&v| self.pending[v] && self.deliverable(v))

@@ -2,19 +2,24 @@
 //! with the virtio-pci transport in front of them.
 //!
 //! The transport owns the registers the driver programs; when the driver sets DRIVER_OK it
-//! hands the device an [`Activation`]: guest memory, the negotiated features, each enabled
+//! hands the device an [`Activation`]: guest memory (shared: it grows when memory is
+//! hot-added, see [`memory_view`]), the negotiated features, each enabled
 //! queue with the eventfd that signals its notifications (a KVM ioeventfd, or written by the
 //! transport itself on a notify exit), an [`VirtioInterrupt`] to raise the queue's MSI-X
 //! vector, and the device event loop, where all queue work runs (never on a vCPU thread).
 
+pub mod balloon;
 pub mod blk;
 pub mod health;
+pub mod memory_view;
 pub mod net;
 pub mod rng;
 pub mod transport;
+pub mod vhost_user;
 pub mod vsock;
 
 use std::io;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -25,6 +30,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::event_loop::Subscriber;
 pub use health::{DeviceHealth, RateLimitedLog};
+pub use memory_view::{MemoryView, SharedGuestMemory};
 
 /// Feature bit every exitless device offers and requires: virtio 1.x (no legacy interface).
 pub const VIRTIO_F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -40,8 +46,12 @@ pub const TYPE_NET: u32 = 1;
 pub const TYPE_BLOCK: u32 = 2;
 /// virtio device type of an entropy source.
 pub const TYPE_RNG: u32 = 4;
+/// virtio device type of a memory balloon.
+pub const TYPE_BALLOON: u32 = 5;
 /// virtio device type of a socket device (vsock).
 pub const TYPE_VSOCK: u32 = 19;
+/// virtio device type of a shared file system (virtio-fs).
+pub const TYPE_FS: u32 = 26;
 
 /// Errors activating a device.
 #[derive(Debug, Error)]
@@ -65,6 +75,16 @@ pub trait VirtioInterrupt: Send + Sync {
     fn signal_queue(&self, queue: u16) -> io::Result<bool>;
     /// Raises the configuration-change interrupt.
     fn signal_config(&self) -> io::Result<()>;
+    /// The eventfd that raises queue `queue`'s interrupt in the kernel (an irqfd of its MSI-X
+    /// vector), for a process outside exitless to write (a vhost-user back end's call fd).
+    /// Ok(None): the driver gave the queue no vector and polls. An error: this interrupt has
+    /// no such eventfd (no in-kernel irqchip).
+    fn queue_irqfd(&self, _queue: u16) -> io::Result<Option<RawFd>> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the interrupt has no irqfd to hand out",
+        ))
+    }
 }
 
 /// One queue the driver enabled.
@@ -80,7 +100,9 @@ pub struct ActiveQueue {
 
 /// Everything a device gets when the driver sets DRIVER_OK.
 pub struct Activation {
-    pub mem: GuestMemoryMmap,
+    /// The VM's guest memory, which grows when memory is hot-added: a worker serves through
+    /// a [`MemoryView`] of it, refreshed at each event.
+    pub mem: SharedGuestMemory,
     /// Features the driver accepted (a subset of [`VirtioDevice::features`]).
     pub features: u64,
     /// The enabled queues, by index.
@@ -284,6 +306,11 @@ pub trait VirtioDevice: Send {
     fn activate(&mut self, activation: Activation) -> Result<Subscriber, VirtioError>;
     /// The driver reset the device: anything beyond the queue work to forget.
     fn reset(&mut self) {}
+    /// Whether stopping the VM resets the device first, on the event loop (a vhost-user back
+    /// end is told to stop its queues); other devices end with the loop.
+    fn resets_on_stop(&self) -> bool {
+        false
+    }
     /// Per-queue counters, by queue index.
     fn counters(&self) -> Arc<[QueueCounters]>;
     /// What the device counts beyond its queues (frames, drops, connections), by name.

@@ -1,9 +1,16 @@
 //! How a virtio-pci device interrupts the driver: MSI-X vectors, each an irqfd KVM routes as
 //! an MSI. Shared by the transport (vCPU threads program it) and the device's queue work
 //! (the event loop raises it); its own lock, never held across anything slow.
+//!
+//! A vector can also be handed to a process outside exitless ([`MsixInterrupt::queue_irqfd`]:
+//! a vhost-user back end writes the irqfd itself, so the interrupt never passes through
+//! exitless). Masking then cannot be applied by holding the interrupt back here: while such a
+//! vector is masked its irqfd is taken off KVM, so the back end's writes wait in the eventfd's
+//! counter, and KVM delivers them when the irqfd is put back on unmask.
 
 use std::io;
-use std::sync::atomic::{AtomicU16, AtomicU8, Ordering};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -16,6 +23,9 @@ use crate::devices::virtio::VirtioInterrupt;
 pub trait MsiRoutes: Send + Sync {
     /// Points `gsi` at `message`.
     fn set_route(&self, gsi: u32, message: MsiMessage);
+    /// Puts `irqfd` on KVM as `gsi`'s source (`connected`) or takes it off (a masked vector
+    /// another process writes).
+    fn set_irqfd(&self, gsi: u32, irqfd: &EventFd, connected: bool);
 }
 
 /// ISR bit: a queue has used buffers.
@@ -32,6 +42,10 @@ pub struct MsixInterrupt {
     isr: AtomicU8,
     /// GSIs of the vectors and where to route them, once the device manager connected them.
     routes: OnceLock<(Vec<u32>, Box<dyn MsiRoutes>)>,
+    /// Per vector: another process writes its irqfd (see the module docs).
+    handed_out: Vec<AtomicBool>,
+    /// Per vector: its irqfd is off KVM because the vector is masked.
+    irqfd_off: Vec<AtomicBool>,
 }
 
 impl MsixInterrupt {
@@ -47,6 +61,8 @@ impl MsixInterrupt {
             config_vector: AtomicU16::new(NO_VECTOR),
             isr: AtomicU8::new(0),
             routes: OnceLock::new(),
+            handed_out: (0..vectors).map(|_| AtomicBool::new(false)).collect(),
+            irqfd_off: (0..vectors).map(|_| AtomicBool::new(false)).collect(),
         })
     }
 
@@ -75,6 +91,51 @@ impl MsixInterrupt {
         }
     }
 
+    /// The irqfd of queue `queue`'s vector (open as long as this interrupt lives), for another
+    /// process to write (a vhost-user back
+    /// end's call eventfd): the interrupt then reaches the guest without exitless. None when
+    /// the driver gave the queue no vector (it polls); an error when the vectors have no
+    /// routes (no in-kernel irqchip). From now until [`MsixInterrupt::reset`], masking that vector takes
+    /// its irqfd off KVM.
+    pub fn queue_irqfd(&self, queue: u16) -> io::Result<Option<RawFd>> {
+        if self.routes.get().is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "MSI-X vectors without routes (no in-kernel irqchip)",
+            ));
+        }
+        let vector = self
+            .queue_vectors
+            .get(usize::from(queue))
+            .map_or(NO_VECTOR, |v| v.load(Ordering::Acquire));
+        let v = usize::from(vector);
+        if vector == NO_VECTOR || v >= self.irqfds.len() {
+            return Ok(None);
+        }
+        self.handed_out[v].store(true, Ordering::Release);
+        self.follow_masks(&self.msix());
+        Ok(Some(self.irqfds[v].as_raw_fd()))
+    }
+
+    /// Takes the irqfd of each handed-out vector off KVM while it is masked, and puts it back
+    /// when unmasked (called with the table's lock held, so changes apply in order).
+    fn follow_masks(&self, msix: &Msix) {
+        let Some((gsis, routes)) = self.routes.get() else {
+            return;
+        };
+        for (v, handed) in self.handed_out.iter().enumerate() {
+            if !handed.load(Ordering::Acquire) {
+                continue;
+            }
+            let off = !msix.is_deliverable(v as u16);
+            if self.irqfd_off[v].swap(off, Ordering::AcqRel) != off {
+                if let Some(&gsi) = gsis.get(v) {
+                    routes.set_irqfd(gsi, &self.irqfds[v], !off);
+                }
+            }
+        }
+    }
+
     /// Reads and clears the ISR (legacy status; MSI-X drivers never need it).
     pub fn take_isr(&self) -> u8 {
         self.isr.swap(0, Ordering::AcqRel)
@@ -88,6 +149,19 @@ impl MsixInterrupt {
             v.store(NO_VECTOR, Ordering::Release);
         }
         self.config_vector.store(NO_VECTOR, Ordering::Release);
+        // Vectors handed out go back to exitless's own masking, their irqfds on KVM.
+        let msix = self.msix();
+        for (v, handed) in self.handed_out.iter().enumerate() {
+            handed.store(false, Ordering::Release);
+            if self.irqfd_off[v].swap(false, Ordering::AcqRel) {
+                if let Some((gsis, routes)) = self.routes.get() {
+                    if let Some(&gsi) = gsis.get(v) {
+                        routes.set_irqfd(gsi, &self.irqfds[v], true);
+                    }
+                }
+            }
+        }
+        drop(msix);
     }
 
     /// Sends `vector` (or leaves it pending while masked); false for no vector.
@@ -109,7 +183,12 @@ impl MsixInterrupt {
 
     /// The guest wrote the message control word.
     pub fn write_control(&self, value: u16) {
-        let ready = self.msix().write_control(value);
+        let ready = {
+            let mut msix = self.msix();
+            let ready = msix.write_control(value);
+            self.follow_masks(&msix);
+            ready
+        };
         self.deliver(&ready);
     }
 
@@ -130,6 +209,7 @@ impl MsixInterrupt {
         let (TableWrite { rerouted, deliver }, message) = {
             let mut msix = self.msix();
             let change = msix.table_write(offset, data);
+            self.follow_masks(&msix);
             let message = change.rerouted.and_then(|v| msix.vector(v));
             (change, message)
         };
@@ -163,6 +243,10 @@ impl VirtioInterrupt for MsixInterrupt {
         self.fire(self.config_vector.load(Ordering::Acquire))
             .map(drop)
     }
+
+    fn queue_irqfd(&self, queue: u16) -> io::Result<Option<RawFd>> {
+        MsixInterrupt::queue_irqfd(self, queue)
+    }
 }
 
 #[cfg(test)]
@@ -176,6 +260,47 @@ mod tests {
         fn set_route(&self, gsi: u32, message: MsiMessage) {
             self.0.lock().unwrap().push((gsi, message));
         }
+        fn set_irqfd(&self, _gsi: u32, _irqfd: &EventFd, _connected: bool) {}
+    }
+
+    /// Records irqfd changes: (gsi, connected).
+    struct Irqfds(Arc<StdMutex<Vec<(u32, bool)>>>);
+
+    impl MsiRoutes for Irqfds {
+        fn set_route(&self, _gsi: u32, _message: MsiMessage) {}
+        fn set_irqfd(&self, gsi: u32, _irqfd: &EventFd, connected: bool) {
+            self.0.lock().unwrap().push((gsi, connected));
+        }
+    }
+
+    #[test]
+    fn a_handed_out_vector_leaves_kvm_while_masked() {
+        let irq = MsixInterrupt::new(3, 2).unwrap();
+        let log = Arc::new(StdMutex::new(Vec::new()));
+        assert!(irq.queue_irqfd(0).is_err(), "no routes: no irqfd");
+        irq.connect(vec![40, 41, 42], Box::new(Irqfds(log.clone())));
+        assert!(irq.queue_irqfd(0).unwrap().is_none(), "no vector: it polls");
+        irq.write_control(1 << 15); // enabled
+        irq.table_write(2 * 16 + 12, &0u32.to_le_bytes()); // vectors start masked
+        irq.set_vector(Some(1), 2);
+        let fd = irq.queue_irqfd(1).unwrap().expect("vector 2's irqfd");
+        assert_eq!(fd, irq.irqfds()[2].as_raw_fd(), "the vector's own irqfd");
+        assert!(log.lock().unwrap().is_empty(), "deliverable: stays on KVM");
+        irq.table_write(2 * 16 + 12, &1u32.to_le_bytes()); // mask vector 2
+        irq.table_write(16 + 12, &1u32.to_le_bytes()); // vector 1 is not handed out
+        irq.write_control(1 << 15 | 1 << 14); // function mask: no change for vector 2
+        irq.write_control(1 << 15);
+        irq.table_write(2 * 16 + 12, &0u32.to_le_bytes()); // unmask
+        assert_eq!(*log.lock().unwrap(), [(42, false), (42, true)]);
+        irq.table_write(2 * 16 + 12, &1u32.to_le_bytes());
+        irq.reset();
+        assert_eq!(log.lock().unwrap().last(), Some(&(42, true)), "back on KVM");
+        irq.table_write(2 * 16 + 12, &0u32.to_le_bytes());
+        assert_eq!(
+            log.lock().unwrap().len(),
+            4,
+            "no longer followed after reset"
+        );
     }
 
     #[test]

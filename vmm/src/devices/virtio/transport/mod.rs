@@ -23,14 +23,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use event_manager::{SubscriberId, SubscriberOps};
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::devices::pci::config::{PciConfig, PciIds};
 use crate::devices::pci::{msix, BarChange, BarKind, PciDevice};
 use crate::devices::virtio::{
-    Activation, ActiveQueue, DeviceHealth, QueueCounters, VirtioDevice, TYPE_BLOCK,
-    VIRTIO_RING_F_EVENT_IDX,
+    Activation, ActiveQueue, DeviceHealth, QueueCounters, SharedGuestMemory, VirtioDevice,
+    TYPE_BLOCK, VIRTIO_RING_F_EVENT_IDX,
 };
 use crate::event_loop::{EventLoopHandle, Subscriber};
 use crate::kvm::IoEvent;
@@ -83,7 +83,7 @@ pub struct VirtioPciDevice {
     transport: Mutex<Transport>,
     irq: Arc<MsixInterrupt>,
     notify: Vec<Arc<EventFd>>,
-    mem: GuestMemoryMmap,
+    mem: SharedGuestMemory,
     event_loop: EventLoopHandle,
     health: Arc<DeviceHealth>,
     /// The device's queue counters (read by the profile without the transport's lock).
@@ -153,7 +153,7 @@ impl VirtioPciDevice {
         name: &str,
         device: Box<dyn VirtioDevice>,
         bar_addr: u64,
-        mem: GuestMemoryMmap,
+        mem: SharedGuestMemory,
         event_loop: EventLoopHandle,
     ) -> std::io::Result<Arc<Self>> {
         let queues = device.queue_max_sizes().len();
@@ -338,7 +338,7 @@ impl VirtioPciDevice {
             if !regs.enabled {
                 continue;
             }
-            let queue = build_queue(regs, event_idx, &self.mem)
+            let queue = build_queue(regs, event_idx, &self.mem.memory())
                 .ok_or_else(|| format!("queue {index} is not usable"))?;
             queues.push(ActiveQueue {
                 index: index as u16,
@@ -393,6 +393,11 @@ impl VirtioPciDevice {
         self.irq.reset();
         self.health.reset();
         t.phase = Phase::Idle;
+    }
+
+    /// Whether stopping the VM should [`VirtioPciDevice::shut_down`] this device first.
+    pub fn resets_on_stop(&self) -> bool {
+        lock(&self.transport).device.resets_on_stop()
     }
 
     /// Stops the device for good (it is being taken off the VM) and waits until it has: its

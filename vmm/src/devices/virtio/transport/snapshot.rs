@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use serde::{Deserialize, Serialize};
 
 use super::{lock, VirtioPciDevice};
-use crate::devices::virtio::{TYPE_BLOCK, TYPE_NET, TYPE_RNG, TYPE_VSOCK};
+use crate::devices::virtio::{TYPE_BALLOON, TYPE_BLOCK, TYPE_FS, TYPE_NET, TYPE_RNG, TYPE_VSOCK};
 use crate::snapshot::{from_state, to_state, Snapshottable};
 
 /// A device in its power-on state, at the BAR address the VM gave it (a restored VM that
@@ -34,11 +34,28 @@ impl Snapshottable for VirtioPciDevice {
             TYPE_BLOCK => "virtio-blk",
             TYPE_RNG => "virtio-rng",
             TYPE_VSOCK => "virtio-vsock",
+            TYPE_FS => "virtio-fs",
+            TYPE_BALLOON => "virtio-balloon",
             _ => "virtio",
         }
     }
 
     fn snapshot(&self) -> Result<serde_json::Value, String> {
+        match lock(&self.transport).device.device_type() {
+            TYPE_FS => {
+                return Err(
+                    "a vhost-user device's state is its back end's (virtiofsd), \
+                            which is not saved yet"
+                        .into(),
+                )
+            }
+            TYPE_BALLOON => {
+                return Err("the balloon's state (its target and the pages it holds) \
+                            is not saved yet"
+                    .into())
+            }
+            _ => {}
+        }
         if self.touched() {
             return Err(
                 "its driver has set it up, and virtio device state is not saved yet \
