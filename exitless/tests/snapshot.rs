@@ -623,3 +623,86 @@ fn restore_takes_the_vm_from_the_snapshot_and_paused_needs_the_api() {
     assert!(err.contains("/nonexistent/snap"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// An API VM booted from `body`, paused in its second round; its VMM and client.
+fn paused_api_vm(tag: &str, body: &Value, serial: &Path) -> (Vmm, vmm::api::client::ApiClient) {
+    let vmm = Vmm::start(tag);
+    let mut c = vmm.client();
+    let r = c.request("PUT", "vm.create", Some(&body.to_string()));
+    ok(r.unwrap(), "vm.create");
+    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    wait_file(serial, "TICK n=1 ");
+    ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
+    (vmm, c)
+}
+
+/// vm.snapshot into `dir`: its status and body.
+fn try_snapshot(c: &mut vmm::api::client::ApiClient, dir: &Path) -> (u16, String) {
+    let url = serde_json::json!({ "destination_url": format!("file://{}", dir.display()) });
+    let r = c.request("PUT", "vm.snapshot", Some(&url.to_string()));
+    let r = r.unwrap();
+    (r.status, r.body.trim().to_string())
+}
+
+#[test]
+fn a_balloon_virtio_fs_and_hot_added_memory_are_refused_by_name_and_a_hotplug_area_is_kept() {
+    if !kvm_or_skip("snapshot_refusals") {
+        return;
+    }
+    let scratch = Scratch::new("refusals");
+    let guest = export_guest("snap-refusals");
+    let dir = scratch.join("snap");
+    std::fs::create_dir(&dir).unwrap();
+    let memory = serde_json::json!({"size": 268435456});
+    let body = |serial: &Path, memory: &Value| -> Value {
+        serde_json::from_str(&create_body(&guest, API_CMDLINE, serial, memory.clone())).unwrap()
+    };
+    let refused = |(status, text): (u16, String), id: &str, kind: &str| {
+        assert_eq!(status, 400, "{text}");
+        let want = format!("vm.snapshot: device {id} ({kind}) cannot be snapshotted yet: ");
+        assert!(text.starts_with(&want), "{text}");
+        assert!(!dir.join("state.json").exists(), "nothing written: {text}");
+    };
+    // A balloon the guest never touched: its target is state a snapshot does not save yet.
+    let serial = scratch.join("balloon.log");
+    let mut with_balloon = body(&serial, &memory);
+    with_balloon["balloon"] = serde_json::json!({"size": 0});
+    let (_vmm, mut c) = paused_api_vm("snap-balloon", &with_balloon, &serial);
+    refused(try_snapshot(&mut c, &dir), "_balloon0", "virtio-balloon");
+    // A virtio-fs device: its state is virtiofsd's.
+    if let Some(daemon) = common::virtiofsd::Virtiofsd::start("snap_refusals") {
+        let serial = scratch.join("fs.log");
+        let shared = serde_json::json!({"size": 268435456, "shared": true});
+        let mut with_fs = body(&serial, &shared);
+        with_fs["fs"] = serde_json::json!([{"tag": "kataShared", "socket": daemon.socket}]);
+        let (_vmm, mut c) = paused_api_vm("snap-fs", &with_fs, &serial);
+        refused(try_snapshot(&mut c, &dir), "_fs0", "virtio-fs");
+    }
+    // A hotplug area with nothing added is saved and restored (the same controllers at the
+    // same addresses); memory added to it is refused.
+    let serial = scratch.join("hotplug.log");
+    let area = serde_json::json!({"size": 268435456, "hotplug_size": 1073741824});
+    let (_vmm, mut c) = paused_api_vm("snap-hotplug", &body(&serial, &area), &serial);
+    let (status, text) = try_snapshot(&mut c, &dir);
+    assert_eq!(status, 204, "{text}");
+    let last = last_tick(&std::fs::read_to_string(&serial).unwrap()).unwrap();
+    let grow = serde_json::json!({"desired_ram": 268435456 + 134217728}).to_string();
+    ok(
+        c.request("PUT", "vm.resize", Some(&grow)).unwrap(),
+        "vm.resize",
+    );
+    let again = scratch.join("again");
+    std::fs::create_dir(&again).unwrap();
+    let (status, text) = try_snapshot(&mut c, &again);
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("memory-hotplug (acpi-memory-hotplug)"),
+        "{text}"
+    );
+    assert!(text.contains("memory was hot-added"), "{text}");
+    let restored = scratch.join("restored.log");
+    edit_config(&dir, &restored, false);
+    let _restored = restore_through_api("snap-hotplug-2", &dir);
+    assert_goes_on(&wait_file(&restored, "EXITLESS DONE"), last + 1);
+    let _ = std::fs::remove_file(guest);
+}
