@@ -14,16 +14,62 @@
  * rounds and counter continue without a gap and its pattern is intact (ok=1). Two VMs restored
  * from one snapshot each count on their own. `hold` halts after EXITLESS DONE instead of
  * ending the VM. Runs at CPL3 (instructions at CPL0 are emulated one by one on PVM hosts).
+ *
+ * `virtio=N` also drives the virtio-blk and virtio-rng devices every round: N random 4 KiB
+ * reads and writes on the disk (qd=, irq=poll as virtio_blk takes them; interrupts by default)
+ * and one 64-byte read of the entropy device, printing
+ *
+ *   EXITLESS SNAPVIRTIO n=<round> rng_nonzero=<bytes of 64 not zero>
+ *
+ * and the disk's qd, notifies and io_errors on the result line. Restored mid-run, the devices
+ * must go on from their rings (a lost completion or interrupt ends the guest with an error).
  */
 #include "guest.h"
+#include "virtio.h"
 
 #define SNAP_BASE 0x2000000UL /* 32 MiB: above the guest's image, stacks and tables */
 #define SNAP_SEED 0x5eed00005eedUL
 #define PAGE_SIZE 4096UL
 
 struct snapshot_run {
-    u64 pages, ticks, iters, count, bad;
+    u64 pages, ticks, iters, count, bad, virtio;
 };
+
+static struct virtio_dev snap_rng;
+static struct vring snap_rng_vq;
+static u8 snap_rng_buf[64] __attribute__((aligned(64)));
+
+/* At CPL0 before the rounds: the disk as virtio_blk sets it up, the entropy device polled. */
+static const char *snapshot_virtio_setup(const char *cmdline)
+{
+    const char *why = virtio_blk_setup(cmdline);
+    if (why)
+        return why;
+    int slot = pci_find(PCI_VENDOR_VIRTIO, PCI_DEVICE_VIRTIO_RNG);
+    if (slot < 0)
+        return "no-virtio-rng";
+    if ((why = virtio_open(&snap_rng, (u8)slot)) || (why = virtio_negotiate(&snap_rng, 0)))
+        return why;
+    if ((why = virtio_queue(&snap_rng, &snap_rng_vq, 0, VIRTIO_NO_VECTOR)))
+        return why;
+    virtio_driver_ok(&snap_rng);
+    return 0;
+}
+
+/* One 64-byte read of the entropy device: how many bytes are not zero. */
+static u64 snapshot_rng_read(void)
+{
+    memset(snap_rng_buf, 0, sizeof(snap_rng_buf));
+    snap_rng_vq.desc[0] = (struct vring_desc){(u64)snap_rng_buf, 64, VRING_DESC_F_WRITE, 0};
+    vring_post(&snap_rng_vq, 0);
+    vring_kick(&snap_rng_vq);
+    struct vring_used_elem e;
+    vring_wait(&snap_rng_vq, 0, &e, "virtio_rng: no bytes within seconds");
+    u64 nonzero = 0;
+    for (u64 i = 0; i < sizeof(snap_rng_buf); i++)
+        nonzero += snap_rng_buf[i] != 0;
+    return nonzero;
+}
 
 static volatile u64 tick_count;
 
@@ -37,6 +83,15 @@ static u64 snapshot_user(u64 arg)
     for (u64 t = 0; t < r->ticks; t++) {
         for (u64 i = r->iters; i; i--)
             outb(COM1_PORT + 7, (u8)i);
+        if (r->virtio) {
+            loop_virtio_blk(r->virtio);
+            u64 nonzero = snapshot_rng_read();
+            puts_("EXITLESS SNAPVIRTIO n=");
+            put_u64(t);
+            puts_(" rng_nonzero=");
+            put_u64(nonzero);
+            puts_("\n");
+        }
         tick_count = tick_count + 1;
         puts_("EXITLESS TICK n=");
         put_u64(t);
@@ -64,6 +119,12 @@ void snapshot_main(const char *cmdline)
         r.ticks = 20;
     if (!r.iters)
         r.iters = 1000;
+    r.virtio = parse_u64(find_arg(cmdline, "virtio="));
+    if (r.virtio) {
+        const char *why = snapshot_virtio_setup(cmdline);
+        if (why)
+            virtio_fail(why);
+    }
     run_user(snapshot_user, (u64)&r, snapshot_stack + sizeof(snapshot_stack));
     puts_("EXITLESS RESULT case=snapshot pages=");
     put_u64(r.pages);
@@ -73,6 +134,8 @@ void snapshot_main(const char *cmdline)
     put_u64(r.count);
     puts_(" ok=");
     put_u64(r.bad == 0 && r.count == r.ticks);
+    if (r.virtio)
+        report_virtio_blk();
     puts_("\nEXITLESS DONE\n");
     if (find_arg(cmdline, "hold"))
         for (;;)

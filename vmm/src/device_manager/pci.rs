@@ -147,6 +147,16 @@ pub struct PciMapper {
 }
 
 impl PciMapper {
+    /// Maps the virtio device in `slot` at `to` if it is elsewhere (a restored device whose
+    /// BAR the guest had moved).
+    pub(crate) fn follow_bar(&self, slot: u8, to: u64) -> Result<(), String> {
+        let mut slots = lock(&self.slots);
+        match slots.get_mut(&slot) {
+            Some(m) if m.addr != to => self.move_bar(m, to),
+            _ => Ok(()),
+        }
+    }
+
     fn move_bar(&self, m: &mut MappedVirtio, to: u64) -> Result<(), String> {
         let buses = self
             .buses

@@ -64,6 +64,17 @@ impl DeviceManager {
             }
             device.restore(entry.state).map_err(invalid)?;
         }
+        // A BAR the guest had moved is where it put it: its range and ioeventfds follow.
+        for placed in &self.virtio {
+            let to = placed.device.bar_base();
+            self.mapper
+                .follow_bar(placed.slot, to)
+                .map_err(|e| SnapshotError::DeviceState {
+                    id: placed.device.name().to_string(),
+                    kind: placed.device.kind().into(),
+                    reason: format!("its BAR cannot go back to {to:#x}: {e}"),
+                })?;
+        }
         match saved.into_iter().next() {
             Some((id, entry)) => Err(SnapshotError::Mismatch(format!(
                 "state.json has device {id} ({}), which config.json does not describe",

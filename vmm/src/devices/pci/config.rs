@@ -106,6 +106,19 @@ impl PciConfig {
         &mut self.bytes[at..at + len]
     }
 
+    /// What the guest may change besides BARs: the command word and the interrupt line (a
+    /// snapshot saves them).
+    pub fn guest_writable(&self) -> (u16, u8) {
+        (self.get16(COMMAND), self.bytes[INTERRUPT_LINE])
+    }
+
+    /// Puts [`PciConfig::guest_writable`] back (only the bits a guest can write).
+    pub fn set_guest_writable(&mut self, command: u16, interrupt_line: u8) {
+        let cmd = (self.get16(COMMAND) & !COMMAND_WRITABLE) | (command & COMMAND_WRITABLE);
+        self.put16(COMMAND, cmd);
+        self.bytes[INTERRUPT_LINE] = interrupt_line;
+    }
+
     /// Whether the guest enabled memory decoding.
     pub fn memory_enabled(&self) -> bool {
         self.get16(COMMAND) & COMMAND_MEMORY != 0

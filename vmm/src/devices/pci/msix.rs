@@ -203,6 +203,54 @@ impl Msix {
     }
 }
 
+/// What a snapshot saves of the MSI-X state (docs/snapshot.md).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MsixState {
+    pub enabled: bool,
+    pub function_masked: bool,
+    /// (address, data, masked) of each vector.
+    pub vectors: Vec<(u64, u32, bool)>,
+    pub pending: Vec<bool>,
+}
+
+impl Msix {
+    pub fn save(&self) -> MsixState {
+        MsixState {
+            enabled: self.enabled,
+            function_masked: self.function_masked,
+            vectors: self
+                .vectors
+                .iter()
+                .map(|v| (v.address, v.data, v.masked))
+                .collect(),
+            pending: self.pending.clone(),
+        }
+    }
+
+    /// Puts saved state back; a state of another vector count is refused.
+    pub fn load(&mut self, s: &MsixState) -> Result<(), String> {
+        let n = self.vectors.len();
+        if s.vectors.len() != n || s.pending.len() != n {
+            return Err(format!(
+                "{} MSI-X vectors saved, the device has {n}",
+                s.vectors.len()
+            ));
+        }
+        self.enabled = s.enabled;
+        self.function_masked = s.function_masked;
+        for (v, &(address, data, masked)) in self.vectors.iter_mut().zip(&s.vectors) {
+            *v = MsixVector {
+                address,
+                data,
+                masked,
+            };
+        }
+        self.pending.clone_from(&s.pending);
+        Ok(())
+    }
+}
+
 fn le32(d: &[u8]) -> u32 {
     u32::from_le_bytes([d[0], d[1], d[2], d[3]])
 }

@@ -311,6 +311,12 @@ pub trait VirtioDevice: Send {
     fn resets_on_stop(&self) -> bool {
         false
     }
+    /// Whether a snapshot can save the device once its driver has set it up: Ok when the
+    /// transport's registers and the rings in guest memory are all its state (nothing of its
+    /// own beyond what its config makes anew), else why not (docs/snapshot.md).
+    fn snapshot_support(&self) -> Result<(), String> {
+        Err("its own state is not saved yet (only virtio-blk's and virtio-rng's are)".into())
+    }
     /// Per-queue counters, by queue index.
     fn counters(&self) -> Arc<[QueueCounters]>;
     /// What the device counts beyond its queues (frames, drops, connections), by name.

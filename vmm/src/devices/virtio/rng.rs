@@ -55,6 +55,12 @@ impl VirtioDevice for Rng {
     }
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
+    /// Its configuration is read-only and made anew from the config; every request
+    /// completes before a snapshot (the transport waits for the rings to drain).
+    fn snapshot_support(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     fn activate(&mut self, mut a: Activation) -> Result<Subscriber, VirtioError> {
         let Some(q) = a.queues.pop().filter(|q| q.index == 0) else {
             return Err(VirtioError::QueueCount {

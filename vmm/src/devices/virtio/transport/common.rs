@@ -245,6 +245,83 @@ impl CommonCfg {
     }
 }
 
+/// What a snapshot saves of the common configuration (docs/snapshot.md): every register
+/// the driver wrote, and each queue's.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommonState {
+    pub device_feature_select: u32,
+    pub driver_feature_select: u32,
+    pub driver_features: u64,
+    pub config_vector: u16,
+    pub status: u8,
+    pub generation: u8,
+    pub queue_select: u16,
+    /// (size, enabled, vector, desc, driver, device) of each queue.
+    pub queues: Vec<(u16, bool, u16, u64, u64, u64)>,
+}
+
+impl CommonCfg {
+    pub fn save(&self) -> CommonState {
+        CommonState {
+            device_feature_select: self.device_feature_select,
+            driver_feature_select: self.driver_feature_select,
+            driver_features: self.driver_features,
+            config_vector: self.config_vector,
+            status: self.status,
+            generation: self.generation,
+            queue_select: self.queue_select,
+            queues: self
+                .queues
+                .iter()
+                .map(|q| (q.size, q.enabled, q.vector, q.desc, q.driver, q.device))
+                .collect(),
+        }
+    }
+
+    /// Puts saved registers back, checked as a driver's writes would be: the same queues,
+    /// features this device offers, vectors it has, sizes it allows.
+    pub fn load(&mut self, s: &CommonState) -> Result<(), String> {
+        if s.queues.len() != self.queues.len() {
+            return Err(format!(
+                "{} queues saved, the device has {}",
+                s.queues.len(),
+                self.queues.len()
+            ));
+        }
+        if s.driver_features & !self.offered != 0 {
+            return Err(format!(
+                "features {:#x} saved that the device does not offer",
+                s.driver_features & !self.offered
+            ));
+        }
+        let vector_ok = |v: u16| v == NO_VECTOR || v < self.msix_count;
+        if !vector_ok(s.config_vector) {
+            return Err(format!("configuration vector {} saved", s.config_vector));
+        }
+        for (i, (q, saved)) in self.queues.iter().zip(&s.queues).enumerate() {
+            let (size, _, vector, ..) = *saved;
+            if !size.is_power_of_two() || size > q.max_size || !vector_ok(vector) {
+                return Err(format!("queue {i}: size {size} or vector {vector} saved"));
+            }
+        }
+        self.device_feature_select = s.device_feature_select;
+        self.driver_feature_select = s.driver_feature_select;
+        self.driver_features = s.driver_features;
+        self.config_vector = s.config_vector;
+        self.status = s.status;
+        self.generation = s.generation;
+        self.queue_select = s.queue_select;
+        for (q, &(size, enabled, vector, desc, driver, device)) in
+            self.queues.iter_mut().zip(&s.queues)
+        {
+            (q.size, q.enabled, q.vector) = (size, enabled, vector);
+            (q.desc, q.driver, q.device) = (desc, driver, device);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

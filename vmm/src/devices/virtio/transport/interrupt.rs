@@ -16,7 +16,7 @@ use std::sync::{Mutex, OnceLock};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::common::NO_VECTOR;
-use crate::devices::pci::msix::{MsiMessage, Msix, TableWrite};
+use crate::devices::pci::msix::{MsiMessage, Msix, MsixState, TableWrite};
 use crate::devices::virtio::VirtioInterrupt;
 
 /// Where MSI routes are changed: the device manager, which owns the GSI routing table.
@@ -225,6 +225,66 @@ impl MsixInterrupt {
             }
         }
         self.deliver(&deliver);
+    }
+}
+
+/// What a snapshot saves of the interrupt side: the MSI-X table and pending bits, the ISR
+/// (the vectors each queue raises are the common configuration's).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterruptState {
+    pub msix: MsixState,
+    pub isr: u8,
+}
+
+impl MsixInterrupt {
+    /// The state to save; refused while a vector is handed to another process.
+    pub fn save(&self) -> Result<InterruptState, String> {
+        if self.handed_out.iter().any(|h| h.load(Ordering::Acquire)) {
+            return Err("an MSI-X vector is written by another process (vhost-user)".into());
+        }
+        Ok(InterruptState {
+            msix: self.msix().save(),
+            isr: self.isr.load(Ordering::Acquire),
+        })
+    }
+
+    /// Puts saved state back (before the VM runs): the table, the vector of the
+    /// configuration and of each queue, and each programmed vector's MSI route.
+    pub fn restore(
+        &self,
+        s: &InterruptState,
+        config_vector: u16,
+        queue_vectors: &[u16],
+    ) -> Result<(), String> {
+        let messages: Vec<(u16, MsiMessage)> = {
+            let mut msix = self.msix();
+            msix.load(&s.msix)?;
+            (0..msix.count())
+                .filter_map(|v| msix.vector(v).map(|m| (v, m)))
+                .filter(|(_, m)| m.address != 0)
+                .map(|(v, m)| {
+                    let message = MsiMessage {
+                        address: m.address,
+                        data: m.data,
+                    };
+                    (v, message)
+                })
+                .collect()
+        };
+        self.isr.store(s.isr, Ordering::Release);
+        self.config_vector.store(config_vector, Ordering::Release);
+        for (slot, &v) in self.queue_vectors.iter().zip(queue_vectors) {
+            slot.store(v, Ordering::Release);
+        }
+        if let Some((gsis, routes)) = self.routes.get() {
+            for (v, message) in messages {
+                if let Some(&gsi) = gsis.get(usize::from(v)) {
+                    routes.set_route(gsi, message);
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1,30 +1,110 @@
-//! What a snapshot saves of a virtio-pci device today: that its driver never touched it (no
-//! configuration or BAR write since power-on), so the device made anew from the config on
-//! restore is the same. A device its driver has set up is refused by name; saving the
-//! transport, queues and device state is the next step (docs/snapshot.md, "Devices").
+//! What a snapshot saves of a virtio-pci device: nothing but its BAR address while its driver
+//! never touched it (no configuration or BAR write since power-on: the device made anew from
+//! the config on restore is the same); once its driver set it up, the transport's registers
+//! (PCI command word, the common configuration with each queue's addresses, the MSI-X table
+//! and pending bits, the ISR) for devices whose whole state that is ([`VirtioDevice`]'s
+//! `snapshot_support`: virtio-blk and virtio-rng). Their rings are in guest memory: a
+//! snapshot first lets the device drain them (every request the driver made available is
+//! completed), so the restored device resumes from the used ring exactly. See
+//! docs/snapshot.md, "Devices".
+//!
+//! [`VirtioDevice`]: crate::devices::virtio::VirtioDevice
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
-use super::{lock, VirtioPciDevice};
+use super::common::{CommonState, QueueRegs, STATUS_DRIVER_OK};
+use super::interrupt::InterruptState;
+use super::{lock, Phase, VirtioPciDevice, BAR_SIZE};
+use crate::devices::pci::BarKind;
 use crate::devices::virtio::{TYPE_BALLOON, TYPE_BLOCK, TYPE_FS, TYPE_NET, TYPE_RNG, TYPE_VSOCK};
 use crate::snapshot::{from_state, to_state, Snapshottable};
 
-/// A device in its power-on state, at the BAR address the VM gave it (a restored VM that
-/// placed it elsewhere is refused).
+/// How long a device has to finish a start or reset, and to drain its rings.
+const SETTLE_TIME: Duration = Duration::from_secs(2);
+
+/// The device's saved state: `untouched` with its BAR address, or its transport's state.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct UntouchedState {
+struct VirtioState {
     untouched: bool,
     bar: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    transport: Option<TransportState>,
+}
+
+/// The registers a driver programs, and whether the device ran.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TransportState {
+    command: u16,
+    interrupt_line: u8,
+    common: CommonState,
+    interrupt: InterruptState,
+    running: bool,
 }
 
 impl VirtioPciDevice {
-    /// Whether the guest has written the device's configuration space or BAR.
+    /// Whether the guest has written the device's configuration space or its BAR.
     pub fn touched(&self) -> bool {
         self.touched.load(Ordering::Relaxed)
     }
+
+    /// The address BAR 0 holds (decoded or not).
+    pub fn bar_base(&self) -> u64 {
+        lock(&self.config).bar_base(0)
+    }
+
+    /// Waits until work handed to the event loop (a start or reset) has run and, for a
+    /// running device, until every request in its rings is complete.
+    fn settle(&self) -> Result<(), String> {
+        let start = Instant::now();
+        let wait = |what: &str| -> Result<(), String> {
+            if start.elapsed() > SETTLE_TIME {
+                return Err(format!("{what} after {} s", SETTLE_TIME.as_secs()));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            Ok(())
+        };
+        loop {
+            match lock(&self.transport).phase {
+                Phase::Idle => return Ok(()),
+                Phase::Running(_) => break,
+                Phase::Starting | Phase::Resetting => wait("its start or reset has not run")?,
+            }
+        }
+        if self.health.needs_reset() {
+            return Err("it needs a reset (its driver broke a ring)".into());
+        }
+        let queues: Vec<(usize, QueueRegs)> = {
+            let t = lock(&self.transport);
+            t.common.queues.iter().copied().enumerate().collect()
+        };
+        let queues: Vec<_> = queues.into_iter().filter(|(_, q)| q.enabled).collect();
+        // The device takes what the driver made available even if the driver had yet to
+        // notify it (a spurious notification is harmless: the device reads the ring).
+        for (i, _) in &queues {
+            let _ = self.notify[*i].write(1);
+        }
+        loop {
+            let mem = self.mem.memory();
+            let busy = queues.iter().find(|(_, q)| !drained(q, &mem));
+            match busy {
+                None => return Ok(()),
+                Some((i, _)) => wait(&format!("queue {i} still has requests in flight"))?,
+            }
+        }
+    }
+}
+
+/// Whether the device has used every chain the driver made available (split ring: the
+/// available and used indexes are 2 bytes into their rings).
+fn drained(q: &QueueRegs, mem: &vm_memory::GuestMemoryMmap) -> bool {
+    let index = |ring: u64| mem.read_obj::<u16>(GuestAddress(ring.wrapping_add(2))).ok();
+    matches!((index(q.driver), index(q.device)), (Some(a), Some(u)) if a == u)
 }
 
 impl Snapshottable for VirtioPciDevice {
@@ -56,30 +136,77 @@ impl Snapshottable for VirtioPciDevice {
             }
             _ => {}
         }
-        if self.touched() {
-            return Err(
-                "its driver has set it up, and virtio device state is not saved yet \
-                        (only devices the guest never touched are)"
-                    .into(),
-            );
-        }
         let bar = lock(&self.config).bar_base(0);
-        to_state(&UntouchedState {
-            untouched: true,
+        if !self.touched() {
+            let untouched = VirtioState {
+                untouched: true,
+                bar,
+                transport: None,
+            };
+            return to_state(&untouched);
+        }
+        let support = lock(&self.transport).device.snapshot_support();
+        support.map_err(|why| format!("its driver has set it up, and {why}"))?;
+        self.settle()?;
+        let (command, interrupt_line) = lock(&self.config).guest_writable();
+        let t = lock(&self.transport);
+        let transport = TransportState {
+            command,
+            interrupt_line,
+            common: t.common.save(),
+            interrupt: self.irq.save()?,
+            running: matches!(t.phase, Phase::Running(_)),
+        };
+        to_state(&VirtioState {
+            untouched: false,
             bar,
+            transport: Some(transport),
         })
     }
 
     fn restore(&self, state: serde_json::Value) -> Result<(), String> {
-        let s: UntouchedState = from_state(state)?;
-        let bar = lock(&self.config).bar_base(0);
-        match (s.untouched, s.bar == bar) {
-            (false, _) => Err("only an untouched device can be restored".into()),
-            (true, false) => Err(format!(
-                "it was at BAR address {:#x}, the restored VM put it at {bar:#x}",
-                s.bar
-            )),
-            (true, true) => Ok(()),
+        let s: VirtioState = from_state(state)?;
+        let bar = self.bar_base();
+        let Some(saved) = s.transport else {
+            return match (s.untouched, s.bar == bar) {
+                (false, _) => Err("a device its driver set up needs its transport state".into()),
+                (true, false) => Err(format!(
+                    "it was at BAR address {:#x}, the restored VM put it at {bar:#x}",
+                    s.bar
+                )),
+                (true, true) => Ok(()),
+            };
+        };
+        lock(&self.transport).device.snapshot_support()?;
+        if s.bar == 0 || s.bar % BAR_SIZE != 0 {
+            return Err(format!("BAR address {:#x} saved", s.bar));
         }
+        // Where the guest put it (the device manager moves its range there).
+        let mut config = lock(&self.config);
+        config.set_bar(0, BarKind::Mem64, BAR_SIZE, s.bar);
+        config.set_guest_writable(saved.command, saved.interrupt_line);
+        drop(config);
+        let mut t = lock(&self.transport);
+        t.common.load(&saved.common)?;
+        let vectors: Vec<u16> = t.common.queues.iter().map(|q| q.vector).collect();
+        self.irq
+            .restore(&saved.interrupt, t.common.config_vector, &vectors)?;
+        self.touched.store(true, Ordering::Relaxed);
+        if !saved.running {
+            return Ok(());
+        }
+        if t.common.status & STATUS_DRIVER_OK == 0 {
+            return Err("saved running without DRIVER_OK".into());
+        }
+        // Started on the event loop as a driver's DRIVER_OK starts it: the queues resume
+        // from the used rings, which the snapshot drained.
+        self.start(&mut t);
+        // Notifications the saved device had not read went with its eventfds: it looks.
+        for (i, q) in t.common.queues.iter().enumerate() {
+            if q.enabled {
+                let _ = self.notify[i].write(1);
+            }
+        }
+        Ok(())
     }
 }
