@@ -10,6 +10,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::devices::acpi::cpu_hotplug::CpuHotplug;
 use crate::devices::acpi::ged::Ged;
+use crate::devices::acpi::memory_hotplug::MemoryHotplug;
 use crate::devices::acpi::pci_hotplug::PciHotplug;
 use crate::devices::i8042::I8042;
 use crate::devices::pci::root::{PciConfigPorts, PciRoot};
@@ -28,6 +29,7 @@ fn device(kind: &str) -> Option<Arc<dyn Snapshottable>> {
         "acpi-ged" => Arc::new(Ged::new(evt()?)),
         "acpi-pci-hotplug" => Arc::new(Mutex::new(PciHotplug::new(channel().0))),
         "acpi-cpu-hotplug" => Arc::new(Mutex::new(CpuHotplug::new(1, 4, channel().0))),
+        "acpi-memory-hotplug" => Arc::new(Mutex::new(MemoryHotplug::new(4))),
         "pci-root" => Arc::new(PciRoot::new()),
         "pci-config-ports" => Arc::new(PciConfigPorts::new(Arc::new(PciRoot::new()))),
         _ => return None,
