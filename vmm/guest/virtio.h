@@ -138,7 +138,6 @@ const char *hotplug_disk_setup(const char *cmdline);
 u64 loop_hotplug_disk(u64 blocks);
 u64 loop_hotplug_cpu(u64 n);
 /* Starts the CPU with APIC ID `apic` (INIT-SIPI-SIPI); 1 once it runs (bench.c). */
-int start_ap(u32 apic);
 
 /* virtio-net (virtio_net.c): setup as the command line says (frame=, qd=, irq=poll,
  * evidx=off); net_check sends a frame and echoes `n` frames of the host's. */

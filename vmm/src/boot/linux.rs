@@ -14,10 +14,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestM
 
 use super::acpi;
 use super::gdt::{self, BootSregs};
-use super::kernel::{
-    InitrdRegion, KernelKind, LoadedKernel, CMDLINE_MAX_SIZE, CMDLINE_START,
-    DEFAULT_INITRD_ADDR_MAX,
-};
+use super::kernel::{InitrdRegion, KernelKind, LoadedKernel, CMDLINE_START};
 use super::params::{self, ZERO_PAGE_START};
 use super::BootError;
 use crate::memory::MMIO_GAP_START;
@@ -320,6 +317,7 @@ mod tests {
     use super::*;
     use crate::boot::e820::e820_map;
     use crate::boot::gdt::PML4_START;
+    use crate::boot::kernel::{CMDLINE_MAX_SIZE, DEFAULT_INITRD_ADDR_MAX};
     use crate::boot::params::PVH_INFO_START;
     use crate::boot::test_images::{bzimage, elf_image, BzImageSpec, TempFile};
     use linux_loader::loader::bootparam::boot_params;
