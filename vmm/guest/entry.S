@@ -220,8 +220,10 @@ gdt_ptr:
     .word gdt_end - gdt - 1
     .quad gdt
 
-/* Identity map of the low 4 GiB with 2 MiB pages, user-accessible (U=1), static. */
+/* Identity map of the low 4 GiB with 2 MiB pages, user-accessible (U=1), static; pci.c adds
+ * entries for BARs a VMM placed above 4 GiB. */
     .balign 4096
+    .globl pml4
 pml4:
     .quad pdpt + 0x7
     .fill 511, 8, 0
