@@ -59,7 +59,9 @@ echo "test.sh: release builds and their checks took $(( $(date +%s) - shipped_st
 skips=$(mktemp)
 results=$(mktemp)
 trap 'rm -f "$skips" "$results"' EXIT
-EXITLESS_SKIP_LOG=$skips cargo test --workspace --profile ci 2>&1 | tee "$results"
+# --no-fail-fast: one run names every failing test, not only the first failing test binary's.
+status=0
+EXITLESS_SKIP_LOG=$skips cargo test --workspace --profile ci --no-fail-fast 2>&1 | tee "$results" || status=$?
 if [ -s "$skips" ]; then
     echo "test.sh: tests that skipped (they passed without doing their work here):"
     sort "$skips" | uniq -c | sed 's/^/  /'
@@ -67,3 +69,4 @@ fi
 # One closing line for the whole suite: cargo prints one "test result" per test binary.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed, ", p, f }' "$results"
 echo "$(sort -u "$skips" | wc -l) skipped"
+exit "$status"

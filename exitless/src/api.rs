@@ -17,7 +17,7 @@ pub fn main(socket: &Path, verbose: bool) -> anyhow::Result<i32> {
     // (~0.4 ms of its start-up otherwise). Without the thread, vm.boot asks itself.
     let _ = vmm::kvm::SupportedCpuid::ask_ahead();
     let mut vmm = Vmm::new();
-    let exit = serve::serve(&mut vmm, &requests, verbose, |_| {
+    let exit = serve::serve(&mut vmm, &requests, verbose, None, |_| {
         launch::stop_signal().is_some()
     });
     drop(server);

@@ -32,6 +32,12 @@ pub struct BenchArgs {
     /// `qemu-system-x86_64 -kernel FILE -serial stdio -device isa-debug-exit,iobase=0xf4,iosize=4`).
     #[arg(long, value_name = "FILE")]
     export_guest: Option<PathBuf>,
+    /// Write the floor VMM (the least a KVM VMM must do to run the bench guest, which
+    /// `compare` runs beside the others; docs/performance.md, "The floor") into DIR as DIR/floor
+    /// and exit. Run it as `floor [--timing] [--small-cpuid] KERNEL CMDLINE MEMORY_MIB`;
+    /// --timing prints its steps as `run --timing` does.
+    #[arg(long, value_name = "DIR")]
+    export_floor: Option<PathBuf>,
     /// List the cases and their configurations, then exit.
     #[arg(long)]
     list: bool,
@@ -60,6 +66,12 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
             BENCH_GUEST.len(),
             path.display()
         );
+        return Ok(0);
+    }
+    if let Some(dir) = &args.export_floor {
+        let path = vmm::compare::floor::write_into(dir)
+            .with_context(|| format!("Cannot write the floor VMM into {}", dir.display()))?;
+        eprintln!("exitless: wrote the floor VMM to {}", path.display());
         return Ok(0);
     }
     if args.list {

@@ -81,9 +81,9 @@ pub struct CompareArgs {
     /// Rounds over all VMMs (1 to 100)
     #[arg(long, default_value_t = 3)]
     rounds: u32,
-    /// Guest memory in MiB for every VMM (64 to 65536)
-    #[arg(long, value_name = "MIB", default_value_t = 512)]
-    memory: u64,
+    /// Guest memory in MiB for every VMM (64 to 65536) [default: 512; 128 with --density]
+    #[arg(long, value_name = "MIB")]
+    memory: Option<u64>,
     /// Longest one run may take, in seconds
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     timeout: u64,
@@ -98,7 +98,23 @@ pub struct CompareArgs {
     /// line), exitless beside Cloud Hypervisor, --rounds times
     #[arg(long)]
     api: bool,
+    /// Instead of the cases: what many VMs cost. For each count N (e.g. 1,8,32,64), N VMs
+    /// of each VMM started at once (exitless and Cloud Hypervisor through their API, as
+    /// Kata starts them; the others from their command line), each booting the bench
+    /// guest's idle case: time until all N printed their first line, each VM's start, its
+    /// private dirty memory, peak RSS and Pss once idle, host CPU and wake-ups per idle VM
+    /// per second (over --idle), and the N-th VM against the first. A count whose VMs do
+    /// not fit in the host's available memory is not run (said in one line)
+    #[arg(long, value_name = "N,N...", value_delimiter = ',')]
+    density: Vec<usize>,
+    /// With --density: how long the idle VMs are watched, in seconds (1 to 600)
+    #[arg(long, value_name = "SECS", default_value_t = 3)]
+    idle: u64,
 }
+
+/// Guest memory when --memory is not given: the cases', and --density's (many VMs).
+const MEMORY_MIB: u64 = 512;
+const DENSITY_MEMORY_MIB: u64 = 128;
 
 pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
     check(&args)?;
@@ -118,29 +134,45 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
     };
     let mut vmms = vec![Vmm::named(VmmKind::Exitless, &exitless)?];
     vmms.extend(peers(&args)?);
-    if vmms.len() == 1 {
-        bail!("No VMM to compare with: none of qemu-system-x86_64, firecracker, cloud-hypervisor is on PATH (or name one with --qemu, --firecracker, --cloud-hypervisor)");
-    }
     let workdir = std::env::temp_dir().join(format!("exitless-compare-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)
         .with_context(|| format!("Cannot create {}", workdir.display()))?;
     let guest = workdir.join("bench-guest.elf");
     std::fs::write(&guest, BENCH_GUEST)
         .with_context(|| format!("Cannot write {}", guest.display()))?;
+    // The physical-limit row, last: every VMM's start-up is also a ratio to it.
+    let floor = compare::floor::write_into(&workdir)
+        .with_context(|| format!("Cannot write the floor VMM into {}", workdir.display()))?;
+    vmms.push(Vmm::named(VmmKind::Floor, &floor)?);
+    let memory_mib = memory_mib(&args);
     let plan = Plan {
         vmms,
         cases: args.cases.clone(),
         iterations: args.iterations,
         rounds: args.rounds,
-        memory_mib: args.memory,
+        memory_mib,
         limit: Duration::from_secs(args.timeout),
         guest,
         workdir: workdir.clone(),
     };
     vmm::launch::install_signal_handlers()?;
+    if !args.density.is_empty() {
+        let density = crate::compare_density::plan(&plan, &args.density, args.idle);
+        let report = crate::compare_density::run(&density);
+        let _ = std::fs::remove_dir_all(&workdir);
+        let report = report?;
+        crate::compare_density::print(&report);
+        if let Some(path) = &args.json {
+            write_json(path, &report)?;
+        }
+        if let Some((program, path)) = chart {
+            draw_chart(&program, path, &report)?;
+        }
+        return Ok(0);
+    }
     if args.api {
         let reports =
-            crate::compare_api::run(&plan.vmms, &plan.guest, &workdir, args.memory, args.rounds);
+            crate::compare_api::run(&plan.vmms, &plan.guest, &workdir, memory_mib, args.rounds);
         let _ = std::fs::remove_dir_all(&workdir);
         crate::compare_api::print(&reports);
         if let Some(path) = &args.json {
@@ -180,8 +212,15 @@ fn chart_program() -> anyhow::Result<PathBuf> {
     }
 }
 
+fn memory_mib(args: &CompareArgs) -> u64 {
+    args.memory.unwrap_or(match args.density.is_empty() {
+        true => MEMORY_MIB,
+        false => DENSITY_MEMORY_MIB,
+    })
+}
+
 /// Draws `report` into `path` with `exitless-chart` (the plotting stays out of this binary).
-fn draw_chart(program: &Path, path: &Path, report: &CompareReport) -> anyhow::Result<()> {
+fn draw_chart(program: &Path, path: &Path, report: &impl serde::Serialize) -> anyhow::Result<()> {
     let json = path.with_extension("json.tmp");
     write_json(&json, report)?;
     let drawn = std::process::Command::new(program)
@@ -216,8 +255,17 @@ fn check(args: &CompareArgs) -> anyhow::Result<()> {
     if !(1..=100).contains(&args.rounds) {
         bail!("--rounds must be 1 to 100, got {}", args.rounds);
     }
-    if !(64..=65536).contains(&args.memory) {
-        bail!("--memory must be 64 to 65536 MiB, got {}", args.memory);
+    if let Some(memory) = args.memory.filter(|m| !(64..=65536).contains(m)) {
+        bail!("--memory must be 64 to 65536 MiB, got {memory}");
+    }
+    if args.density.iter().any(|n| !(1..=1024).contains(n)) {
+        bail!("--density: each count must be 1 to 1024");
+    }
+    if !args.density.is_empty() && args.api {
+        bail!("--density and --api are two different comparisons: give one");
+    }
+    if !(1..=600).contains(&args.idle) {
+        bail!("--idle must be 1 to 600 seconds, got {}", args.idle);
     }
     if args.timeout == 0 {
         bail!("--timeout must be at least 1 second");
@@ -253,10 +301,11 @@ fn print_table(report: &CompareReport) {
     );
     print_left_out(report);
     println!(
-        "{:<15} {:<17} {:>18} {:>18} {:>12} {:>20} {:>12} {:>11} {:>13} {:>10} {:>7} {:>24}",
+        "{:<15} {:<17} {:>18} {:>8} {:>18} {:>12} {:>20} {:>12} {:>11} {:>13} {:>10} {:>7} {:>24}",
         "case",
         "vmm",
         "first line ms",
+        "x floor",
         "done ms",
         "cycles/iter",
         "wall us/iter",
@@ -280,11 +329,15 @@ fn print_table(report: &CompareReport) {
             let ratio = c
                 .wall_ratio_to_exitless
                 .map_or("-".into(), |r| format!("{r:.2}x"));
+            let x_floor = c
+                .first_line_ratio_to_floor
+                .map_or("-".into(), |r| format!("{r:.2}x"));
             println!(
-                "{:<15} {:<17} {:>18} {:>18} {:>12.0} {:>20} {:>12.1} {:>11.0} {:>13.0} {:>10.0} {:>7} {:>24}",
+                "{:<15} {:<17} {:>18} {:>8} {:>18} {:>12.0} {:>20} {:>12.1} {:>11.0} {:>13.0} {:>10.0} {:>7} {:>24}",
                 case,
                 v.vmm,
                 spread(&c.first_line_ms, 1),
+                x_floor,
                 spread(&c.done_ms, 1),
                 c.guest_cycles_per_iter.median,
                 spread(&c.wall_per_iter_us, 2),

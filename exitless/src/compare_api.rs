@@ -1,5 +1,6 @@
 //! `exitless compare --api`: start-up through the API (what Kata measures), exitless beside
-//! Cloud Hypervisor, rounds interleaved.
+//! Cloud Hypervisor, rounds interleaved, and the floor VMM's spawn to first line (it has no
+//! API) as the limit.
 
 use std::path::Path;
 
@@ -26,7 +27,7 @@ pub fn run(
 ) -> Vec<ApiStartReport> {
     let vmms: Vec<&Vmm> = vmms
         .iter()
-        .filter(|v| api_start::speaks_api(v.kind))
+        .filter(|v| api_start::in_api_comparison(v.kind))
         .collect();
     let mut reports: Vec<ApiStartReport> = vmms
         .iter()
@@ -61,37 +62,48 @@ fn spread(values: impl Iterator<Item = f64>) -> Spread {
     Spread::of(&values.collect::<Vec<_>>())
 }
 
-/// The table: median (min-max) per column, the first line's ratio to exitless's.
+/// The median first line of the VMM named `name`, if it has starts.
+fn first_line_median(reports: &[ApiStartReport], name: &str) -> Option<f64> {
+    let r = reports
+        .iter()
+        .find(|r| r.vmm == name && !r.starts.is_empty())?;
+    Some(spread(r.starts.iter().map(|s| s.first_line_ms)).median).filter(|m| *m > 0.0)
+}
+
+/// The table: median (min-max) per column, the first line's ratio to exitless's and to the
+/// floor's ("-" where a VMM has no such figure: the floor answers no requests).
 pub fn print(reports: &[ApiStartReport]) {
-    println!("start through the API (--api-socket, vmm.ping, vm.create, vm.boot, first serial line): median (min-max)");
+    println!("start through the API (--api-socket, vmm.ping, vm.create, vm.boot, first serial line; the floor: spawned with the guest): median (min-max)");
     println!(
-        "{:<18} {:>22} {:>22} {:>22} {:>22} {:>7}",
-        "vmm", "ping answers ms", "vm.create us", "vm.boot us", "first line ms", "ratio"
+        "{:<18} {:>22} {:>22} {:>22} {:>22} {:>7} {:>8}",
+        "vmm", "ping answers ms", "vm.create us", "vm.boot us", "first line ms", "ratio", "x floor"
     );
-    let base = reports
-        .first()
-        .map(|r| spread(r.starts.iter().map(|s| s.first_line_ms)).median);
+    let base = first_line_median(reports, "exitless");
+    let floor = first_line_median(reports, "floor");
     for r in reports {
         if let Some(why) = &r.failed {
             println!("{:<18} left out: {why}", r.vmm);
             continue;
         }
-        let col = |f: fn(&ApiStart) -> f64| {
-            let s = spread(r.starts.iter().map(f));
+        let col = |f: fn(&ApiStart) -> Option<f64>| {
+            let values: Vec<f64> = r.starts.iter().filter_map(f).collect();
+            if values.is_empty() {
+                return "-".to_string();
+            }
+            let s = Spread::of(&values);
             format!("{:.2} ({:.2}-{:.2})", s.median, s.min, s.max)
         };
         let line = spread(r.starts.iter().map(|s| s.first_line_ms)).median;
-        let ratio = base
-            .filter(|b| *b > 0.0)
-            .map_or(String::new(), |b| format!("{:.2}x", line / b));
+        let ratio = |to: Option<f64>| to.map_or("-".into(), |b| format!("{:.2}x", line / b));
         println!(
-            "{:<18} {:>22} {:>22} {:>22} {:>22} {:>7}",
+            "{:<18} {:>22} {:>22} {:>22} {:>22} {:>7} {:>8}",
             r.vmm,
             col(|s| s.ready_ms),
             col(|s| s.create_us),
             col(|s| s.boot_us),
-            col(|s| s.first_line_ms),
-            ratio
+            col(|s| Some(s.first_line_ms)),
+            ratio(base),
+            ratio(floor),
         );
     }
 }

@@ -7,6 +7,8 @@ mod bench;
 mod compare;
 #[cfg(feature = "lab")]
 mod compare_api;
+#[cfg(feature = "lab")]
+mod compare_density;
 mod output_file;
 mod remote;
 mod run;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use vmm::api::client::ApiClient;
-use vmm::config::{BalloonConfig, DiskConfig, NetConfig, VsockConfig};
+use vmm::config::{BalloonConfig, DiskConfig, MemorySize, NetConfig, VsockConfig};
 
 /// Options of `exitless remote`.
 #[derive(Args)]
@@ -17,6 +17,7 @@ exitless remote --api-socket /tmp/x.sock boot\n  \
 exitless remote --api-socket /tmp/x.sock add-disk path=/tmp/d.img,readonly=on\n  \
 exitless remote --api-socket /tmp/x.sock resize --cpus 2\n  \
 exitless remote --api-socket /tmp/x.sock resize --balloon 256M   # ask the guest for 256 MiB back\n  \
+exitless remote --api-socket /tmp/x.sock resize --memory 1G   # needs memory.hotplug_size\n  \
 exitless remote --api-socket /tmp/x.sock profile          # where the VM's exit cycles go\n\n\
 Each command is one request; a refused one prints its status and why, and exits with 1.")]
 pub struct RemoteArgs {
@@ -63,10 +64,15 @@ enum RemoteCommand {
     AddFs { spec: String },
     /// Remove a device by its id (vm.remove-device)
     RemoveDevice { id: String },
-    /// Change the number of vCPUs, or the balloon's target (vm.resize)
+    /// Change the number of vCPUs, grow the guest's memory, or set the balloon's target
+    /// (vm.resize)
     Resize {
-        #[arg(long, value_name = "N", required_unless_present = "balloon")]
+        #[arg(long, value_name = "N")]
         cpus: Option<u8>,
+        /// Guest RAM to grow to, e.g. 1G (ACPI memory hotplug, up to memory.size +
+        /// memory.hotplug_size)
+        #[arg(long, value_name = "SIZE")]
+        memory: Option<MemorySize>,
         /// Memory the guest is asked to put in its balloon: 0, or a size as --memory takes it
         #[arg(long, value_name = "SIZE")]
         balloon: Option<String>,
@@ -161,7 +167,14 @@ fn request(
             "vm.remove-device",
             Some(serde_json::json!({ "id": id }).to_string()),
         ),
-        C::Resize { cpus, balloon } => {
+        C::Resize {
+            cpus,
+            memory,
+            balloon,
+        } => {
+            if cpus.is_none() && memory.is_none() && balloon.is_none() {
+                anyhow::bail!("resize needs --cpus N, --memory SIZE or --balloon SIZE");
+            }
             let balloon = balloon
                 .as_deref()
                 .map(BalloonConfig::parse_size)
@@ -169,6 +182,9 @@ fn request(
             let mut body = serde_json::Map::new();
             if let Some(n) = cpus {
                 body.insert("desired_vcpus".into(), (*n).into());
+            }
+            if let Some(ram) = memory {
+                body.insert("desired_ram".into(), ram.bytes().into());
             }
             if let Some(bytes) = balloon {
                 body.insert("desired_balloon".into(), bytes.into());
@@ -237,5 +253,28 @@ mod tests {
         assert_eq!(v["cid"], 3);
         assert!(disk_body("readonly=on").is_err());
         assert!(vsock_body("cid=1,socket=/v").is_err());
+    }
+
+    #[test]
+    fn resize_sends_cpus_memory_or_both() {
+        let memory = Some("1G".parse().unwrap());
+        let r = request(&RemoteCommand::Resize {
+            cpus: None,
+            memory,
+            balloon: None,
+        })
+        .unwrap();
+        let body: serde_json::Value = serde_json::from_str(&r.2.unwrap()).unwrap();
+        assert_eq!(
+            (r.1, &body["desired_ram"]),
+            ("vm.resize", &(1u64 << 30).into())
+        );
+        assert!(body["desired_vcpus"].is_null());
+        let neither = RemoteCommand::Resize {
+            cpus: None,
+            memory: None,
+            balloon: None,
+        };
+        assert!(request(&neither).is_err());
     }
 }

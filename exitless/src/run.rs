@@ -70,7 +70,9 @@ pub struct RunOptions {
     /// Guest RAM: a number with a K, M, G or T suffix (256M, 1G); a bare number is MiB; 16M to
     /// 1T. Or size=SIZE with what backs it: shared=on (a memfd a vhost-user back end such as
     /// virtiofsd can map; --fs needs it), hugepages=on (from the host's hugetlb pool, which
-    /// must have enough free pages), hugepage_size=2M|1G [default: 512M, private, normal pages]
+    /// must have enough free pages), hugepage_size=2M|1G, hotplug_size=SIZE (how much
+    /// vm.resize may add through --api-socket, ACPI memory hotplug) [default: 512M, private,
+    /// normal pages, no hotplug]
     #[arg(long, value_name = "SIZE|size=SIZE,...")]
     memory: Option<String>,
     /// JSON VM config file; command line options override it [default: none]
@@ -252,7 +254,8 @@ fn serve_api(
     let mut vmm = Vmm::with_running(api, config, vm);
     let start = Instant::now();
     let mut timed_out = false;
-    let exit = serve::serve(&mut vmm, &requests, verbose, |_| {
+    let deadline = timeout.map(|t| start + t);
+    let exit = serve::serve(&mut vmm, &requests, verbose, deadline, |_| {
         timed_out = timeout.is_some_and(|t| start.elapsed() >= t);
         timed_out || launch::stop_signal().is_some()
     });
@@ -280,7 +283,7 @@ fn wait(
     // when a live summary needs them, not held for the VM's life.
     let mut last = interval.map(|_| (Instant::now(), vm.snapshots()));
     let end = vm
-        .wait(timeout, Duration::from_millis(10), |vm| {
+        .wait(timeout, interval, |vm| {
             if launch::stop_signal().is_some() {
                 return true;
             }

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -179,31 +178,6 @@ fn a_vcpu_added_by_resize_runs_guest_code() {
     let _ = std::fs::remove_file(&serial);
 }
 
-/// The tap Kata sends with `vm.add-net`: opened in a network namespace of the test's own, as
-/// Kata opens it (root), else None with the reason reported.
-fn kata_tap(
-    test: &str,
-) -> Option<(
-    vmm::devices::virtio::net::private_net::PrivateNet,
-    std::os::fd::OwnedFd,
-)> {
-    use vmm::devices::virtio::net::private_net::{PrivateNet, KATA_TAP_FLAGS};
-    let made = PrivateNet::create().and_then(|ns| {
-        let fd = ns.open_foreign_tap("kata-tap0", KATA_TAP_FLAGS)?;
-        Ok((ns, fd))
-    });
-    match made {
-        Ok(t) => Some(t),
-        Err(e) => {
-            vmm::test_skip::skip(
-                test,
-                &format!("cannot open a tap as Kata does (needs root): {e}"),
-            );
-            None
-        }
-    }
-}
-
 /// Every request Kata's runtime sent for one sandbox, in order, with the bodies it sent (the
 /// tap's fd with vm.add-net, in one sendmsg): each answered as Kata expects, and the process
 /// gone within 3 s of vmm.shutdown with its sockets removed.
@@ -212,94 +186,22 @@ fn the_kata_request_sequence_is_answered_as_kata_expects() {
     if !kvm_or_skip("api_kata_sequence") {
         return;
     }
-    let Some((_ns, tap)) = kata_tap("api_kata_sequence") else {
+    let Some((_ns, tap)) = common::kata::tap("api_kata_sequence") else {
         return;
     };
     let kernel = export_guest("api-kata");
-    for bin in common::builds() {
-        walk_kata_sequence(&bin, &kernel, &tap);
-    }
-    let _ = std::fs::remove_file(&kernel);
-}
-
-/// The sequence of fixtures/kata_clh_sandbox.json against build `bin`, tap fd included.
-fn walk_kata_sequence(bin: &Path, kernel: &Path, tap: &impl AsRawFd) {
-    let seq = include_str!("../../vmm/src/api/fixtures/kata_clh_sandbox.json");
     let dir = std::env::temp_dir().join(format!("exitless-kata-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("rootfs.img"), vec![0u8; 1 << 20]).unwrap();
-    std::fs::write(dir.join("hotplug.img"), vec![0u8; 1 << 20]).unwrap();
-    let seq = seq
-        .replace("@TMP@", dir.to_str().unwrap())
-        .replace("@VMDIR@", dir.to_str().unwrap())
-        .replace("@KERNEL@", kernel.to_str().unwrap());
-    let seq: Value = serde_json::from_str(&seq).unwrap();
-    let mut vmm = Vmm::start_build(bin, "kata");
-    let mut c = vmm.client();
-    let mut disk_id = String::new();
-    for r in seq["requests"].as_array().unwrap() {
-        let (method, path) = (r["method"].as_str().unwrap(), r["path"].as_str().unwrap());
-        let endpoint = path.trim_start_matches("/api/v1/");
-        let body =
-            (!r["body"].is_null()).then(|| r["body"].to_string().replace("@DISK_ID@", &disk_id));
-        let fds: Vec<i32> = if r["fds"].as_u64() == Some(1) {
-            vec![tap.as_raw_fd()]
-        } else {
-            vec![]
-        };
-        let reply = c
-            .request_with_fds(method, endpoint, body.as_deref(), &fds)
-            .unwrap();
-        let reply = ok(reply, endpoint);
-        match r["step"].as_u64().unwrap() {
-            3 => assert_eq!(json(&reply)["state"], "Created"),
-            6 => {
-                let i = json(&reply);
-                assert_eq!(i["state"], "Running");
-                assert!(i["memory_actual_size"].as_u64().unwrap() > 0);
-                assert!(
-                    vmm.threads().iter().any(|t| t == "vcpu0"),
-                    "{:?}",
-                    vmm.threads()
-                );
-            }
-            7 => {
-                let added = json(&reply);
-                disk_id = added["id"].as_str().unwrap().to_string();
-                let bdf = added["bdf"].as_str().unwrap();
-                assert!(bdf.starts_with("0000:00:") && bdf.ends_with(".0"), "{bdf}");
-            }
-            9 => {
-                let cpus = &json(&reply)["config"]["cpus"];
-                assert_eq!(
-                    (cpus["boot_vcpus"].as_u64(), cpus["max_vcpus"].as_u64()),
-                    (Some(1), Some(2))
-                );
-            }
-            10 => assert!(
-                vmm.threads().iter().any(|t| t == "vcpu1"),
-                "{:?}",
-                vmm.threads()
-            ),
-            _ => {}
-        }
+    let sandbox = common::kata::Sandbox {
+        fixture: include_str!("../../vmm/src/api/fixtures/kata_clh_sandbox.json"),
+        dir: &dir,
+        kernel: &kernel,
+        before_stop: None,
+    };
+    for bin in common::builds() {
+        common::kata::walk(&bin, &sandbox, &tap);
     }
-    let status = vmm
-        .wait_exit(Duration::from_secs(3))
-        .expect("exitless ends within 3 s of vmm.shutdown");
-    assert!(status.success(), "{status:?}");
-    assert!(!vmm.socket.exists(), "the API socket is removed");
-    assert!(
-        !dir.join("clh.sock").exists(),
-        "the vsock socket is removed"
-    );
-    vmm.stderr.read_to_end(Duration::from_secs(1));
-    assert!(
-        vmm.stderr.text.contains("api: vm.add-net -> 204"),
-        "{}",
-        vmm.stderr.text
-    );
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&kernel);
 }
 
 fn remote(socket: &Path, args: &[&str]) -> std::process::Output {

@@ -113,6 +113,20 @@ fn export_guest_writes_a_pvh_elf() {
 }
 
 #[test]
+fn export_floor_writes_the_floor_vmm_that_runs() {
+    let dir = std::env::temp_dir().join(format!("exitless-floor-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = exitless(&["bench", "--export-floor", dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let usage = std::process::Command::new(dir.join("floor"))
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(usage.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&usage.stderr).contains("KERNEL CMDLINE MEMORY_MIB"));
+}
+
+#[test]
 fn small_run_reports_exits_that_match_iterations() {
     if std::fs::metadata("/dev/kvm").is_err() {
         vmm::test_skip::skip("bench_cli", "/dev/kvm is missing on this host");

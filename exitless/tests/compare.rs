@@ -333,3 +333,154 @@ fn the_devices_case_runs_exitless_and_firecracker_and_gives_private_dirty_memory
         );
     }
 }
+
+/// Every case the floor VMM can run (no devices) gives the guest the same exits as under
+/// exitless, and every VMM's first line is a ratio to the floor's.
+#[test]
+fn the_floor_runs_every_case_it_can_with_exitless_s_exits_per_loop() {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        vmm::test_skip::skip("compare_floor", "/dev/kvm is missing on this host");
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("exitless-floor-{}.json", std::process::id()));
+    let cases = "pio_out,pio_in,mmio_write,mmio_read,pio_out_cpl0,cpuid,msr_read,msr_write";
+    let (report, out, _) = report_of(
+        &[
+            "--qemu",
+            "/bin/false",
+            "--firecracker",
+            "/bin/false",
+            "--cloud-hypervisor",
+            "/bin/false",
+            "--cases",
+            cases,
+            "--iterations",
+            "100",
+            "--rounds",
+            "1",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &json,
+    );
+    let vmm = |name: &str| {
+        let all = report["vmms"].as_array().unwrap();
+        all.iter().find(|v| v["vmm"] == name).unwrap().clone()
+    };
+    let (exitless, floor) = (vmm("exitless"), vmm("floor"));
+    assert!(floor["failed"].is_null(), "{floor}");
+    assert_eq!(floor["cases"].as_array().unwrap().len(), 8, "{floor}");
+    assert!(out.contains("x floor"), "{out}");
+    let traced = report["turnaround"] == "measured";
+    if !traced {
+        let why = report["turnaround"].as_str().unwrap_or("?");
+        vmm::test_skip::skip("compare_floor_exits", why);
+    }
+    for (e, f) in exitless["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(floor["cases"].as_array().unwrap())
+    {
+        assert_eq!(e["case"], f["case"]);
+        assert_eq!(f["first_line_ratio_to_floor"], 1.0, "{f}");
+        assert!(e["first_line_ratio_to_floor"].as_f64() > Some(0.0), "{e}");
+        assert!(f["peak_rss_kib"]["median"].as_f64() > Some(0.0), "{f}");
+        if traced {
+            let exits = |c: &serde_json::Value| c["userspace_exits_per_iter"]["median"].as_f64();
+            let (ee, fe) = (exits(e).unwrap(), exits(f).unwrap());
+            assert!(
+                (ee - fe).abs() < 0.05,
+                "{}: exitless {ee}, floor {fe}",
+                e["case"]
+            );
+        }
+    }
+}
+
+/// `--density 2` with exitless and the floor (the peers named as programs that cannot boot
+/// anything are said to have failed): every field there and sane, every process and file
+/// gone afterwards. No timing is asserted.
+#[test]
+fn density_starts_n_vms_of_each_vmm_and_gives_every_figure() {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        vmm::test_skip::skip("compare_density", "/dev/kvm is missing on this host");
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("exitless-density-{}.json", std::process::id()));
+    let child = exitless()
+        .args(["compare", "--density", "2", "--idle", "1", "--memory", "64"])
+        .args(["--qemu", "/bin/false", "--firecracker", "/bin/false"])
+        .args(["--cloud-hypervisor", "/bin/false", "--json"])
+        .arg(&json)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let workdir = format!("/tmp/exitless-compare-{}", child.id());
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).ok();
+    assert_eq!(report["schema"], "exitless.density/1");
+    assert_eq!(report["memory_mib"], 64);
+    let run = |name: &str| {
+        let runs = report["runs"].as_array().unwrap();
+        runs.iter().find(|r| r["vmm"] == name).unwrap().clone()
+    };
+    for (name, via) in [("exitless", "api"), ("floor", "command line")] {
+        let r = run(name);
+        assert!(r["failed"].is_null(), "{r}");
+        assert_eq!(
+            (r["n"].as_u64(), r["started_through"].as_str()),
+            (Some(2), Some(via))
+        );
+        assert!(r["all_started_ms"].as_f64() > Some(0.0), "{r}");
+        for key in ["start_ms", "private_dirty_kib", "peak_rss_kib", "pss_kib"] {
+            let v: Vec<f64> = r[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|x| x.as_f64())
+                .collect();
+            assert!(v.len() == 2 && v.iter().all(|x| *x > 0.0), "{key}: {r}");
+        }
+        for key in ["idle_cpu_us_per_s", "idle_wakeups_per_s"] {
+            let v: Vec<f64> = r[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|x| x.as_f64())
+                .collect();
+            assert!(v.len() == 2 && v.iter().all(|x| *x >= 0.0), "{key}: {r}");
+        }
+        let s = &r["summary"];
+        assert!(s["private_dirty_kib"]["median"].as_f64() <= s["peak_rss_kib"]["median"].as_f64());
+        assert!(
+            s["nth_over_first"]["private_dirty"].as_f64() > Some(0.0),
+            "{s}"
+        );
+    }
+    let qemu = run("qemu");
+    assert!(qemu["failed"].as_str().is_some(), "{qemu}");
+    assert!(
+        out.contains("goals (exitless)") && out.contains("all up ms"),
+        "{out}"
+    );
+    assert!(!Path::new(&workdir).exists(), "{workdir} removed");
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|p| std::fs::read(p.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&workdir))
+        .collect();
+    assert!(left.is_empty(), "processes left running: {left:?}");
+}

@@ -255,7 +255,7 @@ fn help_states_every_default() {
         "--serial-log",
         "--irqchip",
         "--cpu-affinity",
-        "--profile ",
+        "--profile",
         "--profile-json",
         "--profile-per-vcpu",
         "--profile-interval",
@@ -263,7 +263,12 @@ fn help_states_every_default() {
         "--fs",
     ] {
         let at = help
-            .find(opt)
+            .match_indices(opt)
+            .map(|(at, _)| at)
+            .find(|&at| {
+                let next = help[at + opt.len()..].chars().next();
+                !matches!(next, Some(c) if c == '-' || c.is_alphanumeric())
+            })
             .unwrap_or_else(|| panic!("{opt} not in {help}"));
         let rest = &help[at..];
         let end = rest[2..].find("\n  -").map_or(rest.len(), |e| e + 2);

@@ -6,105 +6,12 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use common::virtiofsd::{pattern, Virtiofsd};
 use common::{exitless, export_guest, kvm_available};
 use vmm::api::client::ApiClient;
-
-/// The byte the bench guest's `fs_check` expects at offset `i` of its input file.
-fn pattern(i: usize) -> u8 {
-    ((i * 7 + (i >> 8) * 13 + (i >> 16) * 29 + 3) & 0xff) as u8
-}
-
-/// virtiofsd serving a scratch directory, its log in a file; killed when dropped.
-struct Virtiofsd {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
-    log: PathBuf,
-}
-
-impl Virtiofsd {
-    /// None (the test reported skipped) unless virtiofsd is installed and this is root.
-    fn start(test: &str) -> Option<Self> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            vmm::test_skip::skip(test, "virtiofsd needs root");
-            return None;
-        }
-        let found = [
-            "/root/.cargo/bin/virtiofsd",
-            "/usr/libexec/virtiofsd",
-            "/usr/bin/virtiofsd",
-        ]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists());
-        let Some(daemon) = found else {
-            vmm::test_skip::skip(test, "virtiofsd is not installed");
-            return None;
-        };
-        let dir = std::env::temp_dir().join(format!("exitless-vfs-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("shared")).unwrap();
-        let (socket, log) = (dir.join("fs.sock"), dir.join("virtiofsd.log"));
-        let child = Command::new(daemon)
-            .arg("--socket-path")
-            .arg(&socket)
-            .arg("--shared-dir")
-            .arg(dir.join("shared"))
-            .args(["--cache", "auto", "--sandbox", "none"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let d = Virtiofsd {
-            child,
-            dir,
-            socket,
-            log,
-        };
-        assert!(
-            d.wait_log("Waiting for vhost-user socket connection"),
-            "{}",
-            d.log_text()
-        );
-        Some(d)
-    }
-
-    fn shared(&self) -> PathBuf {
-        self.dir.join("shared")
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits up to 10 s for `line` in the log.
-    fn wait_log(&self, line: &str) -> bool {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if self.log_text().contains(line) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        false
-    }
-
-    fn fs_arg(&self) -> String {
-        format!("tag=kataShared,socket={}", self.socket.display())
-    }
-}
-
-impl Drop for Virtiofsd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 #[test]
 fn the_guest_reaches_virtiofsd_through_exitless() {
@@ -475,7 +382,7 @@ fn hostile_run(guest: &Path, bad: &str) -> Option<HostileRun> {
     let done = out.wait_for(limit, |t| t.contains("EXITLESS FS hostile done"));
     assert!(done, "{}", out.text);
     // The guest waited ~2 s for each chain virtiofsd died on: a dead one has gone by now.
-    let daemon_died = daemon.child.try_wait().unwrap().is_some();
+    let daemon_died = daemon.has_ended();
     let devices_woke = devices_sleeps(pid, tid) - before;
     let start = Instant::now();
     let status = loop {

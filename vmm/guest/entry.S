@@ -220,13 +220,15 @@ gdt_ptr:
     .word gdt_end - gdt - 1
     .quad gdt
 
-/* Identity map of the low 4 GiB with 2 MiB pages, user-accessible (U=1), static; pci.c adds
- * entries for BARs a VMM placed above 4 GiB. */
+/* Identity map of the low 4 GiB with 2 MiB pages, user-accessible (U=1), static. Memory
+ * hot-added above 4 GiB gets PDPT entries of its own (memory_hotplug.c); pci.c adds entries
+ * for BARs a VMM placed above 4 GiB (the two never share a GiB in one case). */
     .balign 4096
     .globl pml4
 pml4:
     .quad pdpt + 0x7
     .fill 511, 8, 0
+    .globl pdpt
 pdpt:
     .quad pd + 0x7
     .quad pd + 0x1000 + 0x7

@@ -99,6 +99,10 @@ void ipi_main(u64 iters, u64 cpus, const char *why);
 /* End of the RAM range that holds the guest's image (the PVH memory map); 0 if unknown. */
 extern u64 ram_end;
 
+/* memory_hotplug_check (memory_hotplug.c): memory added while the guest runs, found through
+ * exitless's ACPI memory hotplug controller, mapped, written and read back. */
+u64 loop_memory_hotplug_check(u64 n);
+
 /* Interrupts the guest handled (self-IPIs and virtio MSI-X vectors). */
 extern u64 ipi_count;
 

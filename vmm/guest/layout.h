@@ -32,6 +32,7 @@
 #define GED_ADDR         0xfeb00000UL
 #define PCI_HOTPLUG_ADDR 0xfeb01000UL
 #define CPU_HOTPLUG_ADDR 0xfeb02000UL
+#define MEMORY_HOTPLUG_ADDR 0xfeb03000UL
 
 #define AP_TRAMPOLINE    0x8000   /* SIPI vector 0x08: APs start in real mode here */
 #define AP_STACK_SIZE    4096

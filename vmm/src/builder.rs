@@ -294,6 +294,11 @@ impl VmBuilder {
         Ok(com1)
     }
 
+    /// The devices event loop (what a device's memory listener runs its work on).
+    pub fn event_loop(&self) -> crate::event_loop::EventLoopHandle {
+        self.event_loop.handle()
+    }
+
     /// A virtio device on PCI (virtio-pci with MSI-X); `name` is how the profile shows it.
     pub fn add_virtio(
         &mut self,
@@ -307,11 +312,13 @@ impl VmBuilder {
             .add_virtio(name, device, &self.vm.mem, handle, notify)?)
     }
 
-    /// The ACPI hotplug controllers (devices and vCPUs added while the VM runs), for a
-    /// guest booted with ACPI.
-    pub fn enable_hotplug(&mut self) -> Result<(), BuildError> {
+    /// The ACPI hotplug controllers (devices and vCPUs added while the VM runs, and with
+    /// `memory_slots` memory), for a guest booted with ACPI.
+    pub fn enable_hotplug(&mut self, memory_slots: usize) -> Result<(), BuildError> {
         let max = self.spec.max_cpus.max(self.spec.cpus);
-        Ok(self.devices.enable_hotplug(self.spec.cpus, max)?)
+        Ok(self
+            .devices
+            .enable_hotplug(self.spec.cpus, max, memory_slots)?)
     }
 
     /// The i8042, for the guest's reset.
@@ -456,11 +463,12 @@ fn load_kernel(
     spec: &VmSpec,
     platform: &boot::acpi::AcpiPlatform,
 ) -> Result<BootEntry, BuildError> {
+    let mem = vm.memory();
     match &spec.kernel {
         KernelImage::File(path) => {
             let cpus = usize::from(spec.cpus);
             let boot = boot::configure_linux_boot(
-                &vm.mem,
+                &mem,
                 path,
                 spec.initrd.as_deref(),
                 &spec.cmdline,
@@ -471,32 +479,37 @@ fn load_kernel(
             // `configure_linux_boot`; the MP table, for kernels without ACPI, only where it
             // can list them all (an MP table that left vCPUs out would cap them silently).
             if cpus <= mptable::MAX_MPTABLE_VCPUS {
-                mptable::setup_mptable(&vm.mem, cpus)?;
+                mptable::setup_mptable(&mem, cpus)?;
             }
             Ok(BootEntry::Linux(Box::new(boot)))
         }
         #[cfg(feature = "lab")]
-        KernelImage::Embedded(image) => load_embedded(vm, spec, image),
+        KernelImage::Embedded(image) => load_embedded(&mem, spec, image),
     }
 }
 
 /// Loads a PVH ELF held in memory (the bench guest): command line and PVH start info with
 /// the memory map, nothing else.
 #[cfg(feature = "lab")]
-fn load_embedded(vm: &Vm, spec: &VmSpec, image: &[u8]) -> Result<BootEntry, BuildError> {
-    use crate::boot::linux::{write_cmdline, CMDLINE_MAX_SIZE};
+fn load_embedded(
+    mem: &vm_memory::GuestMemoryMmap,
+    spec: &VmSpec,
+    image: &[u8],
+) -> Result<BootEntry, BuildError> {
+    use crate::boot::kernel::CMDLINE_MAX_SIZE;
+    use crate::boot::linux::write_cmdline;
     use crate::boot::params::write_pvh_start_info;
     use linux_loader::loader::elf::{Elf, PvhBootCapability};
     use linux_loader::loader::KernelLoader;
 
-    let loaded = Elf::load(&vm.mem, None, &mut std::io::Cursor::new(image), None)
+    let loaded = Elf::load(mem, None, &mut std::io::Cursor::new(image), None)
         .map_err(BuildError::Embedded)?;
     let PvhBootCapability::PvhEntryPresent(entry) = loaded.pvh_boot_cap else {
         return Err(BuildError::NoPvhEntry);
     };
-    write_cmdline(&vm.mem, &spec.cmdline, CMDLINE_MAX_SIZE)?;
+    write_cmdline(mem, &spec.cmdline, CMDLINE_MAX_SIZE)?;
     let e820 = boot::e820_map(spec.memory);
-    let start_info = write_pvh_start_info(&vm.mem, None, &e820, None)?;
+    let start_info = write_pvh_start_info(mem, None, &e820, None)?;
     Ok(BootEntry::Pvh {
         entry: entry.0,
         start_info: start_info.0,

@@ -381,6 +381,10 @@ pub struct VmConfig {
     /// The huge page size: 2M or 1G.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hugepage_size: Option<MemorySize>,
+    /// How much memory may be added while the VM runs (`vm.resize`, through ACPI memory
+    /// hotplug; see [`crate::memory::hotplug`]); none: no memory hotplug.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hotplug_memory: Option<MemorySize>,
     /// File that also receives everything the guest writes to the serial console.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial_log: Option<PathBuf>,
@@ -425,6 +429,7 @@ impl Default for VmConfig {
             shared_memory: false,
             hugepages: false,
             hugepage_size: None,
+            hotplug_memory: None,
             serial_log: None,
             serial_output: SerialOutputMode::default(),
             irqchip: IrqchipMode::default(),
@@ -727,6 +732,7 @@ mod tests {
             shared_memory: true,
             hugepages: false,
             hugepage_size: None,
+            hotplug_memory: Some("2G".parse().unwrap()),
             serial_log: Some("serial.log".into()),
             serial_output: SerialOutputMode::Stdout,
             irqchip: IrqchipMode::Split,

@@ -125,7 +125,7 @@ fn rng_function(mem: &GuestMemoryMmap) -> Option<(Arc<VirtioPciDevice>, EventLoo
         "virtio-rng",
         Box::new(Rng::new()),
         0xc000_0000,
-        mem.clone(),
+        crate::devices::virtio::SharedGuestMemory::new(mem.clone()),
         event_loop.handle(),
     )
     .ok()?;

@@ -8,13 +8,13 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
 mod balloon;
 mod hotplug;
+mod memory_hotplug;
 mod start_up_memory;
 pub use hotplug::HotplugDevice;
 pub use start_up_memory::release_unused_stack;
@@ -34,11 +34,14 @@ use crate::devices::virtio::vhost_user::fs::Fs;
 use crate::devices::virtio::vsock::{SocketFile, Vsock};
 use crate::event_loop::EventLoop;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
+use crate::memory::hotplug::HotplugRam;
+use crate::memory::Backing;
 use crate::profile::virtio::VirtioStats;
 use crate::profile::{KvmStatDelta, ProfileReport, VcpuProfile, VcpuProfileSnapshot};
 use crate::startup::{self, moment};
 use crate::vcpu::{Vcpu, VcpuOutcome, VmEnd};
 use crate::vm::{self, RunningVm, VcpuThreadsAhead, Vm, VmError};
+use crate::wake;
 
 /// Errors building or running a Linux VM.
 #[derive(Debug, Error)]
@@ -90,6 +93,10 @@ pub enum LaunchError {
         path: PathBuf,
         error: std::io::Error,
     },
+    #[error(transparent)]
+    MemoryHotplug(#[from] crate::memory::hotplug::MemoryHotplugError),
+    #[error("Cannot add guest memory: {0}")]
+    MemoryRegion(#[from] crate::memory::MemoryError),
 }
 
 impl LaunchError {
@@ -164,6 +171,10 @@ pub struct LaunchedVm {
     template: Option<VcpuTemplate>,
     /// The balloon, if the VM has one.
     balloon: Option<balloon::BalloonControl>,
+    /// Where memory added while the VM runs goes (with `memory.hotplug_size`).
+    hotplug_ram: Option<HotplugRam>,
+    /// What backs guest RAM, hot-added RAM too.
+    memory_backing: Backing,
 }
 
 /// Builds the VM described by `config` and starts its vCPUs.
@@ -199,7 +210,8 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     startup::mark(moment::VM_CREATED);
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
-    builder.enable_hotplug()?;
+    let hotplug_ram = config.hotplug_ram();
+    builder.enable_hotplug(hotplug_ram.as_ref().map_or(0, HotplugRam::slots))?;
     let socket_files = add_virtio_devices(&mut builder, config)?;
     let balloon = balloon::add_balloon(&mut builder, config)?;
     startup::mark(moment::DEVICES);
@@ -224,6 +236,8 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         started: Instant::now(),
         template: built.template,
         balloon,
+        hotplug_ram,
+        memory_backing: config.memory_backing(),
     };
     launched.open_stats(&built.vcpus)?;
     launched.started = Instant::now();
@@ -258,7 +272,9 @@ fn add_virtio_devices(
     for (i, fs) in config.fs.iter().enumerate() {
         let name = device_name(fs.id.as_deref(), "virtio-fs", i);
         let dev = connect_fs(&name, fs)?;
+        let listener = dev.memory_listener(&name, builder.event_loop());
         builder.add_virtio(&name, Box::new(dev), Notify::Ioeventfd)?;
+        builder.devices().add_memory_listener(Box::new(listener));
     }
     let mut files = Vec::new();
     if let Some(vsock) = &config.vsock {
@@ -281,13 +297,15 @@ pub(crate) fn connect_fs(name: &str, fs: &crate::config::FsConfig) -> Result<Fs,
         name: name.to_string(),
         error,
     })?;
-    let f = dev.frontend();
-    eprintln!(
-        "exitless: {name}: vhost-user back end at {} connected (virtio features {:#x}, protocol features {:#x})",
-        fs.socket.display(),
-        f.offered_features(),
-        f.protocol_features().bits()
-    );
+    {
+        let f = dev.frontend();
+        eprintln!(
+            "exitless: {name}: vhost-user back end at {} connected (virtio features {:#x}, protocol features {:#x})",
+            fs.socket.display(),
+            f.offered_features(),
+            f.protocol_features().bits()
+        );
+    }
     Ok(dev)
 }
 
@@ -435,33 +453,38 @@ impl LaunchedVm {
         }
     }
 
-    /// Waits for the VM to end, calling `on_poll` every `poll` (it returns true to stop the
-    /// VM), and stopping the VM once `timeout` passes. Collects every vCPU thread.
+    /// Waits for the VM to end, stopping it once `timeout` passes. `on_wake` is called on
+    /// every wake-up of the main thread (a signal, a vCPU thread ending: [`crate::wake`]) and
+    /// at least every `every` if given (it returns true to stop the VM); between them the
+    /// thread sleeps. Collects every vCPU thread.
     pub fn wait(
         &mut self,
         timeout: Option<Duration>,
-        poll: Duration,
-        mut on_poll: impl FnMut(&LaunchedVm) -> bool,
+        every: Option<Duration>,
+        mut on_wake: impl FnMut(&LaunchedVm) -> bool,
     ) -> Result<LaunchEnd, LaunchError> {
         let start = Instant::now();
         let mut end = None;
         loop {
+            let seen = wake::generation();
             let running = self.running.as_ref().ok_or(LaunchError::NotRunning)?;
             if running.is_done() {
                 break;
             }
-            if timeout.is_some_and(|t| start.elapsed() >= t) {
+            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            if left.is_some_and(|l| l.is_zero()) {
                 end = Some(LaunchEnd::TimedOut);
                 break;
             }
-            if on_poll(self) {
+            if on_wake(self) {
                 end = Some(LaunchEnd::StopRequested);
                 break;
             }
-            thread::sleep(
-                poll.min(Duration::from_millis(20))
-                    .max(Duration::from_millis(1)),
-            );
+            let next = match (left, every) {
+                (Some(l), Some(e)) => Some(l.min(e)),
+                (l, e) => l.or(e),
+            };
+            wake::sleep_until_changed(seen, next);
         }
         let running = self.running.take().ok_or(LaunchError::NotRunning)?;
         let outcomes = Self::collect(running)?;
@@ -642,13 +665,16 @@ static REPORT_REQUESTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_stop_signal(num: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
     STOP_SIGNAL.store(num, Ordering::SeqCst);
+    wake::wake();
 }
 
 extern "C" fn on_report_signal(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
     REPORT_REQUESTED.store(true, Ordering::SeqCst);
+    wake::wake();
 }
 
-/// Installs handlers that only set flags: SIGINT and SIGTERM ask to stop
+/// Installs handlers that only set flags and wake the main thread ([`crate::wake`], both
+/// async-signal-safe): SIGINT and SIGTERM ask to stop
 /// ([`stop_signal`]), SIGUSR1 asks for a profile report ([`take_report_request`]).
 pub fn install_signal_handlers() -> Result<(), LaunchError> {
     use vmm_sys_util::signal::register_signal_handler;

@@ -29,3 +29,4 @@ pub mod terminal;
 pub mod test_skip;
 pub mod vcpu;
 pub mod vm;
+pub mod wake;

@@ -1,6 +1,9 @@
 //! Guest physical memory: layout constants and the mmap-backed guest memory, private
 //! (anonymous) by default, or shared (a memfd mapped `MAP_SHARED`, whose file descriptor a
 //! vhost-user back end maps) and on huge pages when the configuration asks ([`Backing`]).
+//! Where memory hot-added while the VM runs goes: [`hotplug`].
+
+pub mod hotplug;
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};

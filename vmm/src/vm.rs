@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 
 use kvm_ioctls::{Kvm, VmFd};
 use thiserror::Error;
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestAddressSpace, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryMmap};
+use vm_memory::{GuestRegionCollectionError, GuestRegionMmap};
 use vmm_sys_util::signal::Killable;
 
 use crate::config::IrqchipMode;
+use crate::devices::virtio::SharedGuestMemory;
 use crate::kvm::{self, Capabilities, KvmError, StatsFd, SupportedCpuid};
 use crate::memory::{self, MemoryError};
 use crate::vcpu::{Vcpu, VcpuError, VcpuOutcome, VmControl, VmEnd};
@@ -39,6 +41,8 @@ pub enum VmError {
     PauseTimeout(Duration),
     #[error("No vCPU {0}")]
     NoVcpu(usize),
+    #[error("The new memory region overlaps guest memory: {0}")]
+    MemoryRegion(GuestRegionCollectionError),
 }
 
 /// How long a stopped vCPU may take to leave KVM_RUN before it is left behind.
@@ -52,7 +56,9 @@ pub struct Vm {
     pub kvm: Arc<Kvm>,
     /// Shared with the device manager, which registers eventfds and routes while the VM runs.
     pub fd: Arc<VmFd>,
-    pub mem: GuestMemoryMmap,
+    /// Guest memory: the devices share it, and it grows when memory is hot-added
+    /// ([`Vm::add_memory_region`]).
+    pub mem: SharedGuestMemory,
     pub caps: Capabilities,
     pub irqchip: IrqchipMode,
     pub control: Arc<VmControl>,
@@ -88,13 +94,36 @@ impl Vm {
         Ok(Vm {
             kvm,
             fd: Arc::new(fd),
-            mem,
+            mem: SharedGuestMemory::new(mem),
             caps,
             irqchip,
             control: Arc::new(VmControl::default()),
             stats,
             supported_cpuid: SupportedCpuid::for_new_vm(),
         })
+    }
+
+    /// Guest memory as it is now.
+    pub fn memory(&self) -> GuestMemoryLoadGuard<GuestMemoryMmap> {
+        self.mem.memory()
+    }
+
+    /// Adds `region` to guest memory while the VM runs (a hot-added memory slot): a new KVM
+    /// memory slot, then the map the devices see. Regions are never removed, so the slot
+    /// numbers are the regions' count. Returns the region as the map holds it.
+    pub fn add_memory_region(
+        &self,
+        region: GuestRegionMmap,
+    ) -> Result<Arc<GuestRegionMmap>, VmError> {
+        let writer = self.mem.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.mem.memory();
+        let region = Arc::new(region);
+        let grown = current
+            .insert_region(region.clone())
+            .map_err(VmError::MemoryRegion)?;
+        kvm::register_region(&self.fd, current.num_regions() as u32, &region)?;
+        writer.replace(grown);
+        Ok(region)
     }
 
     /// Starts one thread per vCPU.
@@ -123,6 +152,16 @@ struct VcpuThread {
     id: usize,
     handle: JoinHandle<Result<VcpuOutcome, VcpuError>>,
     retired: Arc<AtomicBool>,
+    /// Set by the thread as its last act, before it wakes the main thread.
+    ended: Arc<AtomicBool>,
+}
+
+impl VcpuThread {
+    /// Whether the thread has ended (or is about to: it set its flag and woke the main
+    /// thread, which then joins it at once).
+    fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire) || self.handle.is_finished()
+    }
 }
 
 /// vCPU threads started before their vCPUs exist: each names itself `vcpuN`, pins itself and
@@ -138,6 +177,7 @@ struct WaitingThread {
     vcpu: SyncSender<Vcpu>,
     named: Receiver<()>,
     handle: JoinHandle<Result<VcpuOutcome, VcpuError>>,
+    ended: Arc<AtomicBool>,
 }
 
 impl VcpuThreadsAhead {
@@ -152,17 +192,26 @@ impl VcpuThreadsAhead {
 }
 
 impl WaitingThread {
-    /// The thread of vCPU `id`, named `vcpuN` (how Kata finds vCPU threads).
+    /// The thread of vCPU `id`, named `vcpuN` (how Kata finds vCPU threads). Ending, it
+    /// wakes the main thread ([`crate::wake`]), which then sees how the guest ended the VM.
     fn spawn(id: usize, cpu: Option<usize>) -> Result<Self, VmError> {
         let (vcpu, given) = mpsc::sync_channel::<Vcpu>(1);
         let (name_done, named) = mpsc::sync_channel(1);
+        let ended = Arc::new(AtomicBool::new(false));
+        let ends = ended.clone();
         let handle = thread::Builder::new()
             .name(format!("vcpu{id}"))
             .spawn(move || {
-                let _ = name_done.send(());
-                crate::vcpu::prepare_thread(cpu)?;
-                let vcpu = given.recv().map_err(|_| VcpuError::NeverStarted)?;
-                vcpu.run_on_prepared_thread()
+                let run = || {
+                    let _ = name_done.send(());
+                    crate::vcpu::prepare_thread(cpu)?;
+                    let vcpu = given.recv().map_err(|_| VcpuError::NeverStarted)?;
+                    vcpu.run_on_prepared_thread()
+                };
+                let outcome = run();
+                ends.store(true, Ordering::Release);
+                crate::wake::wake();
+                outcome
             })
             .map_err(VmError::Thread)?;
         Ok(WaitingThread {
@@ -170,6 +219,7 @@ impl WaitingThread {
             vcpu,
             named,
             handle,
+            ended,
         })
     }
 }
@@ -204,6 +254,7 @@ impl RunningVm {
                 id: t.id,
                 handle: t.handle,
                 retired,
+                ended: t.ended,
             });
         }
         Ok(())
@@ -287,12 +338,12 @@ impl RunningVm {
 
     /// Whether a vCPU thread has ended or the stop flag is set (what [`RunningVm::wait`] polls).
     pub fn is_done(&self) -> bool {
-        self.threads.iter().any(|t| t.handle.is_finished()) || self.control.stopping()
+        self.threads.iter().any(VcpuThread::ended) || self.control.stopping()
     }
 
-    /// Whether every vCPU thread has ended.
+    /// Whether every vCPU thread has ended (each is joined at once).
     pub fn all_finished(&self) -> bool {
-        self.threads.iter().all(|t| t.handle.is_finished())
+        self.threads.iter().all(VcpuThread::ended)
     }
 
     /// Waits until a vCPU ends the VM (then stops the others), the VMM's stop flag is set, or

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod api_vmm;
+pub mod kata;
+pub mod virtiofsd;
 
 use std::io::Read;
 use std::sync::mpsc::{channel, Receiver};

@@ -116,6 +116,7 @@ impl VmConfig {
         c.shared_memory = self.memory.shared;
         c.hugepages = self.memory.hugepages;
         c.hugepage_size = self.memory.hugepage_size.map(hugepage_size).transpose()?;
+        c.hotplug_memory = hotplug_memory(&self.memory)?;
         c.serial_output = serial_output(self.serial.as_ref())?;
         // Cloud Hypervisor always has an entropy device; so does a VM made through the API.
         c.rng = true;
@@ -158,6 +159,7 @@ impl VmConfig {
                 shared: c.shared_memory,
                 hugepages: c.hugepages,
                 hugepage_size: c.hugepage_size.map(MemorySize::bytes),
+                hotplug_size: c.hotplug_memory.map(MemorySize::bytes),
                 ..MemoryConfig::default()
             },
             payload: PayloadConfig {
@@ -229,6 +231,35 @@ fn memory_size(bytes: u64) -> Result<MemorySize, ApiError> {
         )));
     }
     Ok(MemorySize::from_mib(bytes >> 20))
+}
+
+/// `memory.hotplug_size` (0 or absent: no memory hotplug), added through ACPI:
+/// `hotplug_method` `Acpi` (Cloud Hypervisor's default); `VirtioMem` is refused.
+fn hotplug_memory(memory: &MemoryConfig) -> Result<Option<MemorySize>, ApiError> {
+    let size = memory.hotplug_size.filter(|&s| s > 0);
+    match memory.extra.get("hotplug_method").and_then(Value::as_str) {
+        None | Some("Acpi") => {}
+        Some("VirtioMem") if size.is_none() => {}
+        Some("VirtioMem") => {
+            return Err(refuse(
+                "memory.hotplug_method VirtioMem is not supported by exitless: use Acpi".into(),
+            ))
+        }
+        Some(other) => {
+            return Err(refuse(format!(
+                "memory.hotplug_method {other} is unknown (Acpi or VirtioMem)"
+            )))
+        }
+    }
+    let Some(bytes) = size else {
+        return Ok(None);
+    };
+    if bytes % (1 << 20) != 0 {
+        return Err(refuse(format!(
+            "memory.hotplug_size {bytes} is not a whole number of MiB"
+        )));
+    }
+    Ok(Some(MemorySize::from_mib(bytes >> 20)))
 }
 
 fn hugepage_size(bytes: u64) -> Result<MemorySize, ApiError> {
@@ -485,6 +516,40 @@ mod tests {
             "pvpanic":false,"watchdog":false,"iommu":false,"balloon":null,
             "console":{"mode":"Off"},"rng":{"src":"/dev/urandom"}}"#;
         parse(body).to_vm_config().unwrap();
+    }
+
+    #[test]
+    fn hotplug_size_is_taken_and_virtio_mem_refused() {
+        let body = r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456,
+            "hotplug_size":1073741824,"hotplug_method":"Acpi"}}"#;
+        let vm = parse(body).to_vm_config().unwrap();
+        assert_eq!(vm.hotplug_memory.map(MemorySize::bytes), Some(1 << 30));
+        assert_eq!(vm.hotplug_ram().map(|r| r.slots()), Some(8));
+        let back = serde_json::to_value(VmConfig::from_vm_config(&vm)).unwrap();
+        assert_eq!(back["memory"]["hotplug_size"], 1073741824u64);
+        let none = parse(r#"{"payload":{"kernel":"/k"},"memory":{"hotplug_size":0}}"#);
+        assert!(none.to_vm_config().unwrap().hotplug_memory.is_none());
+        for (body, why) in [
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"hotplug_size":1073741824,"hotplug_method":"VirtioMem"}}"#,
+                "memory.hotplug_method VirtioMem is not supported",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"hotplug_method":"Dimm"}}"#,
+                "hotplug_method Dimm is unknown",
+            ),
+            (
+                r#"{"payload":{"kernel":"/k"},"memory":{"hotplug_size":1000}}"#,
+                "hotplug_size 1000 is not a whole number of MiB",
+            ),
+        ] {
+            let e = parse(body).to_vm_config().unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(e.message.contains(why), "{body}: {}", e.message);
+        }
+        let virtio_mem_without_hotplug =
+            r#"{"payload":{"kernel":"/k"},"memory":{"hotplug_method":"VirtioMem"}}"#;
+        parse(virtio_mem_without_hotplug).to_vm_config().unwrap();
     }
 
     #[test]

@@ -101,9 +101,12 @@ impl ApiServer {
             .spawn(move || {
                 if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Api) {
                     eprintln!("exitless: {e}; the API is not served");
-                    return;
+                } else {
+                    accept_loop(&listener, &calls, &flag, &replies);
                 }
-                accept_loop(&listener, &calls, &flag, &replies);
+                // The main loop learns that requests can no longer come.
+                drop(calls);
+                crate::wake::wake();
             })
             .map_err(ApiServerError::Thread)?;
         Ok(ApiServer {
@@ -233,6 +236,8 @@ impl Connection {
                 if self.calls.send(ApiCall { request, reply }).is_err() {
                     return gone;
                 }
+                // The main loop sleeps until woken (control::serve).
+                crate::wake::wake();
                 match answer.recv() {
                     Ok(ApiResponse::NoContent) => (204, Body::None),
                     Ok(ApiResponse::Json(j)) => (200, Body::Json(j)),

@@ -32,7 +32,7 @@ impl ExitsSource {
         match kind {
             VmmKind::Exitless => ExitsSource::ExitlessProfile(workdir.join("profile.json")),
             VmmKind::Qemu => ExitsSource::Qmp(workdir.join("qmp.sock")),
-            VmmKind::Firecracker | VmmKind::CloudHypervisor => {
+            VmmKind::Firecracker | VmmKind::CloudHypervisor | VmmKind::Floor => {
                 ExitsSource::Unavailable("it exposes no KVM statistics")
             }
         }

@@ -3,6 +3,8 @@
 //! runs at two iteration counts so that start-up cancels out of the per-exit figures.
 
 pub mod api_start;
+pub mod density;
+pub mod floor;
 pub mod kvm_stats;
 pub mod peer;
 pub mod process;
@@ -122,6 +124,8 @@ pub struct CaseFigures {
     pub rss_beyond_guest_kib: Spread,
     /// This VMM's median wall time per iteration over exitless's, same sitting.
     pub wall_ratio_to_exitless: Option<f64>,
+    /// This VMM's median time to the guest's first line over the floor VMM's, same sitting.
+    pub first_line_ratio_to_floor: Option<f64>,
     /// Iterations (device cases: requests) per second, from the guest's cycle count.
     pub iters_per_s: Spread,
     /// On-CPU time of all the VMM's threads per iteration (schedstat, ns resolution; the
@@ -557,12 +561,25 @@ fn report(
                 .collect()
         })
         .unwrap_or_default();
-    for c in vmms.iter_mut().flat_map(|v| v.cases.iter_mut()) {
-        c.wall_ratio_to_exitless = base
-            .iter()
-            .find(|(case, _)| *case == c.case)
+    let floor: Vec<(String, f64)> = vmms
+        .iter()
+        .find(|v| v.vmm == VmmKind::Floor.name())
+        .map(|f| {
+            f.cases
+                .iter()
+                .map(|c| (c.case.clone(), c.first_line_ms.median))
+                .collect()
+        })
+        .unwrap_or_default();
+    let ratio = |to: &[(String, f64)], case: &str, value: f64| {
+        to.iter()
+            .find(|(c, _)| c == case)
             .filter(|(_, b)| *b > 0.0)
-            .map(|(_, b)| c.wall_per_iter_us.median / b);
+            .map(|(_, b)| value / b)
+    };
+    for c in vmms.iter_mut().flat_map(|v| v.cases.iter_mut()) {
+        c.wall_ratio_to_exitless = ratio(&base, &c.case, c.wall_per_iter_us.median);
+        c.first_line_ratio_to_floor = ratio(&floor, &c.case, c.first_line_ms.median);
     }
     CompareReport {
         schema: "exitless.compare/2",
@@ -640,6 +657,7 @@ fn figures(case: &str, pairs: &[Pair], extra: f64, tsc_khz: u64) -> CaseFigures 
         private_dirty_kib: over(&|_, b| b.private_dirty_kib as f64),
         rss_beyond_guest_kib: over(&|_, b| b.rss_beyond_guest_kib as f64),
         wall_ratio_to_exitless: None,
+        first_line_ratio_to_floor: None,
         iters_per_s: over(&|_, b| hz * b.result.iters as f64 / b.result.cycles.max(1) as f64),
         threads_cpu_per_iter_us: over(&|a, b| (loop_cpu_ns(b) - loop_cpu_ns(a)) / 1e3 / extra),
         backend_cpu_per_iter_us: per_pair(&|(a, b)| {

@@ -17,6 +17,9 @@ pub enum VmmKind {
     Qemu,
     Firecracker,
     CloudHypervisor,
+    /// The floor VMM (vmm/floor/floor.c, embedded): the least a KVM VMM must do to run the
+    /// bench guest, the physical-limit row.
+    Floor,
 }
 
 impl VmmKind {
@@ -33,6 +36,7 @@ impl VmmKind {
             VmmKind::Qemu => "qemu",
             VmmKind::Firecracker => "firecracker",
             VmmKind::CloudHypervisor => "cloud-hypervisor",
+            VmmKind::Floor => "floor",
         }
     }
 
@@ -43,6 +47,7 @@ impl VmmKind {
             VmmKind::Qemu => "qemu-system-x86_64",
             VmmKind::Firecracker => "firecracker",
             VmmKind::CloudHypervisor => "cloud-hypervisor",
+            VmmKind::Floor => "floor",
         }
     }
 }
@@ -182,6 +187,7 @@ impl Vmm {
         match (self.kind, device) {
             // Attached devices are not driven: transport and BARs do not matter.
             (_, Device::Attached) => None,
+            (VmmKind::Floor, _) => Some("it has no devices: COM1 and the exit port only"),
             (VmmKind::Firecracker, Device::Fs) => {
                 Some("it has no virtio-fs device (no vhost-user front end)")
             }
@@ -202,10 +208,17 @@ impl Vmm {
     /// What this VMM runs `case` without, and why (the case runs all the same).
     pub fn left_out(&self, case: &str) -> Option<&'static str> {
         let device = peer_device(case)?;
-        (self.kind == VmmKind::Qemu && device.has_vsock()).then_some(
-            "vsock: QEMU's is vhost-vsock-pci, which needs the host kernel's vhost_vsock \
-             (/dev/vhost-vsock)",
-        )
+        match self.kind {
+            VmmKind::Floor => Some(
+                "a disk, a tap and vsock: the floor has no devices (its row is the limit \
+                 without them)",
+            ),
+            VmmKind::Qemu if device.has_vsock() => Some(
+                "vsock: QEMU's is vhost-vsock-pci, which needs the host kernel's vhost_vsock \
+                 (/dev/vhost-vsock)",
+            ),
+            _ => None,
+        }
     }
 
     /// The command that boots `launch` with 1 vCPU, console on stdout.
@@ -216,6 +229,11 @@ impl Vmm {
             VmmKind::Qemu => qemu_args(&mut cmd, launch),
             VmmKind::Firecracker => firecracker_args(&mut cmd, launch)?,
             VmmKind::CloudHypervisor => cloud_hypervisor_args(&mut cmd, launch),
+            VmmKind::Floor => {
+                cmd.arg(launch.guest)
+                    .arg(launch.cmdline)
+                    .arg(launch.memory_mib.to_string());
+            }
         }
         Ok(cmd)
     }

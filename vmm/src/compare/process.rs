@@ -223,6 +223,28 @@ fn status_kib(pid: u32, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A process's memory now, kB.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// VmHWM.
+    pub peak_rss_kib: u64,
+    /// `Private_Dirty:` summed over /proc/PID/smaps.
+    pub private_dirty_kib: u64,
+    /// `Pss:` summed the same way: its share of what it maps, shared pages split between
+    /// the processes that map them (a VMM binary's text between every VM it runs).
+    pub pss_kib: u64,
+}
+
+/// Process `pid`'s memory now (zero where /proc cannot be read).
+pub fn memory_of(pid: u32) -> Memory {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    Memory {
+        peak_rss_kib: status_kib(pid, "VmHWM:"),
+        private_dirty_kib: private_dirty_kib(&smaps),
+        pss_kib: sum_of(&smaps, "Pss:"),
+    }
+}
+
 /// The kB figure of an smaps field's value (` 1234 kB`).
 fn smaps_kib(value: &str) -> u64 {
     value
@@ -234,9 +256,14 @@ fn smaps_kib(value: &str) -> u64 {
 
 /// The sum of every mapping's `Private_Dirty:` in an smaps text, in kB.
 fn private_dirty_kib(smaps: &str) -> u64 {
+    sum_of(smaps, "Private_Dirty:")
+}
+
+/// The sum of every mapping's `field` (e.g. `Pss:`) in an smaps text, in kB.
+fn sum_of(smaps: &str, field: &str) -> u64 {
     smaps
         .lines()
-        .filter_map(|l| l.strip_prefix("Private_Dirty:"))
+        .filter_map(|l| l.strip_prefix(field))
         .map(smaps_kib)
         .sum()
 }
@@ -409,6 +436,7 @@ VmFlags: rd wr mr mw me gd ac
         assert_eq!(private_dirty_kib(SMAPS), 20 + 104 + 44);
         assert_eq!(rss_beyond_largest_mapping(SMAPS), 1620 + 44);
         assert_eq!(private_dirty_kib(""), 0);
+        assert_eq!(sum_of(SMAPS, "Private_Clean:"), 1600);
         assert_eq!(private_dirty_kib("Private_Dirty: x kB\n"), 0);
     }
 }

@@ -1,9 +1,12 @@
-//! `--memory SIZE` or `--memory size=SIZE[,shared=on][,hugepages=on][,hugepage_size=2M|1G]`:
-//! how much guest RAM, and what backs it (see [`crate::memory::Backing`]).
+//! `--memory SIZE` or
+//! `--memory size=SIZE[,shared=on][,hugepages=on][,hugepage_size=2M|1G][,hotplug_size=SIZE]`:
+//! how much guest RAM, what backs it (see [`crate::memory::Backing`]), and how much may be
+//! added while the VM runs (see [`crate::memory::hotplug`]).
 
 use std::str::FromStr;
 
 use super::{ConfigError, MemorySize, VmConfig};
+use crate::memory::hotplug::HotplugRam;
 use crate::memory::{Backing, HUGEPAGE_1G, HUGEPAGE_2M};
 
 /// The `--memory` option: each part given overrides the config file's.
@@ -13,6 +16,7 @@ pub struct MemoryOption {
     pub shared: Option<bool>,
     pub hugepages: Option<bool>,
     pub hugepage_size: Option<MemorySize>,
+    pub hotplug_size: Option<MemorySize>,
 }
 
 fn on_off(
@@ -31,7 +35,7 @@ impl FromStr for MemoryOption {
     type Err = ConfigError;
 
     /// A bare size (`512M`), or `key=value` parts: `size=`, `shared=`, `hugepages=`,
-    /// `hugepage_size=`.
+    /// `hugepage_size=`, `hotplug_size=`.
     fn from_str(input: &str) -> Result<Self, ConfigError> {
         if !input.contains('=') {
             return Ok(MemoryOption {
@@ -53,9 +57,10 @@ impl FromStr for MemoryOption {
                 "shared" => m.shared = Some(on_off(key, value, &bad)?),
                 "hugepages" => m.hugepages = Some(on_off(key, value, &bad)?),
                 "hugepage_size" => m.hugepage_size = Some(value.parse()?),
+                "hotplug_size" => m.hotplug_size = Some(value.parse()?),
                 _ => {
                     return Err(bad(format!(
-                        "unknown key '{key}' (size=, shared=, hugepages=, hugepage_size=)"
+                        "unknown key '{key}' (size=, shared=, hugepages=, hugepage_size=, hotplug_size=)"
                     )))
                 }
             }
@@ -71,10 +76,22 @@ impl MemoryOption {
         c.shared_memory = self.shared.unwrap_or(c.shared_memory);
         c.hugepages = self.hugepages.unwrap_or(c.hugepages);
         c.hugepage_size = self.hugepage_size.or(c.hugepage_size);
+        c.hotplug_memory = self.hotplug_size.or(c.hotplug_memory);
     }
 }
 
 impl VmConfig {
+    /// Where memory added while the VM runs goes (None: no memory hotplug, or less than a
+    /// block of it).
+    pub fn hotplug_ram(&self) -> Option<HotplugRam> {
+        let hotplug = self.hotplug_memory?.bytes();
+        HotplugRam::new(
+            self.memory.bytes(),
+            hotplug,
+            self.memory_backing().hugepage_size,
+        )
+    }
+
     /// What backs guest RAM: shared and huge pages as configured (2M pages by default).
     pub fn memory_backing(&self) -> Backing {
         Backing {
@@ -120,9 +137,10 @@ mod tests {
         let m: MemoryOption = "512M".parse().unwrap();
         assert_eq!(m.size.map(MemorySize::mib), Some(512));
         assert_eq!((m.shared, m.hugepages), (None, None));
-        let m: MemoryOption = "size=1G,shared=on,hugepages=on,hugepage_size=2M"
+        let m: MemoryOption = "size=1G,shared=on,hugepages=on,hugepage_size=2M,hotplug_size=2G"
             .parse()
             .unwrap();
+        assert_eq!(m.hotplug_size.map(MemorySize::mib), Some(2048));
         assert_eq!(m.size.map(MemorySize::mib), Some(1024));
         assert_eq!((m.shared, m.hugepages), (Some(true), Some(true)));
         assert_eq!(m.hugepage_size.map(MemorySize::bytes), Some(HUGEPAGE_2M));

@@ -205,31 +205,28 @@ impl Vmm {
         Ok(())
     }
 
-    /// `vm.resize`: the balloon's target (`desired_balloon`), vCPUs added up to `max_vcpus`
-    /// (hotplug) or removed (the guest ejects them); memory resizing is not supported.
+    /// `vm.resize`: vCPUs added up to `max_vcpus` (hotplug) or removed (the guest ejects
+    /// them), memory added (ACPI memory hotplug, see `memory`), the balloon's target
+    /// (`desired_balloon`).
     pub(super) fn resize(&mut self, r: schema::VmResize) -> Result<(), ControlError> {
-        if r.desired_ram.is_some() {
-            return Err(ControlError::Unsupported(
-                "vm.resize: desired_ram is not supported (exitless has no memory hotplug yet)"
-                    .into(),
-            ));
-        }
         let slot = self.slot()?;
+        if let Some(wanted) = r.desired_vcpus {
+            let max = slot.config.max_vcpus.unwrap_or(slot.config.cpus);
+            if wanted == 0 || wanted > max {
+                return Err(ControlError::Invalid(format!(
+                    "vm.resize: desired_vcpus {wanted} is outside 1..={max} (max_vcpus)"
+                )));
+            }
+            slot.resize_vcpus(wanted)?;
+            slot.api.cpus.boot_vcpus = wanted;
+            slot.config.cpus = wanted;
+        }
+        if let Some(ram) = r.desired_ram {
+            slot.resize_memory(ram)?;
+        }
         if let Some(bytes) = r.desired_balloon {
             slot.resize_balloon(bytes)?;
         }
-        let Some(wanted) = r.desired_vcpus else {
-            return Ok(());
-        };
-        let max = slot.config.max_vcpus.unwrap_or(slot.config.cpus);
-        if wanted == 0 || wanted > max {
-            return Err(ControlError::Invalid(format!(
-                "vm.resize: desired_vcpus {wanted} is outside 1..={max} (max_vcpus)"
-            )));
-        }
-        slot.resize_vcpus(wanted)?;
-        slot.api.cpus.boot_vcpus = wanted;
-        slot.config.cpus = wanted;
         Ok(())
     }
 }

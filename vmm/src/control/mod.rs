@@ -13,6 +13,7 @@
 //! state is refused with the state named; nothing is left half done.
 
 mod devices;
+mod memory;
 pub mod serve;
 
 use std::collections::BTreeMap;

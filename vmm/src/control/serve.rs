@@ -1,41 +1,49 @@
 //! The VMM's main loop: requests from the API server's channel, handled one at a time by the
 //! thread that owns the VM, between them the guest's end and the process's stop signals.
+//!
+//! Between events the loop sleeps ([`crate::wake`]): the API server wakes it after queueing a
+//! request, a vCPU thread as it ends, the ACPI controllers when the guest ejects a device or a
+//! CPU, the signal handlers on SIGINT/SIGTERM. An idle or paused VM's main thread then makes
+//! no wake-ups at all (it polled every 10 ms before: 100 wake-ups a second per VMM).
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::Duration;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Instant;
 
 use super::{Vmm, VmmExit};
 use crate::api::{ApiCall, ApiRequest, ApiResponse};
-
-/// How often the loop looks at the guest and at signals when no request comes.
-const POLL: Duration = Duration::from_millis(10);
+use crate::wake;
 
 /// Exit code when a stop signal (SIGINT, SIGTERM) ended the VMM, as `exitless run` gives.
 pub const EXIT_SIGNAL: i32 = 130;
 
 /// Serves requests until the VMM should end (`vmm.shutdown`, the guest powered off, the
 /// API server gone) or `stop_requested` says so; the VM is stopped before returning (its
-/// profile stays readable through [`Vmm::report`]). With `verbose`, each request is logged
-/// with its answer's status.
+/// profile stays readable through [`Vmm::report`]). `stop_requested` is asked on every
+/// wake-up, and at `deadline` (a timeout) if one is given. With `verbose`, each request is
+/// logged with its answer's status.
 pub fn serve(
     vmm: &mut Vmm,
     calls: &Receiver<ApiCall>,
     verbose: bool,
+    deadline: Option<Instant>,
     mut stop_requested: impl FnMut(&Vmm) -> bool,
 ) -> VmmExit {
     let exit = loop {
-        match calls.recv_timeout(POLL) {
-            Ok(call) => {
-                let what = verbose.then(|| request_name(&call.request));
-                let response = vmm.handle(call.request);
-                if let Some(what) = what {
-                    eprintln!("exitless: api: {what} -> {}", status(&response));
-                }
-                // A client gone before its answer only loses the answer.
-                let _ = call.reply.send(response);
+        let seen = wake::generation();
+        let call = match calls.try_recv() {
+            Ok(call) => Some(call),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => break VmmExit(1),
+        };
+        let handled = call.is_some();
+        if let Some(call) = call {
+            let what = verbose.then(|| request_name(&call.request));
+            let response = vmm.handle(call.request);
+            if let Some(what) = what {
+                eprintln!("exitless: api: {what} -> {}", status(&response));
             }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break VmmExit(1),
+            // A client gone before its answer only loses the answer.
+            let _ = call.reply.send(response);
         }
         vmm.poll();
         if let Some(exit) = vmm.exit() {
@@ -43,6 +51,11 @@ pub fn serve(
         }
         if stop_requested(vmm) {
             break VmmExit(EXIT_SIGNAL);
+        }
+        // More requests may be queued: look again before sleeping.
+        if !handled {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            wake::sleep_until_changed(seen, left);
         }
     };
     vmm.stop();

@@ -103,13 +103,27 @@ fn devices_added_before_boot_join_the_config_with_ids() {
 }
 
 #[test]
-fn resize_checks_its_bounds_and_refuses_memory() {
+fn resize_checks_its_bounds_and_sets_memory_before_boot() {
     let mut vmm = Vmm::new();
     vmm.handle(R::VmCreate(create_body("/k", "")));
     let resize = |v: serde_json::Value| R::VmResize(serde_json::from_value(v).unwrap());
+    // Before boot the size joins the config, as Cloud Hypervisor does (the VM boots with it).
     let ram = vmm.handle(resize(serde_json::json!({"desired_ram": 1u64 << 30})));
-    assert_eq!(status(&ram), 400);
-    assert!(message(&ram).contains("desired_ram"), "{}", message(&ram));
+    assert_eq!(status(&ram), 204, "{}", message(&ram));
+    let shown = info(&mut vmm);
+    assert_eq!(shown["config"]["memory"]["size"], 1u64 << 30);
+    assert_eq!(shown["memory_actual_size"], 1u64 << 30);
+    for (bad, why) in [
+        ((1u64 << 30) + 1, "not a whole number of MiB"),
+        (1 << 20, "below the minimum"),
+    ] {
+        let r = vmm.handle(resize(serde_json::json!({ "desired_ram": bad })));
+        assert_eq!(status(&r), 400);
+        assert!(message(&r).contains(why), "{}", message(&r));
+    }
+    assert_eq!(info(&mut vmm)["config"]["memory"]["size"], 1u64 << 30);
+    let balloon = vmm.handle(resize(serde_json::json!({"desired_balloon": 0})));
+    assert_eq!(status(&balloon), 400);
     assert_eq!(
         status(&vmm.handle(resize(serde_json::json!({"desired_vcpus": 3})))),
         400

@@ -1,22 +1,46 @@
 //! The device manager's hotplug: the ACPI controllers on the MMIO bus and what happens when
-//! a device or a vCPU is added, asked to go, or ejected by the guest.
+//! a device or a vCPU is added, asked to go, or ejected by the guest, or when memory is added
+//! (the guest told through the memory controller once the [`MemoryListener`]s have the new
+//! region).
 
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 
+use vm_memory::{GuestMemoryRegion, GuestRegionMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{routing_lock, BusKind, DeviceManager, DeviceManagerError};
 use crate::devices::acpi::cpu_hotplug::CpuHotplug;
-use crate::devices::acpi::ged::{Ged, CPU_CHANGED, PCI_CHANGED};
+use crate::devices::acpi::ged::{Ged, CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED};
+use crate::devices::acpi::memory_hotplug::{MemoryHotplug, MEMORY_HOTPLUG_LEN};
 use crate::devices::acpi::pci_hotplug::PciHotplug;
 use crate::devices::acpi::{self, Ejected};
+
+/// Told of every region of RAM added to a running VM, before the guest is: what a device
+/// whose memory is mapped outside the VMM needs (a vhost-user front end sends the region to
+/// its back end, whose mapping must exist before the guest can put a buffer there; its fd and
+/// offset come from [`crate::memory::shared_file`]). The regions the VM booted with are in
+/// the VM's guest memory ([`crate::devices::virtio::SharedGuestMemory`]) when the device
+/// starts. Called on the thread that owns the VM (never a vCPU thread).
+pub trait MemoryListener: Send {
+    /// Whose listener this is, for errors.
+    fn name(&self) -> &str;
+    /// `region` is guest memory now (its KVM slot is registered, the devices' map has it).
+    /// An error stops the hot-add before the guest is told.
+    fn region_added(&mut self, region: &Arc<GuestRegionMmap>) -> Result<(), String>;
+    /// Whether whatever it listens for is gone (a removed device's): it is then dropped.
+    fn is_gone(&self) -> bool {
+        false
+    }
+}
 
 /// The controllers and the guest's ejects.
 pub struct Hotplug {
     ged: Arc<Ged>,
     pci: Arc<Mutex<PciHotplug>>,
     cpu: Arc<Mutex<CpuHotplug>>,
+    /// With `memory.hotplug_size`: the memory slots.
+    memory: Option<Arc<Mutex<MemoryHotplug>>>,
     ejected: Mutex<Receiver<Ejected>>,
     max_vcpus: u8,
 }
@@ -36,7 +60,14 @@ impl Hotplug {
 
     /// The DSDT's part for these controllers.
     pub fn dsdt_aml(&self) -> Vec<u8> {
-        acpi::aml::dsdt_aml(self.max_vcpus)
+        acpi::aml::dsdt_aml(self.max_vcpus, self.memory_slots())
+    }
+
+    /// How many memory slots the memory controller has (0: no memory hotplug).
+    pub fn memory_slots(&self) -> usize {
+        self.memory
+            .as_ref()
+            .map_or(0, |m| routing_lock(m).slot_count())
     }
 
     /// The most vCPUs the VM may have.
@@ -47,9 +78,15 @@ impl Hotplug {
 
 impl DeviceManager {
     /// Puts the GED (its interrupt on [`acpi::GED_GSI`]), the PCI and the CPU hotplug
-    /// controllers on the MMIO bus, for a VM of `boot` vCPUs that may grow to `max`; bus 0
-    /// exists from now on even without devices, so that devices can be added later.
-    pub fn enable_hotplug(&mut self, boot: u8, max: u8) -> Result<(), DeviceManagerError> {
+    /// controllers on the MMIO bus, for a VM of `boot` vCPUs that may grow to `max`, and with
+    /// `memory_slots` the memory hotplug controller; bus 0 exists from now on even without
+    /// devices, so that devices can be added later.
+    pub fn enable_hotplug(
+        &mut self,
+        boot: u8,
+        max: u8,
+        memory_slots: usize,
+    ) -> Result<(), DeviceManagerError> {
         self.pci_root();
         let evt =
             EventFd::new(EFD_NONBLOCK).map_err(|e| DeviceManagerError::Device("ged".into(), e))?;
@@ -59,6 +96,8 @@ impl DeviceManager {
             ged: Arc::new(Ged::new(evt)),
             pci: Arc::new(Mutex::new(PciHotplug::new(tx.clone()))),
             cpu: Arc::new(Mutex::new(CpuHotplug::new(boot, max.max(boot), tx))),
+            memory: (memory_slots > 0)
+                .then(|| Arc::new(Mutex::new(MemoryHotplug::new(memory_slots)))),
             ejected: Mutex::new(rx),
             max_vcpus: max.max(boot),
         };
@@ -74,6 +113,11 @@ impl DeviceManager {
         self.add(mmio, "pci-hotplug", addr, len, hotplug.pci.clone())?;
         let (addr, len) = (acpi::CPU_HOTPLUG_ADDR, acpi::CPU_HOTPLUG_LEN);
         self.add(mmio, "cpu-hotplug", addr, len, hotplug.cpu.clone())?;
+        if let Some(memory) = &hotplug.memory {
+            let addr = acpi::MEMORY_HOTPLUG_ADDR;
+            let len = MEMORY_HOTPLUG_LEN;
+            self.add(mmio, "memory-hotplug", addr, len, memory.clone())?;
+        }
         self.hotplug = Some(hotplug);
         Ok(())
     }
@@ -106,6 +150,38 @@ impl DeviceManager {
         let h = self.hotplug()?;
         routing_lock(&h.cpu).removal_requested(id);
         h.notify(CPU_CHANGED);
+        Ok(())
+    }
+
+    /// Adds a listener told of every region of RAM added from now on.
+    pub fn add_memory_listener(&mut self, listener: Box<dyn MemoryListener>) {
+        self.memory_listeners.retain(|l| !l.is_gone());
+        self.memory_listeners.push(listener);
+    }
+
+    /// `region` (now guest memory: KVM and the devices' map have it) is given to the guest in
+    /// memory slot `slot`: every [`MemoryListener`] first, then the controller, then the GED's
+    /// interrupt. Slots come from [`crate::memory::hotplug::HotplugRam`].
+    pub fn memory_added(
+        &mut self,
+        slot: usize,
+        region: &Arc<GuestRegionMmap>,
+    ) -> Result<(), DeviceManagerError> {
+        let memory = self.hotplug()?.memory.clone();
+        let memory = memory.ok_or(DeviceManagerError::NoMemoryHotplug)?;
+        if slot >= routing_lock(&memory).slot_count() {
+            return Err(DeviceManagerError::NoMemorySlot(slot));
+        }
+        for listener in &mut self.memory_listeners {
+            listener.region_added(region).map_err(|why| {
+                DeviceManagerError::MemoryListener(listener.name().to_string(), why)
+            })?;
+        }
+        let (base, len) = (region.start_addr().0, region.len());
+        if !routing_lock(&memory).region_added(slot, base, len) {
+            return Err(DeviceManagerError::NoMemorySlot(slot));
+        }
+        self.hotplug()?.notify(MEMORY_CHANGED);
         Ok(())
     }
 

@@ -8,6 +8,8 @@
 
 pub mod hotplug;
 pub mod pci;
+
+pub use hotplug::MemoryListener;
 pub mod routing;
 
 use std::collections::HashMap;
@@ -16,7 +18,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use kvm_ioctls::{IoEventAddress, VmFd};
 use thiserror::Error;
 use vm_allocator::{AddressAllocator, AllocPolicy};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot::acpi::{AcpiPlatform, Ecam};
@@ -24,7 +25,7 @@ use crate::bus::{BusBuilder, BusError, Buses, SharedBuses, SharedDevice};
 use crate::config::IrqchipMode;
 use crate::devices::pci::{PciConfigPorts, PciDevice, PciEcam, PciRoot};
 use crate::devices::virtio::transport::VirtioPciDevice;
-use crate::devices::virtio::VirtioDevice;
+use crate::devices::virtio::{SharedGuestMemory, VirtioDevice};
 use crate::event_loop::EventLoopHandle;
 use crate::kvm::{IoEvent, KvmError};
 use crate::memory;
@@ -51,6 +52,12 @@ pub enum DeviceManagerError {
     NoSlot(u8),
     #[error("This VM has no hotplug controllers")]
     NoHotplug,
+    #[error("This VM has no memory hotplug controller (memory.hotplug_size is not set)")]
+    NoMemoryHotplug,
+    #[error("The memory hotplug controller has no slot {0}")]
+    NoMemorySlot(usize),
+    #[error("{0} did not take the new memory region (the guest was not given it): {1}")]
+    MemoryListener(String, String),
 }
 
 /// How a virtio device's queue notifications reach it.
@@ -99,6 +106,8 @@ pub struct DeviceManager {
     /// Whether a coalesced zone was registered (the vCPUs then drain KVM's ring).
     coalesced_zones: bool,
     hotplug: Option<Hotplug>,
+    /// Told of memory added while the VM runs ([`DeviceManager::memory_added`]).
+    memory_listeners: Vec<Box<dyn MemoryListener>>,
 }
 
 impl DeviceManager {
@@ -126,6 +135,7 @@ impl DeviceManager {
             virtio: Vec::new(),
             coalesced_zones: false,
             hotplug: None,
+            memory_listeners: Vec::new(),
         }
     }
 
@@ -251,7 +261,7 @@ impl DeviceManager {
         &mut self,
         name: &str,
         device: Box<dyn VirtioDevice>,
-        mem: &GuestMemoryMmap,
+        mem: &SharedGuestMemory,
         event_loop: EventLoopHandle,
         notify: Notify,
     ) -> Result<Arc<VirtioPciDevice>, DeviceManagerError> {

@@ -59,8 +59,8 @@ fn function(
         (Box::new(Rng::new()), "virtio-rng")
     };
     let event_loop = EventLoop::start().ok()?;
-    let dev =
-        VirtioPciDevice::new(name, device, 0xc000_0000, mem.clone(), event_loop.handle()).ok()?;
+    let shared = crate::devices::virtio::SharedGuestMemory::new(mem.clone());
+    let dev = VirtioPciDevice::new(name, device, 0xc000_0000, shared, event_loop.handle()).ok()?;
     Some((dev, event_loop, name))
 }
 

@@ -15,7 +15,7 @@ use kvm_ioctls::{Cap, Kvm, VmFd};
 use serde::Serialize;
 use std::io;
 use thiserror::Error;
-use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap};
 
 pub use stats::{StatsFd, StatsSchema, StatsSnapshot};
 
@@ -102,24 +102,27 @@ impl Capabilities {
     }
 }
 
-/// Registers every region of `mem` as a KVM memory slot.
+/// Registers every region of `mem` as a KVM memory slot (slots 0, 1, ...).
 pub fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), KvmError> {
     for (slot, region) in mem.iter().enumerate() {
-        let host = mem
-            .get_host_address(region.start_addr())
-            .map_err(|_| KvmError::Memory(kvm_ioctls::Error::new(libc::EFAULT)))?;
-        let desc = kvm_userspace_memory_region {
-            slot: slot as u32,
-            flags: 0,
-            guest_phys_addr: region.start_addr().0,
-            memory_size: region.len(),
-            userspace_addr: host as u64,
-        };
-        // SAFETY: the region is a live mmap owned by `mem`, which the caller keeps alive for as
-        // long as the VM runs; the slot numbers are distinct.
-        unsafe { vm.set_user_memory_region(desc) }.map_err(KvmError::Memory)?;
+        register_region(vm, slot as u32, region)?;
     }
     Ok(())
+}
+
+/// Registers `region` as KVM memory slot `slot` (a region added while the VM runs too).
+/// The caller keeps the region mapped for as long as the VM lives; `slot` is not in use.
+pub fn register_region(vm: &VmFd, slot: u32, region: &GuestRegionMmap) -> Result<(), KvmError> {
+    let desc = kvm_userspace_memory_region {
+        slot,
+        flags: 0,
+        guest_phys_addr: region.start_addr().0,
+        memory_size: region.len(),
+        userspace_addr: region.as_ptr() as u64,
+    };
+    // SAFETY: the region is a live mmap of `memory_size` bytes that the VM's guest memory
+    // holds for as long as the VM runs (regions are never removed); the slot is new.
+    unsafe { vm.set_user_memory_region(desc) }.map_err(KvmError::Memory)
 }
 
 /// Makes `vmcall`/`vmmcall` in the guest fail with #UD instead of being rewritten and re-run

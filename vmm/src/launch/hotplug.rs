@@ -30,7 +30,12 @@ impl LaunchedVm {
                 socket = Some(file);
                 Box::new(dev)
             }
-            HotplugDevice::Fs(f) => Box::new(super::connect_fs(id, f)?),
+            HotplugDevice::Fs(f) => {
+                let dev = super::connect_fs(id, f)?;
+                let listener = dev.memory_listener(id, self.event_loop.handle());
+                self.devices.add_memory_listener(Box::new(listener));
+                Box::new(dev)
+            }
         };
         let handle = self.event_loop.handle();
         let name = device_name(Some(id), "", 0);

@@ -1,12 +1,13 @@
 //! The hotplug controllers' part of the DSDT, through `acpi_tables`' AML:
 //!
 //! - `\_SB_.GED_` (ACPI0013) with its interrupt and `_EVT`, which reads the GED register and
-//!   calls the CPU and PCI scans;
+//!   calls the CPU, PCI and (with memory hotplug) memory scans;
 //! - `\_SB_.PHPR`, the PCI hotplug controller's registers, `PCEJ` (eject) and `PSCN` (scan);
 //! - in `\_SB_.PCI0`, a device per slot (`Sxx_`: `_ADR`, `_SUN`, `_EJ0`) and `PCNT`, which
 //!   notifies slots that came up (1, device check) and that are to go (3, eject request);
 //! - `\_SB_.CPUS` (ACPI0010) with a device per possible CPU (ACPI0007: `_UID`, `_STA` and
-//!   `_EJ0` through the CPU controller, `_MAT` its MADT entry) and `CSCN`, the CPU scan.
+//!   `_EJ0` through the CPU controller, `_MAT` its MADT entry) and `CSCN`, the CPU scan;
+//! - with memory hotplug, `\_SB_.MHPC` ([`super::memory_aml`]).
 
 use acpi_tables::aml::{
     self, Acquire, And, BufferData, Device, EISAName, Field, FieldAccessType, FieldEntry,
@@ -16,7 +17,7 @@ use acpi_tables::aml::{
 use acpi_tables::Aml;
 
 use super::cpu_hotplug::{EJECT, INSERTING, PRESENT, REMOVING};
-use super::ged::{CPU_CHANGED, PCI_CHANGED};
+use super::ged::{CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED};
 use super::{CPU_HOTPLUG_ADDR, CPU_HOTPLUG_LEN, GED_ADDR, GED_GSI, PCI_HOTPLUG_ADDR};
 use crate::devices::pci::root::SLOTS;
 
@@ -39,8 +40,9 @@ fn encoded(parts: Vec<Vec<u8>>) -> Vec<Encoded> {
     parts.into_iter().map(Encoded).collect()
 }
 
-/// The GED: its interrupt, its register and `_EVT`.
-fn ged() -> Vec<u8> {
+/// The GED: its interrupt, its register and `_EVT` (which scans memory slots too if
+/// `memory` is set).
+fn ged(memory: bool) -> Vec<u8> {
     let irq = Interrupt::new(true, true, false, false, GED_GSI);
     let crs = ResourceTemplate::new(vec![&irq]);
     let region = OpRegion::new(
@@ -63,7 +65,14 @@ fn ged() -> Vec<u8> {
     let gdat = Path::new("GDAT");
     let read = Store::new(&aml::Local(0), &gdat);
     let (if_cpu, if_pci) = (If::new(&cpu, vec![&cscn]), If::new(&pci, vec![&pscn]));
-    let evt = Method::new("_EVT".into(), 1, true, vec![&read, &if_cpu, &if_pci]);
+    let mem = And::new(&aml::ZERO, &aml::Local(0), &MEMORY_CHANGED);
+    let mscn = MethodCall::new("\\_SB_.MHPC.MSCN".into(), vec![]);
+    let if_mem = If::new(&mem, vec![&mscn]);
+    let mut body: Vec<&dyn Aml> = vec![&read, &if_cpu, &if_pci];
+    if memory {
+        body.push(&if_mem);
+    }
+    let evt = Method::new("_EVT".into(), 1, true, body);
     let hid = Name::new("_HID".into(), &"ACPI0013");
     let (uid, crs) = (
         Name::new("_UID".into(), &aml::ZERO),
@@ -296,13 +305,17 @@ fn cpu_device(id: u8) -> Vec<u8> {
     ))
 }
 
-/// Everything the hotplug controllers add to the DSDT, for a VM of up to `max_vcpus`; the
-/// PCI parts go after `\_SB_.PCI0` (its slots are added to it by scope).
-pub fn dsdt_aml(max_vcpus: u8) -> Vec<u8> {
-    let mut out = ged();
+/// Everything the hotplug controllers add to the DSDT, for a VM of up to `max_vcpus` and
+/// `memory_slots` memory hotplug slots (0: no memory hotplug); the PCI parts go after
+/// `\_SB_.PCI0` (its slots are added to it by scope).
+pub fn dsdt_aml(max_vcpus: u8, memory_slots: usize) -> Vec<u8> {
+    let mut out = ged(memory_slots > 0);
     out.extend(pci_controller());
     out.extend(pci_slots());
     out.extend(cpus(max_vcpus));
+    if memory_slots > 0 {
+        out.extend(super::memory_aml::memory_controller(memory_slots));
+    }
     out
 }
 
@@ -316,7 +329,7 @@ mod tests {
 
     #[test]
     fn the_methods_and_devices_are_there() {
-        let aml = dsdt_aml(4);
+        let aml = dsdt_aml(4, 0);
         for name in [
             &b"GED_"[..],
             b"_EVT",
@@ -348,21 +361,40 @@ mod tests {
         ));
     }
 
-    /// The whole DSDT of a VM with PCI and hotplug decompiles with ACPICA's iasl without an
-    /// error or a warning (what a guest OS's interpreter will load).
     #[test]
-    fn the_dsdt_decompiles_cleanly_with_iasl() {
+    fn memory_slots_come_with_their_scan() {
+        let without = dsdt_aml(2, 0);
+        assert!(!contains(&without, b"MHPC") && !contains(&without, b"MSCN"));
+        let with = dsdt_aml(2, 8);
+        for name in [
+            &b"MHPC"[..],
+            b"MSCN",
+            b"MCRS",
+            b"MSTS",
+            b"MTFY",
+            b"M000",
+            b"M007",
+        ] {
+            assert!(contains(&with, name), "{}", String::from_utf8_lossy(name));
+        }
+        assert!(!contains(&with, b"M008"), "only the slots asked for");
+        let address = (super::super::MEMORY_HOTPLUG_ADDR as u32).to_le_bytes();
+        assert!(contains(&with, &address));
+    }
+
+    /// `aml` in a DSDT, decompiled by ACPICA's iasl: its messages and the ASL, or None (the
+    /// test skipped) where iasl is missing.
+    fn decompile(aml: &[u8], tag: &str) -> Option<(std::process::ExitStatus, String, String)> {
         let found = std::process::Command::new("iasl")
             .arg("-v")
             .output()
             .is_ok();
         if !found {
-            return crate::test_skip::skip("dsdt_iasl", "iasl (acpica-tools) is not installed");
+            crate::test_skip::skip(tag, "iasl (acpica-tools) is not installed");
+            return None;
         }
-        let mut aml = crate::devices::pci::acpi::dsdt_aml();
-        aml.extend(dsdt_aml(8));
-        let table = crate::boot::acpi::dsdt(&aml);
-        let dir = std::env::temp_dir().join(format!("exitless-iasl-{}", std::process::id()));
+        let table = crate::boot::acpi::dsdt(aml);
+        let dir = std::env::temp_dir().join(format!("exitless-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("dsdt.dat"), table).unwrap();
         let out = std::process::Command::new("iasl")
@@ -377,7 +409,19 @@ mod tests {
         );
         let dsl = std::fs::read_to_string(dir.join("dsdt.dsl")).unwrap_or_default();
         let _ = std::fs::remove_dir_all(&dir);
-        assert!(out.status.success(), "{text}");
+        Some((out.status, text, dsl))
+    }
+
+    /// The whole DSDT of a VM with PCI and hotplug decompiles with ACPICA's iasl without an
+    /// error or a warning (what a guest OS's interpreter will load).
+    #[test]
+    fn the_dsdt_decompiles_cleanly_with_iasl() {
+        let mut aml = crate::devices::pci::acpi::dsdt_aml();
+        aml.extend(dsdt_aml(8, 0));
+        let Some((status, text, dsl)) = decompile(&aml, "dsdt_iasl") else {
+            return;
+        };
+        assert!(status.success(), "{text}");
         assert!(
             !text.contains("Error") && !text.contains("Warning"),
             "{text}"
@@ -389,6 +433,37 @@ mod tests {
             "Device (S1F)",
             "Method (CSCN",
             "Device (C007)",
+        ] {
+            assert!(dsl.contains(name), "{name} missing from:\n{dsl}");
+        }
+        assert!(!dsl.contains("MHPC"), "no memory hotplug asked");
+    }
+
+    /// With memory hotplug: the controller, its slots and the GED's call of its scan.
+    #[test]
+    fn the_dsdt_with_memory_hotplug_decompiles_cleanly_with_iasl() {
+        let mut aml = crate::devices::pci::acpi::dsdt_aml();
+        aml.extend(dsdt_aml(2, 32));
+        let Some((status, text, dsl)) = decompile(&aml, "dsdt_memory_iasl") else {
+            return;
+        };
+        assert!(status.success(), "{text}");
+        assert!(
+            !text.contains("Error") && !text.contains("Warning"),
+            "{text}"
+        );
+        for name in [
+            "Device (\\_SB.MHPC)",
+            "EisaId (\"PNP0C80\")",
+            "Method (MSCN, 0, Serialized)",
+            "Method (MCRS, 1, Serialized)",
+            "QWordMemory",
+            "CreateQWordField (MR64, \\_SB.MHPC.MCRS._Y00._MIN, MINA)",
+            "While ((Local0 < 0x20))",
+            "Device (M000)",
+            "Device (M01F)",
+            "\\_SB.MHPC.MSCN ()",
+            "Notify (M01F, Arg1)",
         ] {
             assert!(dsl.contains(name), "{name} missing from:\n{dsl}");
         }

@@ -101,6 +101,8 @@ impl MutBusDevice for CpuHotplug {
                     if bits & EJECT != 0 && *s & PRESENT != 0 {
                         *s = 0;
                         let _ = ejected.send(Ejected::Cpu(id));
+                        // The main loop completes the eject (control::serve).
+                        crate::wake::wake();
                     }
                 }
             }

@@ -11,6 +11,7 @@ use crate::bus::{BusDevice, DeviceEvent};
 /// Notification bits.
 pub const CPU_CHANGED: u8 = 1 << 0;
 pub const PCI_CHANGED: u8 = 1 << 1;
+pub const MEMORY_CHANGED: u8 = 1 << 2;
 
 /// The GED: its pending bits and the eventfd KVM turns into its interrupt (an irqfd).
 #[derive(Debug)]

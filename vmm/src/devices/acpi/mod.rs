@@ -1,22 +1,26 @@
 //! ACPI hotplug, as a guest OS's ACPI code sees it: the Generic Event Device ([`ged`]) raises
 //! an interrupt and says what changed; the PCI hotplug controller ([`pci_hotplug`]) says
 //! which slots came up or are to go and takes the guest's eject; the CPU hotplug controller
-//! ([`cpu_hotplug`]) does the same for vCPUs. Their AML (the DSDT methods that read them) is
-//! in [`aml`]. A guest's eject is reported on a channel to the VM's owner, which does the
+//! ([`cpu_hotplug`]) does the same for vCPUs, and the memory hotplug controller
+//! ([`memory_hotplug`]) says where memory added while the VM runs is. Their AML (the DSDT
+//! methods that read them) is in [`aml`] and [`memory_aml`]. A guest's eject is reported on a channel to the VM's owner, which does the
 //! removal (never on the vCPU thread that made the write). See docs/hotplug.md.
 
 pub mod aml;
 pub mod cpu_hotplug;
 pub mod ged;
+pub mod memory_aml;
+pub mod memory_hotplug;
 pub mod pci_hotplug;
 
-/// Where the three controllers' registers sit (in the MMIO gap, below the I/O APIC).
+/// Where the controllers' registers sit (in the MMIO gap, below the I/O APIC).
 pub const GED_ADDR: u64 = 0xfeb0_0000;
 pub const GED_LEN: u64 = 0x10;
 pub const PCI_HOTPLUG_ADDR: u64 = 0xfeb0_1000;
 pub const PCI_HOTPLUG_LEN: u64 = 0x10;
 pub const CPU_HOTPLUG_ADDR: u64 = 0xfeb0_2000;
 pub const CPU_HOTPLUG_LEN: u64 = 0x10;
+pub const MEMORY_HOTPLUG_ADDR: u64 = 0xfeb0_3000;
 /// The GED's interrupt: ISA IRQ 5 (free on this platform), edge, active high.
 pub const GED_GSI: u32 = 5;
 

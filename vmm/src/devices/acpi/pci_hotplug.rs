@@ -82,6 +82,8 @@ impl MutBusDevice for PciHotplug {
                 for slot in (1..32u8).filter(|s| bits & (1 << s) != 0) {
                     // The owner may be gone (the VM is ending): nothing to remove then.
                     let _ = self.ejected.send(Ejected::PciSlot(slot));
+                    // The main loop completes the eject (control::serve).
+                    crate::wake::wake();
                 }
             }
             (B0EJ, 4) => {}

@@ -2,7 +2,8 @@
 //! with the virtio-pci transport in front of them.
 //!
 //! The transport owns the registers the driver programs; when the driver sets DRIVER_OK it
-//! hands the device an [`Activation`]: guest memory, the negotiated features, each enabled
+//! hands the device an [`Activation`]: guest memory (shared: it grows when memory is
+//! hot-added, see [`memory_view`]), the negotiated features, each enabled
 //! queue with the eventfd that signals its notifications (a KVM ioeventfd, or written by the
 //! transport itself on a notify exit), an [`VirtioInterrupt`] to raise the queue's MSI-X
 //! vector, and the device event loop, where all queue work runs (never on a vCPU thread).
@@ -10,6 +11,7 @@
 pub mod balloon;
 pub mod blk;
 pub mod health;
+pub mod memory_view;
 pub mod net;
 pub mod rng;
 pub mod transport;
@@ -28,6 +30,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::event_loop::Subscriber;
 pub use health::{DeviceHealth, RateLimitedLog};
+pub use memory_view::{MemoryView, SharedGuestMemory};
 
 /// Feature bit every exitless device offers and requires: virtio 1.x (no legacy interface).
 pub const VIRTIO_F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -97,7 +100,9 @@ pub struct ActiveQueue {
 
 /// Everything a device gets when the driver sets DRIVER_OK.
 pub struct Activation {
-    pub mem: GuestMemoryMmap,
+    /// The VM's guest memory, which grows when memory is hot-added: a worker serves through
+    /// a [`MemoryView`] of it, refreshed at each event.
+    pub mem: SharedGuestMemory,
     /// Features the driver accepted (a subset of [`VirtioDevice::features`]).
     pub features: u64,
     /// The enabled queues, by index.

@@ -12,9 +12,9 @@ use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    serve_available, signal_used, Activation, DeviceHealth, QueueCounters, VirtioDevice,
-    VirtioError, VirtioInterrupt, TYPE_RNG, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
-    VIRTIO_RING_F_INDIRECT_DESC,
+    serve_available, signal_used, Activation, DeviceHealth, MemoryView, QueueCounters,
+    VirtioDevice, VirtioError, VirtioInterrupt, TYPE_RNG, VIRTIO_F_VERSION_1,
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 
 /// Most bytes served for one chain.
@@ -66,7 +66,7 @@ impl VirtioDevice for Rng {
         let worker = RngWorker {
             queue: q.queue,
             notify: q.notify,
-            mem: a.mem,
+            mem: MemoryView::new(a.mem),
             interrupt: a.interrupt,
             counters: self.counters.clone(),
             health: a.health,
@@ -83,7 +83,7 @@ impl VirtioDevice for Rng {
 struct RngWorker {
     queue: Queue,
     notify: Arc<EventFd>,
-    mem: GuestMemoryMmap,
+    mem: MemoryView,
     interrupt: Arc<dyn VirtioInterrupt>,
     counters: Arc<[QueueCounters]>,
     health: Arc<DeviceHealth>,
@@ -141,7 +141,8 @@ impl RngWorker {
     /// Serves every available chain, re-checking after re-enabling notifications (event
     /// idx), then raises the interrupt if the driver asked for one.
     fn serve(&mut self) {
-        let (mem, counters) = (&self.mem, &self.counters[0]);
+        self.mem.refresh();
+        let (mem, counters) = (self.mem.get(), &self.counters[0]);
         let queue = (&mut self.queue, 0);
         let completed = serve_available(queue, mem, counters, &self.health, |chain| {
             fill_chain(chain, mem)
@@ -173,7 +174,7 @@ impl MutEventSubscriber for RngWorker {
 mod tests {
     use super::*;
     use crate::devices::virtio::test_support::{desc as test_desc, CountingIrq};
-    use crate::devices::virtio::ActiveQueue;
+    use crate::devices::virtio::{ActiveQueue, SharedGuestMemory};
     use crate::event_loop::EventLoop;
     use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
@@ -211,7 +212,7 @@ mod tests {
         let mut dev = rng;
         let queue: Queue = vq.create_queue().unwrap();
         dev.activate(Activation {
-            mem: mem.clone(),
+            mem: SharedGuestMemory::new(mem.clone()),
             features: VIRTIO_F_VERSION_1,
             queues: vec![ActiveQueue {
                 index: 0,
@@ -235,6 +236,51 @@ mod tests {
         assert_eq!((used_len(&vq, 1), used_len(&vq, 2)), (0, 0));
         assert_eq!(dev.counters()[0].malformed.load(Ordering::Relaxed), 2);
         assert!(irq.0.load(Ordering::SeqCst) >= 1);
+        dev.reset();
+    }
+
+    /// Memory hot-added after the device started (as `vm.resize` adds it): a buffer the guest
+    /// places there is filled, not refused as outside guest memory.
+    #[test]
+    fn a_buffer_in_memory_added_after_activation_is_served() {
+        use vm_memory::{Address, GuestAddressSpace};
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let shared = SharedGuestMemory::new(mem.clone());
+        let vq = MockSplitQueue::new(&mem, 16);
+        let el = EventLoop::start().unwrap();
+        let notify = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
+        let mut dev = Rng::new();
+        let worker = dev
+            .activate(Activation {
+                mem: shared.clone(),
+                features: VIRTIO_F_VERSION_1,
+                queues: vec![ActiveQueue {
+                    index: 0,
+                    queue: vq.create_queue().unwrap(),
+                    notify: notify.clone(),
+                }],
+                interrupt: Arc::new(CountingIrq::default()),
+                health: crate::devices::virtio::test_support::health(),
+            })
+            .unwrap();
+        el.handle().add(worker).unwrap();
+        let high = GuestAddress(1 << 32);
+        let region = crate::memory::create_region(high, 1 << 20, &Default::default()).unwrap();
+        let grown = shared.memory().insert_region(Arc::new(region)).unwrap();
+        shared.lock().unwrap().replace(grown);
+        let buffer = high.unchecked_add(0x100);
+        vq.add_desc_chains(&[desc(buffer.0, 64, WRITE)], 0).unwrap();
+        notify.write(1).unwrap();
+        let start = Instant::now();
+        while dev.counters()[0].completed.load(Ordering::Relaxed) < 1 {
+            assert!(start.elapsed() < Duration::from_secs(5), "queue not served");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(dev.counters()[0].malformed.load(Ordering::Relaxed), 0);
+        assert_eq!(used_len(&vq, 0), 64);
+        let mut got = [0u8; 64];
+        shared.memory().read_slice(&mut got, buffer).unwrap();
+        assert!(got.iter().any(|&b| b != got[0]), "random bytes: {got:?}");
         dev.reset();
     }
 }

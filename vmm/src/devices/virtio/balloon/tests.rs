@@ -70,7 +70,7 @@ fn start(
         .collect();
     let worker = dev
         .activate(Activation {
-            mem: mem.clone(),
+            mem: crate::devices::virtio::SharedGuestMemory::new(mem.clone()),
             features,
             queues,
             interrupt: std::sync::Arc::new(CountingIrq::default()),

@@ -14,7 +14,8 @@ use vmm_sys_util::eventfd::EventFd;
 use super::discard::{discard_range, RangeOutcome, PAGE_SIZE};
 use super::{role_of, BalloonStats, Role, Shared};
 use crate::devices::virtio::{
-    serve_available, signal_used, Activation, DeviceHealth, QueueCounters, VirtioInterrupt,
+    serve_available, signal_used, Activation, DeviceHealth, MemoryView, QueueCounters,
+    VirtioInterrupt,
 };
 
 /// Most PFNs taken from one inflate or deflate chain (4 GiB of pages; Linux sends 256).
@@ -33,7 +34,8 @@ struct ServedQueue {
 /// The balloon's queues and what serving them needs.
 pub(super) struct BalloonWorker {
     queues: Vec<ServedQueue>,
-    mem: GuestMemoryMmap,
+    /// Guest memory, hot-added regions included (refreshed before each round of work).
+    mem: MemoryView,
     interrupt: Arc<dyn VirtioInterrupt>,
     counters: Arc<[QueueCounters]>,
     health: Arc<DeviceHealth>,
@@ -60,7 +62,7 @@ impl BalloonWorker {
             .collect();
         BalloonWorker {
             queues,
-            mem: a.mem,
+            mem: MemoryView::new(a.mem),
             interrupt: a.interrupt,
             counters,
             health: a.health,
@@ -71,9 +73,10 @@ impl BalloonWorker {
     /// Serves every chain available on queue `i` (of `self.queues`), then raises its
     /// interrupt if the driver asked for one.
     fn serve(&mut self, i: usize) {
+        self.mem.refresh();
         let q = &mut self.queues[i];
         let counter = &self.counters[usize::from(q.index)];
-        let (role, index, mem) = (q.role, q.index, &self.mem);
+        let (role, index, mem) = (q.role, q.index, self.mem.get());
         let work = Work {
             mem,
             health: &self.health,

@@ -25,7 +25,7 @@ use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    Activation, DeviceHealth, QueueCounters, StallGuard, VirtioDevice, VirtioError,
+    Activation, DeviceHealth, MemoryView, QueueCounters, StallGuard, VirtioDevice, VirtioError,
     VirtioInterrupt, TYPE_BLOCK, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
     VIRTIO_RING_F_INDIRECT_DESC,
 };
@@ -244,7 +244,7 @@ impl VirtioDevice for Block {
             io,
             queue: q.queue,
             notify: q.notify,
-            mem: a.mem,
+            mem: MemoryView::new(a.mem),
             interrupt: a.interrupt,
             counters: self.counters.clone(),
             stats: self.stats.clone(),
@@ -286,7 +286,8 @@ struct BlockWorker {
     io: DiskIo,
     queue: Queue,
     notify: Arc<EventFd>,
-    mem: GuestMemoryMmap,
+    /// Refreshed at each event (memory may have been hot-added).
+    mem: MemoryView,
     interrupt: Arc<dyn VirtioInterrupt>,
     counters: Arc<[QueueCounters]>,
     stats: Arc<BlockStats>,

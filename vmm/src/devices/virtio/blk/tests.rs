@@ -104,7 +104,7 @@ pub(super) fn rig_accepting(
         irq.clone(),
     ));
     dev.activate(Activation {
-        mem: mem.clone(),
+        mem: crate::devices::virtio::SharedGuestMemory::new(mem.clone()),
         features,
         queues: vec![ActiveQueue {
             index: 0,

@@ -14,7 +14,11 @@ impl BlockWorker {
 
     /// Raises the queue's interrupt if the driver asked for one (event idx may say no).
     fn maybe_signal(&mut self) {
-        if self.queue.needs_notification(&self.mem).unwrap_or(true) {
+        if self
+            .queue
+            .needs_notification(self.mem.get())
+            .unwrap_or(true)
+        {
             if let Ok(true) = self.interrupt.signal_queue(0) {
                 QueueCounters::add(&self.counters[0].interrupts, 1);
             }
@@ -33,7 +37,7 @@ impl BlockWorker {
             .map(|a| self.mem.write_obj(status, a).is_ok())
             .unwrap_or(false);
         let len = if written { len + 1 } else { 0 };
-        if self.queue.add_used(&self.mem, head, len).is_err() {
+        if self.queue.add_used(self.mem.get(), head, len).is_err() {
             QueueCounters::add(&self.counters[0].malformed, 1);
         }
         QueueCounters::add(&self.counters[0].completed, 1);
@@ -183,19 +187,20 @@ impl BlockWorker {
         let mut answered = false;
         let mut stall = StallGuard::new(0);
         self.deferred = false;
-        let mem = self.mem.clone(); // the chains borrow it while `take` borrows self
+        // The chains borrow the map while `take` borrows self: a reference of its own.
+        let mem = self.mem.current();
         'ring: loop {
-            if self.health.needs_reset() || self.queue.disable_notification(&self.mem).is_err() {
+            if self.health.needs_reset() || self.queue.disable_notification(&*mem).is_err() {
                 break;
             }
             let mut popped = 0;
-            while let Some(chain) = self.queue.pop_descriptor_chain(&mem) {
+            while let Some(chain) = self.queue.pop_descriptor_chain(&*mem) {
                 if !self.take(chain, &mut answered) {
                     break 'ring;
                 }
                 popped += 1;
             }
-            if !self.queue.enable_notification(&self.mem).unwrap_or(false)
+            if !self.queue.enable_notification(&*mem).unwrap_or(false)
                 || !stall.go_on(popped, &self.counters[0], &self.health)
             {
                 break;
@@ -271,6 +276,7 @@ impl BlockWorker {
 
 impl MutEventSubscriber for BlockWorker {
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
+        self.mem.refresh();
         if events.fd() == self.notify.as_raw_fd() {
             if self.notify.read().is_ok() {
                 QueueCounters::add(&self.counters[0].notifies, 1);
@@ -287,6 +293,7 @@ impl MutEventSubscriber for BlockWorker {
         if let Err(e) = notify.and(done) {
             eprintln!("virtio-blk: cannot watch the queue: {e}");
         }
+        self.mem.refresh();
         self.serve_queue();
     }
 }

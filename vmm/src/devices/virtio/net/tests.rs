@@ -63,7 +63,7 @@ fn rig(rx: &[RawDescriptor], tx: &[RawDescriptor], features: u64, pending: &[&[u
     let el = EventLoop::start().unwrap();
     let mut dev = Net::with_tap(Tap::from_socket(device_end), [0x52, 0x54, 0, 1, 2, 3]);
     dev.activate(Activation {
-        mem: mem.clone(),
+        mem: crate::devices::virtio::SharedGuestMemory::new(mem.clone()),
         features,
         queues,
         interrupt: Arc::new(Irq::default()),

@@ -15,8 +15,8 @@ use vmm_sys_util::eventfd::EventFd;
 use super::tap::{Tap, VNET_HDR_LEN};
 use super::{NetCounters, RX, TX};
 use crate::devices::virtio::{
-    serve_available, signal_used, ActiveQueue, DeviceHealth, QueueCounters, VirtioInterrupt,
-    WritableChain,
+    serve_available, signal_used, ActiveQueue, DeviceHealth, MemoryView, QueueCounters,
+    SharedGuestMemory, VirtioInterrupt, WritableChain,
 };
 
 /// The largest frame with its header: 64 KiB of segmentation-offloaded payload plus headers.
@@ -30,7 +30,8 @@ pub(super) struct NetWorker {
     tx: Queue,
     tx_notify: Arc<EventFd>,
     tap: Arc<Tap>,
-    mem: GuestMemoryMmap,
+    /// Refreshed at each event (memory may have been hot-added).
+    mem: MemoryView,
     interrupt: Arc<dyn VirtioInterrupt>,
     counters: Arc<[QueueCounters]>,
     net: Arc<NetCounters>,
@@ -52,7 +53,7 @@ impl NetWorker {
         rx: ActiveQueue,
         tx: ActiveQueue,
         tap: Arc<Tap>,
-        mem: GuestMemoryMmap,
+        mem: SharedGuestMemory,
         interrupt: Arc<dyn VirtioInterrupt>,
         counters: Arc<[QueueCounters]>,
         net: Arc<NetCounters>,
@@ -65,7 +66,7 @@ impl NetWorker {
             tx: tx.queue,
             tx_notify: tx.notify,
             tap,
-            mem,
+            mem: MemoryView::new(mem),
             interrupt,
             counters,
             net,
@@ -91,13 +92,13 @@ impl NetWorker {
     fn signal(&mut self, q: u16) {
         let queue = if q == RX { &mut self.rx } else { &mut self.tx };
         let counters = &self.counters[usize::from(q)];
-        signal_used(queue, &self.mem, self.interrupt.as_ref(), q, counters);
+        signal_used(queue, self.mem.get(), self.interrupt.as_ref(), q, counters);
     }
 
     /// Sends every frame the driver queued; each chain is completed whether the tap took its
     /// frame or not (a NIC transmits into the void when the link is down).
     fn serve_tx(&mut self) {
-        let (mem, frame) = (&self.mem, &mut self.frame);
+        let (mem, frame) = (self.mem.get(), &mut self.frame);
         let (tap, net) = (&self.tap, &self.net);
         let mut refused = None;
         let completed = serve_available(
@@ -162,7 +163,7 @@ impl NetWorker {
             if !self.mrg_rxbuf && !self.spare.is_empty() {
                 return false; // the first chain is too small for this frame
             }
-            let Some(chain) = self.rx.pop_descriptor_chain(&self.mem) else {
+            let Some(chain) = self.rx.pop_descriptor_chain(self.mem.get()) else {
                 return false;
             };
             let head = chain.head_index();
@@ -171,7 +172,7 @@ impl NetWorker {
                 Some(c) => self.spare.push_back(c),
                 None => {
                     add(&self.counters[usize::from(RX)].malformed, 1);
-                    if self.rx.add_used(&self.mem, head, 0).is_ok() {
+                    if self.rx.add_used(self.mem.get(), head, 0).is_ok() {
                         add(&self.counters[usize::from(RX)].completed, 1);
                     }
                 }
@@ -199,7 +200,11 @@ impl NetWorker {
         for c in chains {
             let written = c.fill(&self.mem, &self.frame[done..n]);
             done += written;
-            if self.rx.add_used(&self.mem, c.head, written as u32).is_err() {
+            if self
+                .rx
+                .add_used(self.mem.get(), c.head, written as u32)
+                .is_err()
+            {
                 add(&self.counters[usize::from(RX)].malformed, 1);
             }
             add(&self.counters[usize::from(RX)].completed, 1);
@@ -246,6 +251,7 @@ pub fn gather(
 
 impl MutEventSubscriber for NetWorker {
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
+        self.mem.refresh();
         let fd = events.fd();
         if fd == self.tap.as_raw_fd() {
             self.serve_rx();
@@ -270,8 +276,9 @@ impl MutEventSubscriber for NetWorker {
                 eprintln!("exitless: virtio-net cannot watch its fds: {e}");
             }
         }
+        self.mem.refresh();
         // Receive buffers need no kick: a frame takes them when it comes.
-        let _ = self.rx.disable_notification(&self.mem);
+        let _ = self.rx.disable_notification(self.mem.get());
         self.serve_tx();
         self.serve_rx();
     }

@@ -22,14 +22,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use event_manager::{SubscriberId, SubscriberOps};
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::devices::pci::config::{PciConfig, PciIds};
 use crate::devices::pci::{msix, BarChange, BarKind, PciDevice};
 use crate::devices::virtio::{
-    Activation, ActiveQueue, DeviceHealth, QueueCounters, VirtioDevice, TYPE_BLOCK,
-    VIRTIO_RING_F_EVENT_IDX,
+    Activation, ActiveQueue, DeviceHealth, QueueCounters, SharedGuestMemory, VirtioDevice,
+    TYPE_BLOCK, VIRTIO_RING_F_EVENT_IDX,
 };
 use crate::event_loop::{EventLoopHandle, Subscriber};
 use crate::kvm::IoEvent;
@@ -82,7 +82,7 @@ pub struct VirtioPciDevice {
     transport: Mutex<Transport>,
     irq: Arc<MsixInterrupt>,
     notify: Vec<Arc<EventFd>>,
-    mem: GuestMemoryMmap,
+    mem: SharedGuestMemory,
     event_loop: EventLoopHandle,
     health: Arc<DeviceHealth>,
     /// The device's queue counters (read by the profile without the transport's lock).
@@ -149,7 +149,7 @@ impl VirtioPciDevice {
         name: &str,
         device: Box<dyn VirtioDevice>,
         bar_addr: u64,
-        mem: GuestMemoryMmap,
+        mem: SharedGuestMemory,
         event_loop: EventLoopHandle,
     ) -> std::io::Result<Arc<Self>> {
         let queues = device.queue_max_sizes().len();
@@ -333,7 +333,7 @@ impl VirtioPciDevice {
             if !regs.enabled {
                 continue;
             }
-            let queue = build_queue(regs, event_idx, &self.mem)
+            let queue = build_queue(regs, event_idx, &self.mem.memory())
                 .ok_or_else(|| format!("queue {index} is not usable"))?;
             queues.push(ActiveQueue {
                 index: index as u16,

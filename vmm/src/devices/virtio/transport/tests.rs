@@ -83,7 +83,8 @@ fn device() -> (Arc<VirtioPciDevice>, Arc<Mutex<Seen>>, EventLoop) {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let counters: Arc<[QueueCounters]> = (0..2).map(|_| QueueCounters::default()).collect();
     let fake = Box::new(Fake(seen.clone(), counters));
-    let dev = VirtioPciDevice::new("virtio-fake0", fake, 0xc000_0000, mem, el.handle()).unwrap();
+    let shared = crate::devices::virtio::SharedGuestMemory::new(mem);
+    let dev = VirtioPciDevice::new("virtio-fake0", fake, 0xc000_0000, shared, el.handle()).unwrap();
     (dev, seen, el)
 }
 
@@ -280,7 +281,10 @@ fn a_restart_resumes_from_the_used_ring() {
     negotiate(&dev, 1);
     setup_queue(&dev, 0, 32, 0x10000);
     // The used ring (at base + 0x2000) says 5 requests were completed.
-    dev.mem.write_obj(5u16, GuestAddress(0x12002)).unwrap();
+    dev.mem
+        .memory()
+        .write_obj(5u16, GuestAddress(0x12002))
+        .unwrap();
     w(&dev, 0x14, &[0xf]);
     settle(&el);
     assert_eq!(seen.lock().unwrap().activations[0].1[0].3, 5);

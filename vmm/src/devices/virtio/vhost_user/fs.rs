@@ -10,19 +10,21 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use virtio_queue::QueueT;
+use vm_memory::GuestAddressSpace;
 
 use super::{Frontend, VhostUserError, Vring, REPLY_TIMEOUT};
 use crate::config::fs::MAX_TAG_LEN;
 use crate::config::FsConfig;
+use crate::device_manager::hotplug::MemoryListener;
 use crate::devices::virtio::{
     Activation, DeviceHealth, QueueCounters, VirtioDevice, VirtioError, TYPE_FS,
     VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
-use crate::event_loop::Subscriber;
+use crate::event_loop::{EventLoopHandle, Subscriber};
 
 /// The virtio features exitless passes on to the driver when the back end offers them.
 const PASSED_FEATURES: u64 =
@@ -40,7 +42,9 @@ struct FsCounters {
 
 /// A virtio-fs device served by a vhost-user back end.
 pub struct Fs {
-    frontend: Frontend,
+    /// Shared with the device's [`FsRegions`] listener, which adds hot-added memory to the
+    /// back end's table; both use it on the devices thread only.
+    frontend: Arc<Mutex<Frontend>>,
     config_space: [u8; CONFIG_LEN],
     queue_sizes: Vec<u16>,
     features: u64,
@@ -73,7 +77,7 @@ impl Fs {
             .map_err(VhostUserError::Socket)?;
         Ok(Fs {
             features: frontend.offered_features() & PASSED_FEATURES,
-            frontend,
+            frontend: Arc::new(Mutex::new(frontend)),
             config_space,
             queue_sizes: vec![config.queue_size; 1 + usize::from(config.num_queues)],
             watch_socket: Arc::new(watch_socket),
@@ -83,8 +87,19 @@ impl Fs {
     }
 
     /// The front end (for tests and logs).
-    pub fn frontend(&self) -> &Frontend {
-        &self.frontend
+    pub fn frontend(&self) -> MutexGuard<'_, Frontend> {
+        self.frontend.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What tells the back end of memory added while the VM runs (register it with the
+    /// device manager); it does nothing once the device is gone.
+    pub fn memory_listener(&self, name: &str, event_loop: EventLoopHandle) -> FsRegions {
+        FsRegions {
+            name: name.to_string(),
+            frontend: Arc::downgrade(&self.frontend),
+            gone: self.gone.clone(),
+            event_loop,
+        }
     }
 
     /// Hands the enabled queues to the back end.
@@ -106,7 +121,8 @@ impl Fs {
                 call,
             });
         }
-        self.frontend.start(&a.mem, a.features, &vrings)
+        // The whole table as it is now: regions hot-added before this start included.
+        self.frontend().start(&a.mem.memory(), a.features, &vrings)
     }
 }
 
@@ -145,7 +161,7 @@ impl VirtioDevice for Fs {
         if let Err(e) = self.start(&a) {
             self.counters.failed_starts.fetch_add(1, Ordering::Relaxed);
             // A half-started back end stops what it got (bounded: a broken one is not asked).
-            let _ = self.frontend.stop();
+            let _ = self.frontend().stop();
             return Err(VirtioError::Backend {
                 device: name,
                 message: e.to_string(),
@@ -154,7 +170,7 @@ impl VirtioDevice for Fs {
         self.counters.starts.fetch_add(1, Ordering::Relaxed);
         Ok(Arc::new(Mutex::new(BackendWatch {
             socket: self.watch_socket.clone(),
-            path: self.frontend.path().to_path_buf(),
+            path: self.frontend().path().to_path_buf(),
             health: a.health.clone(),
             gone: self.gone.clone(),
         })))
@@ -163,13 +179,14 @@ impl VirtioDevice for Fs {
     fn reset(&mut self) {
         if self.gone.load(Ordering::Acquire) {
             // Said once when it went; its queues went with it.
-            return self.frontend.forget_queues();
+            return self.frontend().forget_queues();
         }
-        if let Err(e) = self.frontend.stop() {
+        let mut frontend = self.frontend();
+        if let Err(e) = frontend.stop() {
             self.counters.failed_stops.fetch_add(1, Ordering::Relaxed);
             eprintln!(
                 "exitless: the vhost-user back end at {} did not stop its queues: {e}",
-                self.frontend.path().display()
+                frontend.path().display()
             );
         }
     }
@@ -250,5 +267,52 @@ impl MutEventSubscriber for BackendWatch {
                 )
             });
         }
+    }
+}
+
+/// A running virtio-fs device's part in memory hotplug: a region added to the guest is added
+/// to the back end's memory table (ADD_MEM_REG, on the devices thread, where the queues were
+/// started) before the guest is told, so the back end can reach buffers the guest puts there.
+/// A device not started gets the whole table at its next start; a removed device, or one
+/// whose back end is gone, is skipped.
+pub struct FsRegions {
+    name: String,
+    frontend: Weak<Mutex<Frontend>>,
+    gone: Arc<AtomicBool>,
+    event_loop: EventLoopHandle,
+}
+
+impl MemoryListener for FsRegions {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn region_added(&mut self, region: &Arc<vm_memory::GuestRegionMmap>) -> Result<(), String> {
+        let Some(frontend) = self.frontend.upgrade() else {
+            return Ok(());
+        };
+        if self.gone.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let (region, (tx, rx)) = (region.clone(), std::sync::mpsc::channel());
+        self.event_loop
+            .call(move |_| {
+                let mut f = frontend.lock().unwrap_or_else(|e| e.into_inner());
+                let added = if f.started().is_empty() {
+                    Ok(())
+                } else {
+                    f.add_region(&region)
+                };
+                let _ = tx.send(added);
+            })
+            .map_err(|e| e.to_string())?;
+        match rx.recv() {
+            Ok(added) => added.map_err(|e| format!("its vhost-user back end: {e}")),
+            Err(_) => Ok(()),
+        }
+    }
+
+    fn is_gone(&self) -> bool {
+        self.frontend.strong_count() == 0
     }
 }

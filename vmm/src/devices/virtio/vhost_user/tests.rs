@@ -452,7 +452,7 @@ fn activation(
         .collect();
     let irq = std::sync::Arc::new(CallFds(calls));
     let a = crate::devices::virtio::Activation {
-        mem: mem.clone(),
+        mem: crate::devices::virtio::SharedGuestMemory::new(mem.clone()),
         features: VIRTIO_F_VERSION_1,
         queues: (0..queues).map(|i| active_queue(mem, i)).collect(),
         interrupt: irq.clone(),
@@ -643,4 +643,49 @@ fn a_region_added_later_goes_alone_with_its_memfd() {
     let private = crate::memory::create_region(GuestAddress(0), 2 << 20, &Backing::default());
     let e = f.add_region(&private.unwrap()).unwrap_err();
     assert!(e.to_string().contains("is private"), "{e}");
+}
+
+#[test]
+fn the_memory_listener_adds_a_region_to_a_started_back_end_only() {
+    use crate::device_manager::hotplug::MemoryListener;
+    use crate::devices::virtio::vhost_user::fs::Fs;
+    use crate::devices::virtio::VirtioDevice;
+    let (sock, seen, _t) = fake(Behaviour::Honest);
+    let frontend = Frontend::handshake(sock, Path::new("fake"), 2, Duration::from_secs(2)).unwrap();
+    let fs = Fs::new(&fs_config(Path::new("fake")), frontend).unwrap();
+    let events = crate::event_loop::EventLoop::start().unwrap();
+    let mut listener = fs.memory_listener("fs0", events.handle());
+    let shared = Backing {
+        shared: true,
+        hugepage_size: None,
+    };
+    let region = std::sync::Arc::new(
+        crate::memory::create_region(GuestAddress(1 << 32), 2 << 20, &shared).unwrap(),
+    );
+    let _ = codes(&seen);
+    // Not started: nothing is sent (the next start sends the whole table).
+    listener.region_added(&region).unwrap();
+    assert!(codes(&seen).is_empty());
+    // Started on the devices thread, as the transport starts it: the region goes.
+    let mem = shared_memory();
+    let (a, _calls) = activation(&mem, 2);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut moved = fs;
+    events
+        .handle()
+        .call(move |_| {
+            let watch = moved.activate(a).map(drop);
+            let _ = tx.send((watch.is_ok(), moved));
+        })
+        .unwrap();
+    let (started, fs) = rx.recv().unwrap();
+    assert!(started);
+    let _ = codes(&seen);
+    listener.region_added(&region).unwrap();
+    assert_eq!(codes(&seen), [FrontendReq::ADD_MEM_REG]);
+    assert!(!listener.is_gone());
+    drop(fs);
+    assert!(listener.is_gone(), "a removed device's listener is dropped");
+    listener.region_added(&region).unwrap();
+    assert!(codes(&seen).is_empty());
 }

@@ -88,7 +88,7 @@ fn rig(tag: &str) -> Rig {
     let el = EventLoop::start().unwrap();
     let mut dev = dev;
     dev.activate(Activation {
-        mem: mem.clone(),
+        mem: crate::devices::virtio::SharedGuestMemory::new(mem.clone()),
         features: dev.features(),
         queues,
         interrupt: Arc::new(Irq::default()),

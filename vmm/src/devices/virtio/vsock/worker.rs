@@ -13,8 +13,8 @@ use super::muxer::{FdChange, Muxer};
 use super::packet::{Header, HDR_LEN, MAX_PAYLOAD};
 use super::{RX, TX};
 use crate::devices::virtio::{
-    serve_available, signal_used, ActiveQueue, DeviceHealth, QueueCounters, StallGuard,
-    VirtioInterrupt, WritableChain,
+    serve_available, signal_used, ActiveQueue, DeviceHealth, MemoryView, QueueCounters,
+    SharedGuestMemory, StallGuard, VirtioInterrupt, WritableChain,
 };
 
 pub(super) struct VsockWorker {
@@ -23,7 +23,8 @@ pub(super) struct VsockWorker {
     tx: Queue,
     tx_notify: Arc<EventFd>,
     muxer: Arc<Mutex<Muxer>>,
-    mem: GuestMemoryMmap,
+    /// Refreshed at each event (memory may have been hot-added).
+    mem: MemoryView,
     interrupt: Arc<dyn VirtioInterrupt>,
     counters: Arc<[QueueCounters]>,
     spare: Option<WritableChain>,
@@ -67,7 +68,7 @@ impl VsockWorker {
         rx: ActiveQueue,
         tx: ActiveQueue,
         muxer: Arc<Mutex<Muxer>>,
-        mem: GuestMemoryMmap,
+        mem: SharedGuestMemory,
         interrupt: Arc<dyn VirtioInterrupt>,
         counters: Arc<[QueueCounters]>,
         health: Arc<DeviceHealth>,
@@ -78,7 +79,7 @@ impl VsockWorker {
             tx: tx.queue,
             tx_notify: tx.notify,
             muxer,
-            mem,
+            mem: MemoryView::new(mem),
             interrupt,
             counters,
             spare: None,
@@ -94,12 +95,12 @@ impl VsockWorker {
     fn signal(&mut self, q: u16) {
         let queue = if q == RX { &mut self.rx } else { &mut self.tx };
         let counters = &self.counters[usize::from(q)];
-        signal_used(queue, &self.mem, self.interrupt.as_ref(), q, counters);
+        signal_used(queue, self.mem.get(), self.interrupt.as_ref(), q, counters);
     }
 
     /// Hands every packet the guest queued to the muxer.
     fn serve_tx(&mut self) {
-        let (mem, buf, muxer) = (&self.mem, &mut self.buf, &self.muxer);
+        let (mem, buf, muxer) = (self.mem.get(), &mut self.buf, &self.muxer);
         let counters = &self.counters[usize::from(TX)];
         let completed = serve_available((&mut self.tx, TX), mem, counters, &self.health, |chain| {
             let (h, len) = read_packet(chain, mem, buf)?;
@@ -124,17 +125,17 @@ impl VsockWorker {
                 return None;
             }
             let mut popped = 0;
-            while let Some(chain) = self.rx.pop_descriptor_chain(&self.mem) {
+            while let Some(chain) = self.rx.pop_descriptor_chain(self.mem.get()) {
                 popped += 1;
                 let head = chain.head_index();
                 if let Some(c) = WritableChain::take(chain, &self.mem, 64, HDR_LEN) {
-                    let _ = self.rx.disable_notification(&self.mem);
+                    let _ = self.rx.disable_notification(self.mem.get());
                     return Some(c);
                 }
                 QueueCounters::add(&self.counter(RX).malformed, 1);
-                let _ = self.rx.add_used(&self.mem, head, 0);
+                let _ = self.rx.add_used(self.mem.get(), head, 0);
             }
-            if !self.rx.enable_notification(&self.mem).unwrap_or(false)
+            if !self.rx.enable_notification(self.mem.get()).unwrap_or(false)
                 || !stall.go_on(popped, &self.counters[usize::from(RX)], &self.health)
             {
                 return None;
@@ -156,7 +157,11 @@ impl VsockWorker {
                 break;
             };
             chain.fill(&self.mem, &self.buf[..n]);
-            if self.rx.add_used(&self.mem, chain.head, n as u32).is_err() {
+            if self
+                .rx
+                .add_used(self.mem.get(), chain.head, n as u32)
+                .is_err()
+            {
                 QueueCounters::add(&self.counter(RX).malformed, 1);
             }
             QueueCounters::add(&self.counter(RX).completed, 1);
@@ -192,6 +197,7 @@ impl VsockWorker {
 
 impl MutEventSubscriber for VsockWorker {
     fn process(&mut self, events: Events, ops: &mut EventOps) {
+        self.mem.refresh();
         let fd = events.fd();
         if fd == self.tx_notify.as_raw_fd() {
             if self.tx_notify.read().is_ok() {
@@ -212,6 +218,7 @@ impl MutEventSubscriber for VsockWorker {
     }
 
     fn init(&mut self, ops: &mut EventOps) {
+        self.mem.refresh();
         let listener = lock(&self.muxer).listener_fd();
         for fd in [
             self.tx_notify.as_raw_fd(),

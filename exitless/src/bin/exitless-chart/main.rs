@@ -1,16 +1,21 @@
 //! `exitless-chart REPORT.json FILE.svg`: draws `exitless compare --json`'s report at a glance
 //! (plotters, SVG); `exitless compare --chart` runs it. Three panels: wall time per iteration
-//! by case (bar: median, line: min to max), time to the guest's first line, and memory beyond
-//! guest RAM, one colour per VMM. `exitless-chart --check` says whether a chart can be drawn.
+//! by case (bar: median, line: min to max), time to the guest's first line (each bar labelled
+//! with its ratio to the floor VMM's), and memory beyond guest RAM, one colour per VMM. A
+//! `compare --density` report is drawn as curves over N instead (density.rs).
+//! `exitless-chart --check` says whether a chart can be drawn.
 //!
 //! A program of its own so that the VMM binary carries no plotting library: all of a VMM
 //! binary's text ends up resident in every VM it runs.
+
+mod density;
 
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context};
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{register_font, FontStyle};
 use serde_json::Value;
 
@@ -22,12 +27,21 @@ const FONTS: &[&str] = &[
     "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
 ];
 
-const COLOURS: [RGBColor; 4] = [
+/// One per VMM in the report's order: exitless, the peers, the floor VMM last (grey).
+const COLOURS: [RGBColor; 5] = [
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0xff, 0x7f, 0x0e),
     RGBColor(0x2c, 0xa0, 0x2c),
     RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x7f, 0x7f, 0x7f),
 ];
+
+pub(crate) fn colour(vmm: &str, index: usize) -> RGBColor {
+    match vmm {
+        "floor" => COLOURS[4],
+        _ => COLOURS[index % 4],
+    }
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -66,10 +80,13 @@ fn draw_file(report: &Path, svg: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("Cannot read {}", report.display()))?;
     let report: Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", report.display()))?;
-    if report["schema"] != "exitless.compare/2" {
-        bail!("not an exitless compare report (schema exitless.compare/2)");
+    match report["schema"].as_str() {
+        Some("exitless.compare/2") => draw(svg, &report),
+        Some("exitless.density/1") => density::draw(svg, &report),
+        _ => bail!(
+            "not an exitless compare report (schema exitless.compare/2 or exitless.density/1)"
+        ),
     }
-    draw(svg, &report)
 }
 
 /// min, median and max of one figure.
@@ -96,6 +113,10 @@ struct Panel {
     groups: Vec<String>,
     /// [group][vmm]
     values: Vec<Vec<Option<Spread>>>,
+    /// A label above each bar, [group][vmm] (the first line's ratio to the floor).
+    labels: Vec<Vec<Option<String>>>,
+    /// Each VMM's colour.
+    colours: Vec<RGBColor>,
 }
 
 /// The VMMs with figures, and the cases of the first.
@@ -126,6 +147,16 @@ fn figure(vmm: &Value, case: &str, key: &str, scale: f64) -> Option<Spread> {
     Spread::of(&c[key], scale)
 }
 
+/// The first case's ratio of each VMM's first line to the floor's, as a label.
+fn floor_labels(vmms: &[&Value], case: &str) -> Vec<Vec<Option<String>>> {
+    let label = |v: &&Value| {
+        let cases = v["cases"].as_array()?;
+        let c = cases.iter().find(|c| c["case"] == case)?;
+        Some(format!("{:.2}x", c["first_line_ratio_to_floor"].as_f64()?))
+    };
+    vec![vmms.iter().map(label).collect()]
+}
+
 fn panels(vmms: &[&Value], cases: &[String]) -> [Panel; 3] {
     let per_case = |key: &str| -> Vec<Vec<Option<Spread>>> {
         cases
@@ -137,22 +168,37 @@ fn panels(vmms: &[&Value], cases: &[String]) -> [Panel; 3] {
     let once = |key: &str, scale: f64| -> Vec<Vec<Option<Spread>>> {
         vec![vmms.iter().map(|v| figure(v, first, key, scale)).collect()]
     };
+    let colours: Vec<RGBColor> = vmms
+        .iter()
+        .enumerate()
+        .map(|(i, v)| colour(v["vmm"].as_str().unwrap_or(""), i))
+        .collect();
+    let panel = |title, groups, values| Panel {
+        title,
+        groups,
+        values,
+        labels: Vec::new(),
+        colours: colours.clone(),
+    };
     [
+        panel(
+            "wall µs per iteration (start-up cancelled)",
+            cases.to_vec(),
+            per_case("wall_per_iter_us"),
+        ),
         Panel {
-            title: "wall µs per iteration (start-up cancelled)",
-            groups: cases.to_vec(),
-            values: per_case("wall_per_iter_us"),
+            labels: floor_labels(vmms, first),
+            ..panel(
+                "ms to the guest's first line (x floor)",
+                vec![String::new()],
+                once("first_line_ms", 1.0),
+            )
         },
-        Panel {
-            title: "ms to the guest's first line",
-            groups: vec![String::new()],
-            values: once("first_line_ms", 1.0),
-        },
-        Panel {
-            title: "MiB beyond guest memory",
-            groups: vec![String::new()],
-            values: once("rss_beyond_guest_kib", 1.0 / 1024.0),
-        },
+        panel(
+            "MiB beyond guest memory",
+            vec![String::new()],
+            once("rss_beyond_guest_kib", 1.0 / 1024.0),
+        ),
     ]
 }
 
@@ -177,7 +223,7 @@ fn draw(path: &Path, report: &Value) -> anyhow::Result<()> {
     }
     for (i, name) in vmms.iter().filter_map(|v| v["vmm"].as_str()).enumerate() {
         let x = 40 + 200 * i as i32;
-        let swatch = Rectangle::new([(x, 10), (x + 16, 26)], COLOURS[i % 4].filled());
+        let swatch = Rectangle::new([(x, 10), (x + 16, 26)], colour(name, i).filled());
         legend.draw(&swatch).map_err(draw_error)?;
         let label = Text::new(name.to_string(), (x + 22, 10), ("sans-serif", 16));
         legend.draw(&label).map_err(draw_error)?;
@@ -228,7 +274,7 @@ fn draw_panel(area: &DrawingArea<SVGBackend, Shift>, panel: &Panel) -> anyhow::R
             let x0 = g as f64 + 0.1 + width * v as f64;
             let bar = Rectangle::new(
                 [(x0, 0.0), (x0 + width * 0.9, s.median.max(0.0))],
-                COLOURS[v % 4].filled(),
+                panel.colours.get(v).unwrap_or(&COLOURS[v % 4]).filled(),
             );
             let mid = x0 + width * 0.45;
             let range = PathElement::new(
@@ -237,11 +283,24 @@ fn draw_panel(area: &DrawingArea<SVGBackend, Shift>, panel: &Panel) -> anyhow::R
             );
             chart.draw_series([bar]).map_err(draw_error)?;
             chart.draw_series([range]).map_err(draw_error)?;
+            let label = panel
+                .labels
+                .get(g)
+                .and_then(|l| l.get(v))
+                .cloned()
+                .flatten();
+            if let Some(label) = label {
+                let at = (x0, s.max.max(s.median).max(0.0) + top * 0.02);
+                let style = TextStyle::from(("sans-serif", 12).into_font())
+                    .pos(Pos::new(HPos::Left, VPos::Bottom));
+                let text = Text::new(label, at, style);
+                chart.draw_series([text]).map_err(draw_error)?;
+            }
         }
     }
     Ok(())
 }
 
-fn draw_error<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+pub(crate) fn draw_error<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("Cannot draw the chart: {e:?}")
 }

@@ -1,0 +1,105 @@
+//! virtiofsd (the Rust daemon) serving a scratch folder, for the virtio-fs tests.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The byte the bench guest's `fs_check` expects at offset `i` of its input file.
+pub fn pattern(i: usize) -> u8 {
+    ((i * 7 + (i >> 8) * 13 + (i >> 16) * 29 + 3) & 0xff) as u8
+}
+
+/// virtiofsd serving a scratch directory, its log in a file; killed when dropped.
+pub struct Virtiofsd {
+    child: Child,
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Virtiofsd {
+    /// None (the test reported skipped) unless virtiofsd is installed and this is root.
+    pub fn start(test: &str) -> Option<Self> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            vmm::test_skip::skip(test, "virtiofsd needs root");
+            return None;
+        }
+        let found = [
+            "/root/.cargo/bin/virtiofsd",
+            "/usr/libexec/virtiofsd",
+            "/usr/bin/virtiofsd",
+        ]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists());
+        let Some(daemon) = found else {
+            vmm::test_skip::skip(test, "virtiofsd is not installed");
+            return None;
+        };
+        let dir = std::env::temp_dir().join(format!("exitless-vfs-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("shared")).unwrap();
+        // The socket where Kata puts it: <sandbox dir>/virtiofsd.sock.
+        let (socket, log) = (dir.join("virtiofsd.sock"), dir.join("virtiofsd.log"));
+        let child = Command::new(daemon)
+            .arg("--socket-path")
+            .arg(&socket)
+            .arg("--shared-dir")
+            .arg(dir.join("shared"))
+            .args(["--cache", "auto", "--sandbox", "none"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let d = Virtiofsd {
+            child,
+            dir,
+            socket,
+            log,
+        };
+        assert!(
+            d.wait_log("Waiting for vhost-user socket connection"),
+            "{}",
+            d.log_text()
+        );
+        Some(d)
+    }
+
+    pub fn shared(&self) -> PathBuf {
+        self.dir.join("shared")
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits up to 10 s for `line` in the log.
+    pub fn wait_log(&self, line: &str) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if self.log_text().contains(line) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    /// Whether the daemon has ended (died or exited).
+    pub fn has_ended(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
+    }
+
+    pub fn fs_arg(&self) -> String {
+        format!("tag=kataShared,socket={}", self.socket.display())
+    }
+}
+
+impl Drop for Virtiofsd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
