@@ -46,8 +46,9 @@ void pci_write32(u8 slot, u8 reg, u32 v);
 void pci_write16(u8 slot, u8 reg, u16 v);
 /* The first slot on bus 0 whose function 0 is vendor:device, or -1. */
 int pci_find(u16 vendor, u16 device);
-/* Sizes and places every memory BAR of `slot` in PCI_BAR_WINDOW, then turns on memory
- * decoding and bus mastering; bars[i] is BAR i's address (0 when unused). */
+/* Sizes and places every memory BAR of `slot` in PCI_BAR_WINDOW (a 64-bit BAR the VMM
+ * placed above 4 GiB stays there, identity-mapped), then turns on memory decoding and bus
+ * mastering; bars[i] is BAR i's address (0 when unused). */
 void pci_assign_bars(u8 slot, u64 bars[6]);
 
 /* ---- virtio-pci transport ---- */

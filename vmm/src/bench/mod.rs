@@ -4,6 +4,7 @@
 pub mod blk;
 pub mod cases;
 pub mod console;
+pub mod fs;
 pub mod guest;
 pub mod host;
 pub mod ipi;
@@ -15,6 +16,7 @@ pub mod report;
 pub mod result;
 pub mod runner;
 pub mod scaling;
+pub mod threads;
 pub mod virtio;
 pub mod vsock;
 

@@ -15,6 +15,7 @@ use super::guest;
 use super::observer::{self, Marker};
 use super::ports::{ExitPort, MarkerPort};
 use super::result::{parse_line, GuestLine, GuestResult, ParseError};
+use super::threads::{self, ThreadSampler, ThreadsCpu};
 use super::virtio::{self, AttachedVirtio};
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use crate::device_manager::{BusKind, DeviceManager, DeviceManagerError};
@@ -43,6 +44,8 @@ pub enum RunError {
     Parse(#[from] ParseError),
     #[error("Cannot create eventfd: {0}")]
     EventFd(std::io::Error),
+    #[error("Cannot start the thread sampler: {0}")]
+    Sampler(std::io::Error),
     #[error("Not run: {0}")]
     Unsupported(&'static str),
     /// This host or user cannot give the configuration what it needs (reported as skipped).
@@ -95,6 +98,9 @@ pub struct ConfigRun {
     pub guest_output: String,
     /// The virtio cases' figures (requests, frames or round trips).
     pub virtio: Option<virtio::VirtioFigures>,
+    /// CPU time of every thread over the loop, and the devices thread's wake-ups
+    /// (configurations with a vhost-user back end, whose process is included).
+    pub threads: Option<ThreadsCpu>,
     /// Where the run broke the configuration's design; non-empty means an error.
     pub problems: Vec<String>,
     /// What this host did that a VT-x/SVM host would not.
@@ -107,9 +113,12 @@ struct Prepared {
     vcpu: Vcpu,
     serial: LineCapture,
     ioeventfd: Option<EventFd>,
-    virtio: Option<AttachedVirtio>,
-    /// Serves the virtio queues while the VM runs.
+    /// Serves the virtio queues while the VM runs. Dropped (stopped) before the devices' host
+    /// sides: a vhost-user back end that ends is then nothing the loop reports.
     _event_loop: crate::event_loop::EventLoop,
+    virtio: Option<AttachedVirtio>,
+    /// Samples every thread at the markers (a vhost-user back end's configurations).
+    sampler: Option<ThreadSampler>,
 }
 
 /// The bench guest's own ports: COM1 (captured, not printed), the exit port and the marker
@@ -151,7 +160,10 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
                 .unwrap_or_default()
         ),
         memory: GUEST_MEMORY,
-        memory_backing: crate::memory::Backing::default(),
+        memory_backing: crate::memory::Backing {
+            shared: config.virtio.is_some_and(|v| v.shares_memory()),
+            ..crate::memory::Backing::default()
+        },
         cpus: 1,
         max_cpus: 1,
         irqchip: config.irqchip,
@@ -169,6 +181,10 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
         Some(setup) => Some(virtio::attach(&mut builder, setup)?),
         None => None,
     };
+    let sampler = match virtio.as_ref().and_then(AttachedVirtio::backend_pid) {
+        Some(pid) => Some(ThreadSampler::start(Some(pid)).map_err(RunError::Sampler)?),
+        None => None,
+    };
     let opts = VcpuOptions {
         regs: config.regs.core(),
         profiling: config.profiling,
@@ -184,6 +200,7 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
         serial,
         ioeventfd,
         virtio,
+        sampler,
         _event_loop: built.event_loop,
     })
 }
@@ -272,7 +289,7 @@ pub fn run_config_placed(
     if let Some(cpu) = placement.cpu {
         p.vcpu.pin_to(cpu);
     }
-    let (markers, schema) = observer::observe(&mut p.vcpu, config.regs);
+    let (markers, schema) = observer::observe_sampled(&mut p.vcpu, config.regs, p.sampler.take());
     let io_devices = p.io_devices.clone();
     let timeout = Duration::from_secs(20) + Duration::from_micros(500) * iterations as u32;
     p.vm.start(vec![p.vcpu])?.wait(Some(timeout))?;
@@ -283,6 +300,11 @@ pub fn run_config_placed(
     let signals = p.ioeventfd.as_ref().map(|e| e.read().unwrap_or(0));
     let mut run = measure(case, config, &result, begin, end, tsc_khz);
     run.ioeventfd_signals = signals;
+    run.threads = begin
+        .threads
+        .as_ref()
+        .zip(end.threads.as_ref())
+        .map(|(a, b)| threads::between(a, b));
     run.guest_output = output;
     run.io_devices = io_devices;
     if let (Some(schema), Some(a), Some(b)) = (schema, &begin.kvm_stats, &end.kvm_stats) {
@@ -346,6 +368,7 @@ fn measure(
         io_devices: Vec::new(),
         guest_output: String::new(),
         virtio: None,
+        threads: None,
         problems: Vec::new(),
         observations: Vec::new(),
     }
@@ -442,6 +465,7 @@ mod tests {
             user_exits,
             profile: crate::profile::VcpuProfile::new(0, 1, 0).snapshot(),
             kvm_stats: None,
+            threads: None,
         }
     }
 
