@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use vmm::bench::guest::BENCH_GUEST;
-use vmm::compare::peer::{Vmm, VmmKind};
+use vmm::compare::peer::Vmm;
+use vmm::compare::vmm_kind::VmmKind;
 use vmm::compare::{self, CompareReport, Plan, Spread};
 
 use crate::output_file::{ensure_writable, write_json};

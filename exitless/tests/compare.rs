@@ -6,7 +6,8 @@ mod common;
 use std::path::Path;
 
 use common::{exitless, qemu};
-use vmm::compare::peer::{Vmm, VmmKind};
+use vmm::compare::peer::Vmm;
+use vmm::compare::vmm_kind::VmmKind;
 
 const INSTANCES: &str = "/sys/kernel/tracing/instances";
 

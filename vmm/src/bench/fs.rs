@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cases::FsSetup;
-use super::runner::{ConfigRun, RunError};
-use super::virtio::VirtioFigures;
+use super::config_run::{ConfigRun, RunError, VirtioFigures};
 use crate::builder::VmBuilder;
 use crate::config::FsConfig;
 use crate::device_manager::Notify;

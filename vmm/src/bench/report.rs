@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::config_run::ConfigRun;
 use super::fs;
 use super::host::HostInfo;
-use super::runner::ConfigRun;
 use super::threads::ThreadsCpu;
 use crate::profile::{KvmStatDelta, ProfileReport};
 

@@ -5,11 +5,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use serde::Serialize;
-
 use super::cases::VirtioSetup;
+use super::config_run::{ConfigRun, RunError, VirtioFigures};
 use super::result::GuestResult;
-use super::runner::{ConfigRun, RunError};
 use super::{blk, fs, net, vsock};
 use crate::builder::VmBuilder;
 use crate::devices::virtio::transport::VirtioPciDevice;
@@ -37,38 +35,6 @@ impl AttachedVirtio {
             Attached::Fs(fs) => Some(fs.pid()),
             _ => None,
         }
-    }
-}
-
-/// What the device and the guest's driver counted over a run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct VirtioFigures {
-    /// Requests, frames or round trips per second, as `unit` says.
-    pub per_second: f64,
-    pub unit: &'static str,
-    /// Payload bytes per second the guest moved (frame, packet or request data).
-    pub mb_per_second: f64,
-    /// Queue notifications the guest sent (event idx lets it skip some).
-    pub guest_notifies: u64,
-    /// Notifications the device took (eventfd reads: several notifies can be read at once).
-    pub device_notifies: u64,
-    /// Interrupts the device raised (MSI-X through irqfd); a vhost-user back end's: KVM's
-    /// interrupt injections.
-    pub interrupts: u64,
-    /// Chains completed, on every queue (a vhost-user back end's: the guest's requests).
-    pub completed: u64,
-    pub malformed: u64,
-    /// The device's own counters (frames, bytes, connections).
-    pub device: Vec<(&'static str, u64)>,
-}
-
-impl VirtioFigures {
-    /// One of the device's own counters (0 when it has none of that name).
-    pub fn count(&self, name: &str) -> u64 {
-        self.device
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map_or(0, |(_, v)| *v)
     }
 }
 

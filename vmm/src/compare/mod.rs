@@ -9,6 +9,7 @@ pub mod kvm_stats;
 pub mod peer;
 pub mod process;
 pub mod turnaround;
+pub mod vmm_kind;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,9 +21,10 @@ use crate::bench::fs::{ScratchShare, Virtiofsd};
 use crate::bench::threads;
 use crate::devices::virtio::net::private_net::PrivateNet;
 use kvm_stats::ExitsSource;
-use peer::{Device, Launch, Vmm, VmmKind};
+use peer::{Device, Launch, Vmm};
 use process::{Moment, RunSample};
 use turnaround::{Traced, Tracer};
+use vmm_kind::VmmKind;
 
 /// The tap net cases (and `*_devices` cases) attach, in a network namespace of the
 /// comparison's own.
