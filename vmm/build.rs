@@ -9,6 +9,9 @@ use std::process::Command;
 const SOURCES: &[&str] = &[
     "guest/entry.S",
     "guest/bench.c",
+    "guest/runtime.c",
+    "guest/cpu.c",
+    "guest/smp.c",
     "guest/pci.c",
     "guest/virtio.c",
     "guest/virtio_cases.c",

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use vmm::bench::{self, guest::BENCH_GUEST, ipi, report, scaling};
+use vmm::bench::{self, guest::BENCH_GUEST, ipi, ipi_table, report, scaling};
 
 use crate::output_file::{ensure_writable, write_json};
 
@@ -131,7 +131,7 @@ fn ipi_family(args: &BenchArgs, vcpus: usize) -> anyhow::Result<i32> {
     let cases = ipi::select(&args.cases)?;
     let iterations = bench::check_iterations(args.iterations.unwrap_or(ipi::DEFAULT_ITERATIONS))?;
     let report = ipi::run_ipi(&cases, iterations, &counts, |line| eprintln!("{line}"))?;
-    print!("{}", ipi::render_ipi(&report));
+    print!("{}", ipi_table::render_ipi(&report));
     if let Some(path) = &args.json {
         write_json(path, &report)?;
     }

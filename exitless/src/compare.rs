@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use vmm::bench::guest::BENCH_GUEST;
-use vmm::compare::peer::{Vmm, VmmKind};
+use vmm::compare::peer::Vmm;
+use vmm::compare::vmm_kind::VmmKind;
 use vmm::compare::{self, CompareReport, Plan, Spread};
 
 use crate::output_file::{ensure_writable, write_json};
@@ -26,6 +27,8 @@ const SHARED_CASES: &[&str] = &[
     "virtio_blk_qd32",
     "virtio_net_qd1",
     "virtio_net_qd32",
+    "virtio_fs_qd1",
+    "virtio_fs_qd32",
     "pio_out_devices",
 ];
 
@@ -61,7 +64,9 @@ pub struct CompareArgs {
     /// cpuid, msr_read, msr_write; virtio_blk_qd1, virtio_blk_qd32: 4 KiB random requests
     /// at queue depth 1 or 32 to each VMM's virtio-blk-pci, a 16 MiB raw image;
     /// virtio_net_qd1, virtio_net_qd32: 64-byte frames sent to each VMM's virtio-net-pci on a
-    /// tap in a network namespace of the comparison's own, needs root; pio_out_devices:
+    /// tap in a network namespace of the comparison's own, needs root; virtio_fs_qd1,
+    /// virtio_fs_qd32: 4 KiB FUSE READs through each VMM's virtio-fs (shared memory) to a
+    /// virtiofsd of its own on one 16 MiB file, needs root and virtiofsd; pio_out_devices:
     /// pio_out with a 16 MiB raw disk, a virtio-net on that tap and vsock (cid 3) attached to
     /// every VMM but not driven, for memory and start-up with devices, needs root; QEMU
     /// gets no vsock: its vhost-vsock-pci needs /dev/vhost-vsock)
@@ -350,6 +355,7 @@ fn print_table(report: &CompareReport) {
         }
     }
     print_device_table(report, &cases);
+    print_backend_table(report, &cases);
     if let Some(note) = noise_note(report) {
         println!("{note}");
     }
@@ -417,6 +423,42 @@ fn print_device_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
                 opt(&c.userspace_exits_per_iter),
                 opt(&c.kernel_exits_per_iter),
                 spread(&c.threads_cpu_per_iter_us, 2),
+            );
+        }
+    }
+}
+
+/// Per request of the cases with a vhost-user back end: the VMM's threads, its virtiofsd's,
+/// and both (what a request costs the host).
+fn print_backend_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
+    let with_backend: Vec<&str> = cases
+        .iter()
+        .filter(|c| c.backend_cpu_per_iter_us.is_some())
+        .map(|c| c.case.as_str())
+        .collect();
+    if with_backend.is_empty() {
+        return;
+    }
+    println!("\nCPU per request with the back end: median (min-max), each VMM's own virtiofsd");
+    println!(
+        "{:<16} {:<17} {:>22} {:>22} {:>14}",
+        "case", "vmm", "VMM threads us/req", "virtiofsd us/req", "sum of medians"
+    );
+    for case in with_backend {
+        for v in &report.vmms {
+            let Some(c) = v.cases.iter().find(|c| c.case == case) else {
+                continue;
+            };
+            let Some(backend) = &c.backend_cpu_per_iter_us else {
+                continue;
+            };
+            println!(
+                "{:<16} {:<17} {:>22} {:>22} {:>14.2}",
+                case,
+                v.vmm,
+                spread(&c.threads_cpu_per_iter_us, 2),
+                spread(backend, 2),
+                c.threads_cpu_per_iter_us.median + backend.median,
             );
         }
     }

@@ -6,7 +6,8 @@ mod common;
 use std::path::Path;
 
 use common::{exitless, qemu};
-use vmm::compare::peer::{Vmm, VmmKind};
+use vmm::compare::peer::Vmm;
+use vmm::compare::vmm_kind::VmmKind;
 
 const INSTANCES: &str = "/sys/kernel/tracing/instances";
 
@@ -483,4 +484,79 @@ fn density_starts_n_vms_of_each_vmm_and_gives_every_figure() {
         .filter(|c| c.contains(&workdir))
         .collect();
     assert!(left.is_empty(), "processes left running: {left:?}");
+}
+
+/// The virtio-fs cases: exitless and Cloud Hypervisor (when installed) each read through a
+/// virtiofsd of their own on shared memory; every figure is there, virtiofsd's CPU per
+/// request included, and a request makes no userspace exit under exitless.
+#[test]
+fn the_fs_cases_give_each_vmm_its_own_virtiofsd_and_count_its_cpu() {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        vmm::test_skip::skip("compare_fs", "/dev/kvm is missing on this host");
+        return;
+    }
+    if let Err(why) = vmm::bench::fs::daemon() {
+        vmm::test_skip::skip("compare_fs", &why);
+        return;
+    }
+    let ch = Vmm::on_path(VmmKind::CloudHypervisor).map(|v| v.path.display().to_string());
+    if ch.is_none() {
+        vmm::test_skip::skip(
+            "compare_fs_cloud_hypervisor",
+            "cloud-hypervisor is not on PATH; exitless's half ran",
+        );
+    }
+    let json =
+        std::env::temp_dir().join(format!("exitless-compare-fs-{}.json", std::process::id()));
+    let (report, out, _) = report_of(
+        &[
+            "--qemu",
+            "/bin/false",
+            "--firecracker",
+            "/bin/false",
+            "--cloud-hypervisor",
+            ch.as_deref().unwrap_or("/bin/false"),
+            "--cases",
+            "virtio_fs_qd1,virtio_fs_qd32",
+            "--iterations",
+            "500",
+            "--rounds",
+            "1",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &json,
+    );
+    assert_eq!(report["not_run"], serde_json::json!([]), "{report:#}");
+    let names: &[&str] = match ch {
+        Some(_) => &["exitless", "cloud-hypervisor"],
+        None => &["exitless"],
+    };
+    for name in names {
+        let vmm = report["vmms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["vmm"] == *name)
+            .unwrap_or_else(|| panic!("{name} in {report:#}"));
+        assert!(vmm["failed"].is_null(), "{vmm}");
+        let cases = vmm["cases"].as_array().unwrap();
+        let found: Vec<&str> = cases.iter().filter_map(|c| c["case"].as_str()).collect();
+        assert_eq!(found, ["virtio_fs_qd1", "virtio_fs_qd32"], "{vmm}");
+        for c in cases {
+            assert!(c["iters_per_s"]["median"].as_f64() > Some(0.0), "{c}");
+            let backend = c["backend_cpu_per_iter_us"]["median"].as_f64();
+            assert!(backend > Some(0.0), "virtiofsd served the READs: {c}");
+            // The guest's console lines are the only userspace exits: far below 1 a request.
+            let exits = c["userspace_exits_per_iter"]["median"].as_f64();
+            if *name == "exitless" && exits.is_some() {
+                assert!(exits < Some(0.1), "{c}");
+            }
+        }
+    }
+    assert!(out.contains("virtiofsd us/req"), "{out}");
+    assert!(
+        out.contains("firecracker: not run: virtio_fs_qd1"),
+        "Firecracker has no virtio-fs: {out}"
+    );
 }

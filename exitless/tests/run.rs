@@ -373,7 +373,9 @@ fn boot_with_build(
         cmd.arg("--initrd").arg(&initrd);
     }
     cmd.args(["--memory", "256M", "--cpus", cpus, "--cmdline", &cmdline])
-        .args(["--timeout", "90", "--profile-json"])
+        // Generous: a loaded 2-core host stretches the emulated early boot several times over;
+        // a passing run takes its own time, not this.
+        .args(["--timeout", "300", "--profile-json"])
         .arg(&json)
         .args(args)
         .stdout(Stdio::piped())
@@ -390,7 +392,7 @@ fn boot_with_build(
     // host runs on until SIGTERM stops it cleanly (130).
     let pvm = Path::new("/sys/module/kvm_pvm").exists();
     let code = if pvm {
-        wait_for_exit(&mut child, Duration::from_secs(120))
+        wait_for_exit(&mut child, Duration::from_secs(330))
     } else {
         stop(&mut child)
     };

@@ -243,3 +243,238 @@ fn the_api_creates_hot_adds_and_removes_virtio_fs() {
     );
     std::fs::remove_file(&kernel).ok();
 }
+
+/// The devices thread (`devices`) of process `pid`: its tid.
+fn devices_thread(pid: u32) -> Option<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .filter_map(|t| t.ok())
+        .find(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "devices")
+        })?
+        .file_name()
+        .to_str()?
+        .parse()
+        .ok()
+}
+
+/// Times thread `tid` of `pid` went to sleep (voluntary context switches: one per wake-up),
+/// read once it sleeps in epoll (its loop's wait), so that no wake-up is half counted.
+fn devices_sleeps(pid: u32, tid: u32) -> u64 {
+    let dir = format!("/proc/{pid}/task/{tid}");
+    // epoll_wait, epoll_pwait, epoll_pwait2 (x86-64 numbers).
+    let in_epoll = || {
+        let s = std::fs::read_to_string(format!("{dir}/syscall")).unwrap_or_default();
+        matches!(s.split_whitespace().next(), Some("232" | "281" | "441"))
+    };
+    let start = Instant::now();
+    while !in_epoll() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the devices thread never waited in epoll"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let status = std::fs::read_to_string(format!("{dir}/status")).unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .unwrap();
+    line.trim().parse().unwrap()
+}
+
+/// Userspace exits by reason and device from a `--profile-json` file, the console's left out
+/// (the guest prints more or less as its chains went).
+fn exits_but_console(json: &Path) -> std::collections::BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(json).expect("profile written");
+    std::fs::remove_file(json).ok();
+    let profile: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut exits = std::collections::BTreeMap::new();
+    for reason in profile["totals"]["reasons"].as_array().unwrap() {
+        let name = reason["reason"].as_str().unwrap();
+        match reason["devices"].as_array().filter(|d| !d.is_empty()) {
+            Some(devices) => {
+                for d in devices.iter().filter(|d| d["device"] != "com1") {
+                    let key = format!("{name} {}", d["device"].as_str().unwrap());
+                    exits.insert(key, d["count"].as_u64().unwrap());
+                }
+            }
+            None => {
+                exits.insert(name.to_string(), reason["count"].as_u64().unwrap());
+            }
+        }
+    }
+    exits
+}
+
+/// What one run of the guest's `fs_hostile` case showed on the host.
+struct HostileRun {
+    out: String,
+    err: String,
+    status: Option<i32>,
+    socket: PathBuf,
+    /// Userspace exits but the console's, by reason and device.
+    exits: std::collections::BTreeMap<String, u64>,
+    /// Wake-ups of exitless's devices thread from the end of set-up to the guest's last chain.
+    devices_woke: u64,
+    /// Whether virtiofsd had ended by the time the guest was done with its chains.
+    daemon_died: bool,
+    daemon_log: String,
+}
+
+/// A pseudo-terminal: its master (read by the test) and its slave (exitless's stdout). On a
+/// terminal exitless writes the console byte by byte; on a pipe it holds partial lines and
+/// its devices thread flushes them on a timer, which would wake it while the guest prints.
+fn pty() -> (std::fs::File, std::fs::File) {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    // SAFETY: posix_openpt opens a new descriptor (or fails); no memory of ours is involved.
+    let master = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) };
+    assert!(master >= 0, "{}", std::io::Error::last_os_error());
+    // SAFETY: master is a valid descriptor this function owns; from here it is the File's.
+    let master_file = unsafe { std::fs::File::from_raw_fd(master) };
+    let mut name = [0 as libc::c_char; 128];
+    // SAFETY: unlockpt takes the descriptor; ptsname_r writes at most name.len() bytes.
+    let named = unsafe {
+        libc::unlockpt(master) == 0 && libc::ptsname_r(master, name.as_mut_ptr(), name.len()) == 0
+    };
+    assert!(named, "{}", std::io::Error::last_os_error());
+    // SAFETY: ptsname_r succeeded, so name holds a NUL-terminated path.
+    let path = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) };
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open(path.to_str().unwrap())
+        .unwrap();
+    (master_file, slave)
+}
+
+/// `exitless run` of `case=fs_hostile fs_bad=BAD` against a virtiofsd of its own; None when
+/// the host cannot run it (said as a skip).
+fn hostile_run(guest: &Path, bad: &str) -> Option<HostileRun> {
+    let mut daemon = Virtiofsd::start(&format!("fs_hostile_{bad}"))?;
+    let json = daemon.dir.join("profile.json");
+    let (console, terminal) = pty();
+    let mut child = exitless()
+        .args(["run", "--kernel"])
+        .arg(guest)
+        .args(["--memory", "size=64M,shared=on", "--timeout", "60"])
+        .args(["--fs", &daemon.fs_arg()])
+        .args(["--cmdline", &format!("case=fs_hostile fs_bad={bad}")])
+        .arg("--profile-json")
+        .arg(&json)
+        .stdin(Stdio::null())
+        .stdout(terminal)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = common::Stream::spawn(console);
+    let mut err = common::Stream::spawn(child.stderr.take().unwrap());
+    let limit = Duration::from_secs(60);
+    let set_up = out.wait_for(limit, |t| {
+        t.contains("EXITLESS VIRTIO fs device tag=") || t.contains("EXITLESS ERROR")
+    });
+    assert!(set_up && !out.text.contains("ERROR"), "{}", out.text);
+    let tid = devices_thread(pid).expect("exitless has a devices thread");
+    let before = devices_sleeps(pid, tid);
+    let done = out.wait_for(limit, |t| t.contains("EXITLESS FS hostile done"));
+    assert!(done, "{}", out.text);
+    // The guest waited ~2 s for each chain virtiofsd died on: a dead one has gone by now.
+    let daemon_died = daemon.has_ended();
+    let devices_woke = devices_sleeps(pid, tid) - before;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(start.elapsed() < limit, "the VM did not end");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    out.read_to_end(Duration::from_secs(5));
+    err.read_to_end(Duration::from_secs(5));
+    Some(HostileRun {
+        out: out.text,
+        err: err.text,
+        status,
+        socket: daemon.socket.clone(),
+        exits: exits_but_console(&json),
+        devices_woke,
+        daemon_died,
+        daemon_log: daemon.log_text(),
+    })
+}
+
+/// The guest's malformed FUSE chains reach virtiofsd only: whatever virtiofsd does with them
+/// (answers an error, or dies), exitless makes no exit for them (every userspace exit but the
+/// console's is the same as a run with only the valid request), its devices thread is not
+/// woken by them, the guest ends normally and the VM exits 0. When virtiofsd dies, the
+/// device goes DEVICE_NEEDS_RESET with one line naming it: the one wake-up of the devices
+/// thread, for the socket's hang-up.
+#[test]
+fn a_guest_s_malformed_fuse_chains_reach_virtiofsd_only() {
+    if !kvm_available("virtio_fs_hostile") {
+        return;
+    }
+    let guest = export_guest("vhost-fs-hostile");
+    // fs_bad names no chain: only the valid GETATTR.
+    let Some(baseline) = hostile_run(&guest, "none") else {
+        std::fs::remove_file(&guest).ok();
+        return;
+    };
+    assert_eq!(
+        baseline.status,
+        Some(0),
+        "{}\n{}",
+        baseline.out,
+        baseline.err
+    );
+    assert!(
+        baseline
+            .out
+            .contains("chain=valid answer_for=valid used_len=120 error=0"),
+        "{}",
+        baseline.out
+    );
+    assert!(
+        baseline.exits.values().sum::<u64>() > 0,
+        "{:?}",
+        baseline.exits
+    );
+    for (bad, dies) in [
+        ("len", false),
+        ("no_writable", true),
+        ("huge", true),
+        ("outside", true),
+    ] {
+        let r = hostile_run(&guest, bad).expect("virtiofsd ran for the baseline");
+        let all = format!("{bad}:\n{}\n{}\n{}", r.out, r.err, r.daemon_log);
+        assert_eq!(r.status, Some(0), "{all}");
+        assert!(r.out.contains("EXITLESS DONE"), "{all}");
+        assert!(!r.err.contains("panicked"), "{all}");
+        assert_eq!(r.exits, baseline.exits, "no exit for a bad chain: {all}");
+        assert_eq!(r.daemon_died, dies, "{all}");
+        let needs_reset = format!(
+            "the vhost-user back end at {} closed its socket; the device needs a reset",
+            r.socket.display()
+        );
+        if dies {
+            assert_eq!(r.err.matches(&needs_reset).count(), 1, "{all}");
+            assert_eq!(r.err.matches("needs a reset").count(), 1, "{all}");
+            assert!(r.out.contains(&format!("chain={bad} timeout")), "{all}");
+            // The hang-up of the socket, or nothing if it came before set-up was sampled.
+            assert!(r.devices_woke <= 1, "woke {} times: {all}", r.devices_woke);
+        } else {
+            assert!(!r.err.contains("needs a reset"), "{all}");
+            assert!(r.out.contains("chain=len answer_for=len"), "{all}");
+            assert!(
+                r.out
+                    .contains("chain=valid answer_for=valid used_len=120 error=0"),
+                "{all}"
+            );
+            assert_eq!(r.devices_woke, 0, "{all}");
+        }
+    }
+    std::fs::remove_file(&guest).ok();
+}

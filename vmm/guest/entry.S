@@ -221,8 +221,10 @@ gdt_ptr:
     .quad gdt
 
 /* Identity map of the low 4 GiB with 2 MiB pages, user-accessible (U=1), static. Memory
- * hot-added above 4 GiB gets PDPT entries of its own (memory_hotplug.c). */
+ * hot-added above 4 GiB gets PDPT entries of its own (memory_hotplug.c); pci.c adds entries
+ * for BARs a VMM placed above 4 GiB (the two never share a GiB in one case). */
     .balign 4096
+    .globl pml4
 pml4:
     .quad pdpt + 0x7
     .fill 511, 8, 0

@@ -79,6 +79,9 @@ void put_u64(u64 v);
 void put_hex(u64 v);
 void guest_exit(u32 status);
 
+/* The command line: whether the word at `a` (up to a space) is `b`; where `key` starts a
+ * word (the text after it); a decimal number (0 when none). */
+int word_eq(const char *a, const char *b);
 const char *find_arg(const char *cmdline, const char *key);
 int arg_is(const char *cmdline, const char *key, const char *value);
 u64 parse_u64(const char *s);
@@ -99,8 +102,35 @@ void ipi_main(u64 iters, u64 cpus, const char *why);
 /* case=snapshot (snapshot.c): a guest to snapshot mid-run and check once restored. */
 void snapshot_main(const char *cmdline);
 
+/* The PVH start info (xen/arch-x86/hvm/start_info.h) and its memory map entries. */
+struct hvm_start_info {
+    u32 magic, version, flags, nr_modules;
+    u64 modlist_paddr, cmdline_paddr, rsdp_paddr, memmap_paddr;
+    u32 memmap_entries, reserved;
+};
+
+struct hvm_memmap_entry {
+    u64 addr, size;
+    u32 type, reserved;
+};
+
 /* End of the RAM range that holds the guest's image (the PVH memory map); 0 if unknown. */
 extern u64 ram_end;
+void find_ram_end(const struct hvm_start_info *si);
+
+/* CPU set-up (cpu.c): TSS and IDT of the boot CPU, the 8259s masked, the LAPIC. */
+void setup_cpu(void);
+void mask_legacy_pic(void);
+int lapic_present(void);
+void lapic_enable(void);
+
+/* The APs (smp.c): start all `cpus` - 1 of them (each first writes `smp_coalesced_writes`
+ * values to BENCH_MMIO), or one by APIC ID (returns whether it came up); what each AP runs
+ * once up. */
+extern volatile u64 smp_coalesced_writes;
+void start_aps(u64 cpus);
+int start_ap(u32 apic);
+extern void (*volatile ap_service)(void);
 
 /* memory_hotplug_check (memory_hotplug.c): memory added while the guest runs, found through
  * exitless's ACPI memory hotplug controller, mapped, written and read back. */

@@ -76,7 +76,6 @@ static int use_steal_time, use_vmmcall;
 static u64 preempted_skips;
 
 extern void ipi_ack_stub(void), tlb_flush_stub(void), gp_skip_stub(void), exc_stub_13(void);
-extern void (*volatile ap_service)(void);
 extern u64 ud_count;
 
 /* Handlers: EOI first (x2APIC EOI MSR), then acknowledge in the vCPU's own counter. */

@@ -75,6 +75,51 @@ static u64 bar_size(u8 slot, int i, int *is64)
     return mask ? ~mask + 1 : 0;
 }
 
+/* Page-table pages for mappings above 4 GiB (entry.S maps the low 4 GiB). */
+#define HIGH_TABLES 8
+#define PTE_TABLE 0x7          /* P | RW | US */
+#define PTE_MMIO_2M 0x9f       /* P | RW | US | PWT | PCD | PS */
+#define HUGE_2M (1UL << 21)
+extern u64 pml4[512];
+static u64 high_tables[HIGH_TABLES][512] __attribute__((aligned(4096)));
+static int high_tables_used;
+
+/* The table `entry` points to, made (empty) if it is not present; 0 when none is left. The
+ * guest's memory is identity-mapped, so a table's address is its pointer. */
+static u64 *table_of(u64 *entry)
+{
+    if (!(*entry & 1)) {
+        if (high_tables_used == HIGH_TABLES)
+            return 0;
+        *entry = (u64)high_tables[high_tables_used++] | PTE_TABLE;
+    }
+    return (u64 *)(*entry & 0x000ffffffffff000UL);
+}
+
+/* Identity-maps [at, at + size) with uncached 2 MiB pages; 0 on success. Only entries that
+ * were not present are written (no TLB holds them), so this runs at CPL3 with no invlpg. */
+static int map_high(u64 at, u64 size)
+{
+    for (u64 va = at & ~(HUGE_2M - 1); va < at + size; va += HUGE_2M) {
+        u64 *pdpt = table_of(&pml4[(va >> 39) & 511]);
+        u64 *pd = pdpt ? table_of(&pdpt[(va >> 30) & 511]) : 0;
+        if (!pd)
+            return -1;
+        if (!(pd[(va >> 21) & 511] & 1))
+            pd[(va >> 21) & 511] = va | PTE_MMIO_2M;
+    }
+    return 0;
+}
+
+/* Where 64-bit BAR `i` is now (0 for a 32-bit BAR). */
+static u64 bar_address(u8 slot, int i, int is64)
+{
+    u8 reg = (u8)(PCI_BAR0 + 4 * i);
+    if (!is64)
+        return 0;
+    return (pci_read32(slot, reg) & ~0xfUL) | ((u64)pci_read32(slot, (u8)(reg + 4)) << 32);
+}
+
 void pci_assign_bars(u8 slot, u64 bars[6])
 {
     u16 cmd = pci_read16(slot, PCI_COMMAND);
@@ -82,8 +127,13 @@ void pci_assign_bars(u8 slot, u64 bars[6])
     for (int i = 0; i < 6; i++) {
         int is64 = 0;
         u64 size = bar_size(slot, i, &is64);
+        u64 now = size ? bar_address(slot, i, is64) : 0;
         bars[i] = 0;
-        if (size) {
+        if (now >> 32 && map_high(now, size) == 0) {
+            /* Placed above 4 GiB by the VMM (Cloud Hypervisor's 64-bit BARs, which it will
+             * not move below 4 GiB): kept there. */
+            bars[i] = now;
+        } else if (size) {
             u64 at = (bar_next + size - 1) & ~(size - 1);
             bar_next = at + size;
             u8 reg = (u8)(PCI_BAR0 + 4 * i);

@@ -46,8 +46,9 @@ void pci_write32(u8 slot, u8 reg, u32 v);
 void pci_write16(u8 slot, u8 reg, u16 v);
 /* The first slot on bus 0 whose function 0 is vendor:device, or -1. */
 int pci_find(u16 vendor, u16 device);
-/* Sizes and places every memory BAR of `slot` in PCI_BAR_WINDOW, then turns on memory
- * decoding and bus mastering; bars[i] is BAR i's address (0 when unused). */
+/* Sizes and places every memory BAR of `slot` in PCI_BAR_WINDOW (a 64-bit BAR the VMM
+ * placed above 4 GiB stays there, identity-mapped), then turns on memory decoding and bus
+ * mastering; bars[i] is BAR i's address (0 when unused). */
 void pci_assign_bars(u8 slot, u64 bars[6]);
 
 /* ---- virtio-pci transport ---- */
@@ -138,7 +139,6 @@ const char *hotplug_disk_setup(const char *cmdline);
 u64 loop_hotplug_disk(u64 blocks);
 u64 loop_hotplug_cpu(u64 n);
 /* Starts the CPU with APIC ID `apic` (INIT-SIPI-SIPI); 1 once it runs (bench.c). */
-int start_ap(u32 apic);
 
 /* virtio-net (virtio_net.c): setup as the command line says (frame=, qd=, irq=poll,
  * evidx=off); net_check sends a frame and echoes `n` frames of the host's. */

@@ -614,7 +614,8 @@ fn load_embedded(
     spec: &VmSpec,
     image: &[u8],
 ) -> Result<BootEntry, BuildError> {
-    use crate::boot::linux::{write_cmdline, CMDLINE_MAX_SIZE};
+    use crate::boot::kernel::CMDLINE_MAX_SIZE;
+    use crate::boot::linux::write_cmdline;
     use crate::boot::params::write_pvh_start_info;
     use linux_loader::loader::elf::{Elf, PvhBootCapability};
     use linux_loader::loader::KernelLoader;

@@ -2,7 +2,8 @@
 //! counts and profiles are checked exactly. Skipped (with a printed reason) without /dev/kvm.
 
 use vmm::bench::cases::{self, CaseConfig};
-use vmm::bench::runner::{run_config, ConfigRun};
+use vmm::bench::config_run::ConfigRun;
+use vmm::bench::runner::run_config;
 use vmm::profile::ExitReason;
 
 const ITERS: u64 = 200;
@@ -234,7 +235,7 @@ fn virtio_net_frames_take_no_userspace_exit_with_ioeventfd_and_msix() {
     }
     let (c, config) = config("virtio_net", "64B");
     let r = match run_config(c, &config, ITERS, 2_000_000) {
-        Err(e @ vmm::bench::runner::RunError::Unavailable(_)) => {
+        Err(e @ vmm::bench::config_run::RunError::Unavailable(_)) => {
             return vmm::test_skip::skip("bench_virtio_net", &e.to_string());
         }
         r => r.expect("configuration runs"),

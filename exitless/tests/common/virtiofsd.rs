@@ -86,6 +86,11 @@ impl Virtiofsd {
         false
     }
 
+    /// Whether the daemon has ended (died or exited).
+    pub fn has_ended(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
+    }
+
     pub fn fs_arg(&self) -> String {
         format!("tag=kataShared,socket={}", self.socket.display())
     }

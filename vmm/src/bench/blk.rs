@@ -6,8 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::cases::BlkSetup;
-use super::runner::{ConfigRun, RunError};
-use super::virtio::VirtioFigures;
+use super::config_run::{ConfigRun, RunError, VirtioFigures};
 use crate::builder::VmBuilder;
 use crate::config::DiskConfig;
 use crate::device_manager::Notify;

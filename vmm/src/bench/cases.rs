@@ -73,12 +73,31 @@ pub struct VsockSetup {
     pub event_idx: bool,
 }
 
+/// How a virtio_fs configuration reads its shared file: 4 KiB FUSE READs at `queue_depth`
+/// through virtio-fs served by virtiofsd (a vhost-user back end: the queues are its own, the
+/// notifies reach it through KVM's ioeventfd and its interrupts the guest through an irqfd).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct FsSetup {
+    pub queue_depth: u16,
+    /// Completions interrupt the guest through MSI-X (irqfd); else the guest polls the ring.
+    pub msix: bool,
+    pub event_idx: bool,
+}
+
 /// The virtio device a configuration's guest drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum VirtioSetup {
     Blk(BlkSetup),
     Net(NetSetup),
     Vsock(VsockSetup),
+    Fs(FsSetup),
+}
+
+impl VirtioSetup {
+    /// Whether guest memory must be shared with another process (a vhost-user back end).
+    pub fn shares_memory(&self) -> bool {
+        matches!(self, VirtioSetup::Fs(_))
+    }
 }
 
 /// One way of running a case.
@@ -220,6 +239,16 @@ const fn vsock(
         stream,
         notify,
         event_idx,
+    }));
+    c
+}
+
+const fn fs(name: &'static str, queue_depth: u16, msix: bool) -> CaseConfig {
+    let mut c = cfg(name, "virtio_fs", Target::Unclaimed, Expect::None);
+    c.virtio = Some(VirtioSetup::Fs(FsSetup {
+        queue_depth,
+        msix,
+        event_idx: true,
     }));
     c
 }
@@ -385,6 +414,16 @@ pub const CASES: &[BenchCase] = &[
             vsock("stream-4KiB", true, Notify::Ioeventfd, true, NoExit),
             vsock("rr-64B-no-event-idx", false, Notify::Ioeventfd, false, NoExit),
             vsock("rr-64B-notify-exits", false, Notify::MmioExit, true, AtMost(2.0)),
+        ],
+    },
+    BenchCase {
+        name: "virtio_fs",
+        what: "4 KiB FUSE READs at random offsets of a 16 MiB file, through the guest's own virtio-fs driver at CPL3 to virtiofsd (vhost-user, shared guest memory): the notify reaches virtiofsd through KVM's ioeventfd and its completion the guest through an irqfd, so neither a vCPU exit nor exitless's devices thread is on the path (needs root and virtiofsd)",
+        rounds: 3,
+        configs: &[
+            fs("qd1", 1, true),
+            fs("qd32", 32, true),
+            fs("qd32-polled", 32, false),
         ],
     },
     BenchCase {

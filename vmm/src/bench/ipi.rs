@@ -696,8 +696,6 @@ fn observe(point: &mut IpiPoint, run: &GuestRun) {
     }
 }
 
-pub use super::ipi_table::render_ipi;
-
 #[cfg(test)]
 #[path = "ipi_tests.rs"]
 mod tests;

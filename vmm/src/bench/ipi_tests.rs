@@ -1,4 +1,5 @@
 use super::*;
+use crate::bench::ipi_table::render_ipi;
 
 const LINE: &str = "EXITLESS RESULT case=tlb_shootdown_pv_flush cpl=0 iters=10 cycles=5000 empty=100 ipis=0 uds=0 cpus=3 targets=2 acks=0,10,7 skips=0,0,3 stale=0 preempted_skips=3 vmmcall=1";
 

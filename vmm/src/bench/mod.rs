@@ -3,11 +3,13 @@
 
 pub mod blk;
 pub mod cases;
+pub mod config_run;
 pub mod console;
+pub mod fs;
 pub mod guest;
 pub mod host;
 pub mod ipi;
-mod ipi_table;
+pub mod ipi_table;
 pub mod net;
 pub mod observer;
 pub mod ports;
@@ -15,6 +17,7 @@ pub mod report;
 pub mod result;
 pub mod runner;
 pub mod scaling;
+pub mod threads;
 pub mod virtio;
 pub mod vsock;
 
@@ -26,8 +29,8 @@ use std::time::Instant;
 use thiserror::Error;
 
 use cases::{BenchCase, CASES};
+use config_run::ConfigRun;
 use report::{BenchFailure, BenchReport, BenchRow, Derived, BENCH_SCHEMA};
-use runner::ConfigRun;
 
 /// The most iterations `--iterations` accepts (beyond it a run takes hours on some hosts).
 pub const MAX_ITERATIONS: u64 = 10_000_000;
@@ -143,7 +146,11 @@ impl CaseRuns {
     }
 
     /// Records configuration `i`'s result; returns what to say about it, if anything.
-    fn record(&mut self, i: usize, result: Result<ConfigRun, runner::RunError>) -> Option<String> {
+    fn record(
+        &mut self,
+        i: usize,
+        result: Result<ConfigRun, config_run::RunError>,
+    ) -> Option<String> {
         match result {
             Ok(run) if run.problems.is_empty() => {
                 let line = format!("{:.0} ns/iteration", run.ns_per_iter);
@@ -154,7 +161,7 @@ impl CaseRuns {
                 self.failed[i] = Some(run.problems.join("; "));
                 None
             }
-            Err(e @ runner::RunError::Unavailable(_)) => {
+            Err(e @ config_run::RunError::Unavailable(_)) => {
                 let why = e.to_string();
                 self.unavailable[i] = Some(why.clone());
                 Some(format!("skipped: {why}"))
@@ -214,7 +221,7 @@ fn failure(case: &'static BenchCase, config: &'static str, error: String) -> Ben
 
 #[cfg(test)]
 mod tests {
-    use super::runner::RunError;
+    use super::config_run::RunError;
     use super::*;
 
     #[test]

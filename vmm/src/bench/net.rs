@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::cases::NetSetup;
-use super::runner::{ConfigRun, RunError};
-use super::virtio::VirtioFigures;
+use super::config_run::{ConfigRun, RunError, VirtioFigures};
 use crate::builder::VmBuilder;
 use crate::devices::virtio::net::private_net::{PacketSocket, PrivateNet};
 use crate::devices::virtio::net::{default_mac, Net};

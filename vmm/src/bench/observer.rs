@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use kvm_ioctls::VcpuFd;
 use serde::Serialize;
 
+use super::threads::{ThreadSampler, ThreadsSample};
 use crate::kvm::{StatsFd, StatsSchema, StatsSnapshot};
 use crate::profile::{self, VcpuProfileSnapshot};
 use crate::vcpu::{ExitObserver, ObservedVcpu, RegsAccess, Vcpu, VcpuError};
@@ -21,6 +22,8 @@ pub struct Marker {
     pub user_exits: u64,
     pub profile: VcpuProfileSnapshot,
     pub kvm_stats: Option<StatsSnapshot>,
+    /// Every thread's CPU time and wake-ups (configurations that ask for it).
+    pub threads: Option<ThreadsSample>,
 }
 
 /// How the VMM reads guest registers on each userspace exit, including ways exitless itself
@@ -64,6 +67,8 @@ pub struct BenchObserver {
     /// KVM's binary stats of the vCPU, read at each marker (None when KVM has none).
     stats: Option<StatsFd>,
     regs: RegsMode,
+    /// Samples every thread at each marker, when set.
+    sampler: Option<ThreadSampler>,
 }
 
 impl BenchObserver {
@@ -74,6 +79,7 @@ impl BenchObserver {
             log: MarkerLog::default(),
             stats: StatsFd::open(fd).ok(),
             regs,
+            sampler: None,
         }
     }
 
@@ -91,12 +97,14 @@ impl BenchObserver {
 impl ExitObserver for BenchObserver {
     fn observe(&mut self, value: u32, vcpu: &ObservedVcpu<'_>) {
         let kvm_stats = self.stats.as_ref().and_then(|s| s.read().ok());
+        let threads = self.sampler.as_mut().and_then(ThreadSampler::sample);
         let marker = Marker {
             value,
             host_tsc: profile::rdtsc(),
             user_exits: vcpu.user_exits,
             profile: vcpu.profile.snapshot(),
             kvm_stats,
+            threads,
         };
         self.log.markers().push(marker);
     }
@@ -122,7 +130,17 @@ impl ExitObserver for BenchObserver {
 /// Shows `vcpu`'s exits to a new [`BenchObserver`]; returns where its markers go and what
 /// their KVM stats mean.
 pub fn observe(vcpu: &mut Vcpu, regs: RegsMode) -> (MarkerLog, Option<StatsSchema>) {
-    let observer = BenchObserver::new(vcpu.fd(), regs);
+    observe_sampled(vcpu, regs, None)
+}
+
+/// [`observe`], each marker also sampling every thread with `sampler` (when given).
+pub fn observe_sampled(
+    vcpu: &mut Vcpu,
+    regs: RegsMode,
+    sampler: Option<ThreadSampler>,
+) -> (MarkerLog, Option<StatsSchema>) {
+    let mut observer = BenchObserver::new(vcpu.fd(), regs);
+    observer.sampler = sampler;
     let found = (observer.log(), observer.schema());
     vcpu.set_observer(Box::new(observer));
     found

@@ -5,8 +5,10 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::config_run::ConfigRun;
+use super::fs;
 use super::host::HostInfo;
-use super::runner::ConfigRun;
+use super::threads::ThreadsCpu;
 use crate::profile::{KvmStatDelta, ProfileReport};
 
 /// Schema name of the JSON document.
@@ -177,6 +179,12 @@ fn render_notes(report: &BenchReport, out: &mut String) {
         }
     }
     for row in &report.rows {
+        if let Some(t) = &row.run.threads {
+            render_threads(out, &row.run, t);
+        }
+    }
+    render_design_checks(report, out);
+    for row in &report.rows {
         for o in &row.run.observations {
             let _ = writeln!(out, "note: {}/{}: {o}", row.run.case, row.run.config.name);
         }
@@ -213,6 +221,47 @@ fn render_notes(report: &BenchReport, out: &mut String) {
     }
 }
 
+/// Per request: userspace exits, devices-thread wake-ups and every thread's CPU time.
+fn render_threads(out: &mut String, r: &ConfigRun, t: &ThreadsCpu) {
+    let n = r.iterations.max(1) as f64;
+    let us = |ns: u64| format!("{:.2}", ns as f64 / n / 1e3);
+    let backend = t.backend_ns.map_or("-".into(), us);
+    let wakeups = t
+        .devices_wakeups
+        .map_or("-".into(), |w| format!("{:.3}", w as f64 / n));
+    let _ = writeln!(
+        out,
+        "{}/{}: per request {:.3} userspace exits, {wakeups} devices-thread wake-ups; CPU µs: \
+         vCPU {} (guest included), devices {}, other exitless {}, back end {backend}",
+        r.case,
+        r.config.name,
+        r.user_exits as f64 / n,
+        us(t.vcpu_ns),
+        us(t.devices_ns),
+        us(t.other_ns),
+    );
+}
+
+/// The design checks of the cases that state one (virtio_fs): PASS for each measured row,
+/// FAIL with the reason for each configuration that broke it.
+fn render_design_checks(report: &BenchReport, out: &mut String) {
+    let checked = |case: &str| case == "virtio_fs";
+    for row in report.rows.iter().filter(|r| checked(r.run.case)) {
+        let (case, config) = (row.run.case, row.run.config.name);
+        let _ = writeln!(out, "check: {case}/{config}: {}: PASS", fs::DESIGN);
+    }
+    for f in report.failures.iter().filter(|f| checked(f.case)) {
+        let _ = writeln!(
+            out,
+            "check: {}/{}: {}: FAIL ({})",
+            f.case,
+            f.config,
+            fs::DESIGN,
+            f.error
+        );
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -240,6 +289,7 @@ pub(crate) mod tests {
             profile: crate::profile::VcpuProfile::new(0, 1, 0).snapshot(),
             guest_output: String::new(),
             virtio: None,
+            threads: None,
             problems: vec![],
             observations: vec![],
         }

@@ -5,101 +5,25 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use kvm_ioctls::IoEventAddress;
-use serde::Serialize;
-use thiserror::Error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::cases::{BenchCase, CaseConfig, Expect, Target};
+use super::config_run::{ConfigRun, RunError};
 use super::console::LineCapture;
 use super::guest;
 use super::observer::{self, Marker};
 use super::ports::{ExitPort, MarkerPort};
-use super::result::{parse_line, GuestLine, GuestResult, ParseError};
+use super::result::{parse_line, GuestLine, GuestResult};
+use super::threads::{self, ThreadSampler};
 use super::virtio::{self, AttachedVirtio};
-use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
-use crate::device_manager::{BusKind, DeviceManager, DeviceManagerError};
+use crate::builder::{KernelImage, VcpuOptions, VmBuilder, VmSpec};
+use crate::device_manager::{BusKind, DeviceManager};
 use crate::devices::serial::SerialOutput;
-use crate::kvm::{self, IoEvent, KvmError};
-use crate::profile::VcpuProfileSnapshot;
-use crate::vcpu::{Vcpu, VcpuError};
-use crate::vm::{Vm, VmError};
+use crate::kvm::{self, IoEvent};
+use crate::vcpu::Vcpu;
+use crate::vm::Vm;
 
 const GUEST_MEMORY: u64 = 64 << 20;
-
-/// Errors running a configuration.
-#[derive(Debug, Error)]
-pub enum RunError {
-    #[error(transparent)]
-    Vm(#[from] VmError),
-    #[error(transparent)]
-    Kvm(#[from] KvmError),
-    #[error(transparent)]
-    Vcpu(#[from] VcpuError),
-    #[error(transparent)]
-    Build(#[from] BuildError),
-    #[error(transparent)]
-    Devices(#[from] DeviceManagerError),
-    #[error(transparent)]
-    Parse(#[from] ParseError),
-    #[error("Cannot create eventfd: {0}")]
-    EventFd(std::io::Error),
-    #[error("Not run: {0}")]
-    Unsupported(&'static str),
-    /// This host or user cannot give the configuration what it needs (reported as skipped).
-    #[error("Not run: {0}")]
-    Unavailable(String),
-    #[error("The guest reported: {0}")]
-    GuestError(String),
-    #[error("The guest skipped the case: {0}")]
-    Skipped(String),
-    #[error("The guest printed no result (output: {0:?})")]
-    NoResult(String),
-    #[error("The guest did not mark its measured loop")]
-    NoMarkers,
-    /// A virtio device or its host side (scratch disk, vsock host program) could not be set up.
-    #[error("{0}")]
-    Device(String),
-}
-
-/// What one configuration measured, with the checks it passed or failed.
-#[derive(Debug, Clone, Serialize)]
-pub struct ConfigRun {
-    pub case: &'static str,
-    pub config: CaseConfig,
-    pub cpl: u8,
-    pub iterations: u64,
-    pub cycles_per_iter: f64,
-    pub ns_per_iter: f64,
-    /// Userspace exits during the loop, counted by exitless from KVM_RUN returns.
-    pub user_exits: u64,
-    /// Host TSC at the loop's begin and end markers.
-    #[serde(skip)]
-    pub loop_host_tsc: (u64, u64),
-    /// In-kernel exits during the loop: KVM's per-vCPU `exits` stat minus the userspace ones.
-    pub kernel_exits: Option<u64>,
-    /// Non-zero per-vCPU KVM stat deltas over the loop.
-    pub kvm_stats: Vec<(String, u64)>,
-    /// Signals counted on the ioeventfd (must equal the iterations).
-    pub ioeventfd_signals: Option<u64>,
-    /// Host cycles from KVM_RUN returning to the next KVM_RUN, per userspace exit.
-    pub vmm_cycles_per_exit: Option<f64>,
-    pub ipis: u64,
-    pub uds: u64,
-    /// Names of the port-I/O devices, by bus index (for the profile).
-    pub io_devices: Vec<String>,
-    /// The vCPU's exit profile over the loop.
-    #[serde(skip)]
-    pub profile: VcpuProfileSnapshot,
-    /// Everything the guest printed.
-    #[serde(skip)]
-    pub guest_output: String,
-    /// The virtio cases' figures (requests, frames or round trips).
-    pub virtio: Option<virtio::VirtioFigures>,
-    /// Where the run broke the configuration's design; non-empty means an error.
-    pub problems: Vec<String>,
-    /// What this host did that a VT-x/SVM host would not.
-    pub observations: Vec<String>,
-}
 
 struct Prepared {
     io_devices: Vec<String>,
@@ -107,9 +31,12 @@ struct Prepared {
     vcpu: Vcpu,
     serial: LineCapture,
     ioeventfd: Option<EventFd>,
-    virtio: Option<AttachedVirtio>,
-    /// Serves the virtio queues while the VM runs.
+    /// Serves the virtio queues while the VM runs. Dropped (stopped) before the devices' host
+    /// sides: a vhost-user back end that ends is then nothing the loop reports.
     _event_loop: crate::event_loop::EventLoop,
+    virtio: Option<AttachedVirtio>,
+    /// Samples every thread at the markers (a vhost-user back end's configurations).
+    sampler: Option<ThreadSampler>,
 }
 
 /// The bench guest's own ports: COM1 (captured, not printed), the exit port and the marker
@@ -151,7 +78,10 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
                 .unwrap_or_default()
         ),
         memory: GUEST_MEMORY,
-        memory_backing: crate::memory::Backing::default(),
+        memory_backing: crate::memory::Backing {
+            shared: config.virtio.is_some_and(|v| v.shares_memory()),
+            ..crate::memory::Backing::default()
+        },
         cpus: 1,
         max_cpus: 1,
         irqchip: config.irqchip,
@@ -169,6 +99,10 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
         Some(setup) => Some(virtio::attach(&mut builder, setup)?),
         None => None,
     };
+    let sampler = match virtio.as_ref().and_then(AttachedVirtio::backend_pid) {
+        Some(pid) => Some(ThreadSampler::start(Some(pid)).map_err(RunError::Sampler)?),
+        None => None,
+    };
     let opts = VcpuOptions {
         regs: config.regs.core(),
         profiling: config.profiling,
@@ -184,6 +118,7 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
         serial,
         ioeventfd,
         virtio,
+        sampler,
         _event_loop: built.event_loop,
     })
 }
@@ -272,7 +207,7 @@ pub fn run_config_placed(
     if let Some(cpu) = placement.cpu {
         p.vcpu.pin_to(cpu);
     }
-    let (markers, schema) = observer::observe(&mut p.vcpu, config.regs);
+    let (markers, schema) = observer::observe_sampled(&mut p.vcpu, config.regs, p.sampler.take());
     let io_devices = p.io_devices.clone();
     let timeout = Duration::from_secs(20) + Duration::from_micros(500) * iterations as u32;
     p.vm.start(vec![p.vcpu])?.wait(Some(timeout))?;
@@ -283,6 +218,11 @@ pub fn run_config_placed(
     let signals = p.ioeventfd.as_ref().map(|e| e.read().unwrap_or(0));
     let mut run = measure(case, config, &result, begin, end, tsc_khz);
     run.ioeventfd_signals = signals;
+    run.threads = begin
+        .threads
+        .as_ref()
+        .zip(end.threads.as_ref())
+        .map(|(a, b)| threads::between(a, b));
     run.guest_output = output;
     run.io_devices = io_devices;
     if let (Some(schema), Some(a), Some(b)) = (schema, &begin.kvm_stats, &end.kvm_stats) {
@@ -346,6 +286,7 @@ fn measure(
         io_devices: Vec::new(),
         guest_output: String::new(),
         virtio: None,
+        threads: None,
         problems: Vec::new(),
         observations: Vec::new(),
     }
@@ -442,6 +383,7 @@ mod tests {
             user_exits,
             profile: crate::profile::VcpuProfile::new(0, 1, 0).snapshot(),
             kvm_stats: None,
+            threads: None,
         }
     }
 

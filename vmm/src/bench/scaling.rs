@@ -11,9 +11,10 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::cases::{BenchCase, CaseConfig};
+use super::config_run::ConfigRun;
 use super::host::{self, HostInfo};
 use super::report::BenchFailure;
-use super::runner::{run_config_placed, ConfigRun, Placement};
+use super::runner::{run_config_placed, Placement};
 use super::BenchError;
 use crate::vcpu::affinity;
 

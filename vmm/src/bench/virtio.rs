@@ -5,12 +5,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use serde::Serialize;
-
 use super::cases::VirtioSetup;
+use super::config_run::{ConfigRun, RunError, VirtioFigures};
 use super::result::GuestResult;
-use super::runner::{ConfigRun, RunError};
-use super::{blk, net, vsock};
+use super::{blk, fs, net, vsock};
 use crate::builder::VmBuilder;
 use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::devices::virtio::QueueCounters;
@@ -20,43 +18,23 @@ pub enum Attached {
     Blk(blk::ScratchDisk),
     Net(net::PrivateTap),
     Vsock(vsock::HostProgram),
+    Fs(fs::HostFs),
 }
 
 /// A device on the VM and its host side.
 pub struct AttachedVirtio {
     pub device: Arc<VirtioPciDevice>,
     pub setup: VirtioSetup,
-    _host: Attached,
+    host: Attached,
 }
 
-/// What the device and the guest's driver counted over a run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct VirtioFigures {
-    /// Requests, frames or round trips per second, as `unit` says.
-    pub per_second: f64,
-    pub unit: &'static str,
-    /// Payload bytes per second the guest moved (frame, packet or request data).
-    pub mb_per_second: f64,
-    /// Queue notifications the guest sent (event idx lets it skip some).
-    pub guest_notifies: u64,
-    /// Notifications the device took (eventfd reads: several notifies can be read at once).
-    pub device_notifies: u64,
-    /// Interrupts the device raised (MSI-X through irqfd).
-    pub interrupts: u64,
-    /// Chains completed, on every queue.
-    pub completed: u64,
-    pub malformed: u64,
-    /// The device's own counters (frames, bytes, connections).
-    pub device: Vec<(&'static str, u64)>,
-}
-
-impl VirtioFigures {
-    /// One of the device's own counters (0 when it has none of that name).
-    pub fn count(&self, name: &str) -> u64 {
-        self.device
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map_or(0, |(_, v)| *v)
+impl AttachedVirtio {
+    /// The process of a vhost-user back end serving the device's queues (virtiofsd).
+    pub fn backend_pid(&self) -> Option<u32> {
+        match &self.host {
+            Attached::Fs(fs) => Some(fs.pid()),
+            _ => None,
+        }
     }
 }
 
@@ -75,11 +53,15 @@ pub fn attach(builder: &mut VmBuilder, setup: VirtioSetup) -> Result<AttachedVir
             let (d, program) = vsock::attach(builder, &s)?;
             (d, Attached::Vsock(program))
         }
+        VirtioSetup::Fs(_) => {
+            let (d, fs) = fs::attach(builder)?;
+            (d, Attached::Fs(fs))
+        }
     };
     Ok(AttachedVirtio {
         device,
         setup,
-        _host: host,
+        host,
     })
 }
 
@@ -89,6 +71,7 @@ pub fn guest_args(setup: &VirtioSetup) -> String {
         VirtioSetup::Blk(s) => (blk::guest_args(s), s.event_idx),
         VirtioSetup::Net(s) => (net::guest_args(s), s.event_idx),
         VirtioSetup::Vsock(s) => (vsock::guest_args(s), s.event_idx),
+        VirtioSetup::Fs(s) => (fs::guest_args(s), s.event_idx),
     };
     if event_idx {
         notify_args
@@ -106,11 +89,21 @@ pub fn finish(run: &mut ConfigRun, attached: &AttachedVirtio, result: &GuestResu
         VirtioSetup::Net(s) => ("frames", u64::from(s.frame)),
         VirtioSetup::Vsock(s) if s.stream => ("packets", vsock::STREAM_BYTES),
         VirtioSetup::Vsock(_) => ("round trips", 2 * vsock::RR_BYTES),
+        VirtioSetup::Fs(_) => ("requests", fs::BYTES_PER_REQUEST),
     };
     let per_second = if run.ns_per_iter > 0.0 {
         1e9 / run.ns_per_iter
     } else {
         0.0
+    };
+    // A vhost-user back end's queues are its own: exitless counts no chain or interrupt of
+    // theirs. Its interrupts are KVM's injections (the loop has no other source of them).
+    let (interrupts, completed) = match attached.setup {
+        VirtioSetup::Fs(_) => (kvm_stat(run, "irq_injections"), run.iterations),
+        _ => (
+            sum(|c| c.interrupts.load(Ordering::Relaxed)),
+            sum(|c| c.completed.load(Ordering::Relaxed)),
+        ),
     };
     let figures = VirtioFigures {
         per_second,
@@ -118,8 +111,8 @@ pub fn finish(run: &mut ConfigRun, attached: &AttachedVirtio, result: &GuestResu
         mb_per_second: per_second * bytes as f64 / 1e6,
         guest_notifies: result.notifies.unwrap_or(0),
         device_notifies: sum(|c| c.notifies.load(Ordering::Relaxed)),
-        interrupts: sum(|c| c.interrupts.load(Ordering::Relaxed)),
-        completed: sum(|c| c.completed.load(Ordering::Relaxed)),
+        interrupts,
+        completed,
         malformed: sum(|c| c.malformed.load(Ordering::Relaxed)),
         device: attached.device.device_counters(),
     };
@@ -127,6 +120,7 @@ pub fn finish(run: &mut ConfigRun, attached: &AttachedVirtio, result: &GuestResu
         VirtioSetup::Blk(s) => blk::check(run, &s, &figures, result.io_errors),
         VirtioSetup::Net(s) => net::check(run, &s, &figures),
         VirtioSetup::Vsock(s) => vsock::check(run, &s, &figures),
+        VirtioSetup::Fs(_) => fs::check(run, &figures, result.io_errors),
     }
     if figures.malformed > 0 {
         run.problems.push(format!(
@@ -135,4 +129,12 @@ pub fn finish(run: &mut ConfigRun, attached: &AttachedVirtio, result: &GuestResu
         ));
     }
     run.virtio = Some(figures);
+}
+
+/// A KVM statistic's change over the run's loop (0 when KVM has none of that name).
+fn kvm_stat(run: &ConfigRun, name: &str) -> u64 {
+    run.kvm_stats
+        .iter()
+        .find(|(n, _)| n == name)
+        .map_or(0, |(_, v)| *v)
 }

@@ -10,8 +10,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::cases::VsockSetup;
-use super::runner::{ConfigRun, RunError};
-use super::virtio::VirtioFigures;
+use super::config_run::{ConfigRun, RunError, VirtioFigures};
 use crate::builder::VmBuilder;
 use crate::config::VsockConfig;
 use crate::devices::virtio::transport::VirtioPciDevice;

@@ -7,27 +7,22 @@ use std::path::Path;
 
 use kvm_bindings::kvm_regs;
 use linux_loader::cmdline::{Cmdline, Error as CmdlineError};
-use linux_loader::loader::bootparam::{setup_header, XLF_KERNEL_64};
+use linux_loader::loader::bootparam::XLF_KERNEL_64;
 use linux_loader::loader::elf::PvhBootCapability;
 use linux_loader::loader::{load_cmdline, BzImage, Elf, KernelLoader, KernelLoaderResult};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use super::acpi;
 use super::gdt::{self, BootSregs};
+use super::kernel::{InitrdRegion, KernelKind, LoadedKernel, CMDLINE_START};
 use super::params::{self, ZERO_PAGE_START};
 use super::BootError;
 use crate::memory::MMIO_GAP_START;
 
 /// Lowest address a kernel may be loaded at (1 MiB).
 pub const HIGH_RAM_START: u64 = 0x10_0000;
-/// Guest address of the kernel command line.
-pub const CMDLINE_START: u64 = 0x2_0000;
-/// Largest command line exitless writes, including the terminating NUL.
-pub const CMDLINE_MAX_SIZE: usize = 4096;
 /// Initial stack pointer for the 64-bit boot protocol (just below the page tables).
 pub const BOOT_STACK_POINTER: u64 = 0x8ff0;
-/// Highest initrd address for kernels that do not say otherwise (boot protocol < 2.03).
-pub const DEFAULT_INITRD_ADDR_MAX: u64 = 0x37ff_ffff;
 /// Initial RFLAGS: only the always-one bit 1.
 pub const BOOT_RFLAGS: u64 = 0x2;
 
@@ -39,63 +34,7 @@ const BZIMAGE_MAGIC: &[u8; 4] = b"HdrS";
 const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
 /// Boot protocol 2.12 introduced `xloadflags` (and with it the 64-bit entry flag).
 const BOOT_PROTOCOL_2_12: u16 = 0x020c;
-/// Boot protocol 2.06 introduced the `cmdline_size` field.
-const BOOT_PROTOCOL_2_06: u16 = 0x0206;
 const PAGE_SIZE: u64 = 4096;
-
-/// What kind of kernel was loaded and how it must be entered.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum KernelKind {
-    /// A bzImage, entered through the 64-bit boot protocol with a zero page.
-    Bzimage {
-        /// The image's setup header, with `code32_start` set to where it was loaded.
-        setup_header: setup_header,
-    },
-    /// An ELF vmlinux with a PVH note, entered in 32-bit protected mode at `entry`.
-    ElfPvh { entry: GuestAddress },
-    /// An ELF vmlinux without a PVH note, entered through the 64-bit boot protocol.
-    Elf64 { entry: GuestAddress },
-}
-
-/// A kernel in guest memory.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LoadedKernel {
-    /// Where the vCPU starts executing.
-    pub entry: GuestAddress,
-    /// First guest address past everything the kernel occupies before it reads its memory map.
-    pub kernel_end: u64,
-    /// The format and boot protocol.
-    pub kind: KernelKind,
-}
-
-impl LoadedKernel {
-    /// Whether the kernel boots through the PVH protocol (otherwise the 64-bit Linux protocol).
-    pub fn is_pvh(&self) -> bool {
-        matches!(self.kind, KernelKind::ElfPvh { .. })
-    }
-
-    /// Highest address the initrd may occupy (inclusive).
-    pub fn initrd_addr_max(&self) -> u64 {
-        match self.kind {
-            KernelKind::Bzimage { setup_header } if setup_header.initrd_addr_max != 0 => {
-                u64::from(setup_header.initrd_addr_max)
-            }
-            _ => DEFAULT_INITRD_ADDR_MAX,
-        }
-    }
-
-    /// Longest command line the kernel accepts, including the NUL.
-    pub fn cmdline_capacity(&self) -> usize {
-        match self.kind {
-            KernelKind::Bzimage { setup_header }
-                if setup_header.version >= BOOT_PROTOCOL_2_06 && setup_header.cmdline_size != 0 =>
-            {
-                CMDLINE_MAX_SIZE.min(setup_header.cmdline_size as usize + 1)
-            }
-            _ => CMDLINE_MAX_SIZE,
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum KernelFormat {
@@ -192,15 +131,6 @@ fn loaded_bzimage(result: &KernelLoaderResult, path: &Path) -> Result<LoadedKern
 /// Total bytes of RAM in `mem`.
 pub fn ram_size(mem: &GuestMemoryMmap) -> u64 {
     mem.iter().map(|region| region.len()).sum()
-}
-
-/// Where an initrd was loaded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InitrdRegion {
-    /// First guest address (page aligned).
-    pub addr: GuestAddress,
-    /// Size in bytes.
-    pub size: u64,
 }
 
 /// Picks the highest page-aligned address for an initrd of `size` bytes that ends at or below
@@ -385,7 +315,15 @@ pub fn configure_linux_boot(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::boot::e820::e820_map;
+    use crate::boot::gdt::PML4_START;
+    use crate::boot::kernel::{CMDLINE_MAX_SIZE, DEFAULT_INITRD_ADDR_MAX};
+    use crate::boot::params::PVH_INFO_START;
     use crate::boot::test_images::{bzimage, elf_image, BzImageSpec, TempFile};
+    use linux_loader::loader::bootparam::boot_params;
+    use linux_loader::loader::elf::start_info::{
+        hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info,
+    };
 
     const MIB: u64 = 1 << 20;
     const VMLINUX_PADDR: u64 = 0x100_0000;
@@ -604,5 +542,144 @@ mod tests {
             matches!(err, BootError::CmdlineTooLong { max: 2048, .. }),
             "{err}"
         );
+    }
+
+    // The zero page and PVH start info as configure_linux_boot writes them.
+
+    const BOOT_CMDLINE: &str = "console=ttyS0 panic=1";
+
+    fn read_zero_page(mem: &GuestMemoryMmap) -> boot_params {
+        mem.read_obj(GuestAddress(ZERO_PAGE_START)).unwrap()
+    }
+
+    fn assert_e820_matches(params: &boot_params, mem_size: u64) {
+        let expected = e820_map(mem_size);
+        assert_eq!(usize::from(params.e820_entries), expected.len());
+        for (slot, entry) in params.e820_table.iter().zip(&expected) {
+            let (addr, size, kind) = ({ slot.addr }, { slot.size }, { slot.r#type });
+            assert_eq!(
+                (addr, size, kind),
+                (entry.addr, entry.size, entry.kind as u32)
+            );
+        }
+    }
+
+    #[test]
+    fn bzimage_zero_page_has_header_cmdline_initrd_and_e820() {
+        let mem = memory(64 * MIB);
+        let kernel = TempFile::with_contents(&bzimage(&BzImageSpec::default(), b"payload"));
+        let initrd = TempFile::with_contents(&[7u8; 10_000]);
+        let boot = configure_linux_boot(
+            &mem,
+            kernel.path(),
+            Some(initrd.path()),
+            BOOT_CMDLINE,
+            1,
+            &Default::default(),
+        )
+        .unwrap();
+        let params = read_zero_page(&mem);
+        let hdr = params.hdr;
+        assert_eq!({ hdr.header }, 0x5372_6448);
+        assert_eq!(
+            { hdr.version },
+            0x020f,
+            "setup header copied from the image"
+        );
+        assert_eq!({ hdr.type_of_loader }, 0xff);
+        assert_eq!({ hdr.cmd_line_ptr }, 0x2_0000);
+        assert_eq!({ hdr.cmdline_size }, BOOT_CMDLINE.len() as u32);
+        assert_eq!({ hdr.ramdisk_image }, (64 * MIB - 3 * 4096) as u32);
+        assert_eq!({ hdr.ramdisk_size }, 10_000);
+        assert_e820_matches(&params, 64 * MIB);
+        assert_eq!({ params.acpi_rsdp_addr }, 0xe_0000, "ACPI RSDP");
+        assert_eq!(boot.regs.rsi, ZERO_PAGE_START);
+        assert_eq!(boot.regs.rip, 0x10_0200);
+        assert_eq!(boot.sregs.cr3, PML4_START);
+        assert_eq!(boot.initrd.map(|i| i.size), Some(10_000));
+    }
+
+    #[test]
+    fn elf_zero_page_has_a_synthesized_header() {
+        let mem = memory(64 * MIB);
+        let image = elf_image(0x100_0000, b"vmlinux", 0x1000, None);
+        let kernel = TempFile::with_contents(&image);
+        let boot = configure_linux_boot(
+            &mem,
+            kernel.path(),
+            None,
+            BOOT_CMDLINE,
+            1,
+            &Default::default(),
+        )
+        .unwrap();
+        let params = read_zero_page(&mem);
+        let hdr = params.hdr;
+        assert_eq!({ hdr.boot_flag }, 0xaa55);
+        assert_eq!({ hdr.header }, 0x5372_6448);
+        assert_eq!({ hdr.kernel_alignment }, 0x0100_0000);
+        assert_eq!({ hdr.type_of_loader }, 0xff);
+        assert_eq!({ hdr.cmd_line_ptr }, 0x2_0000);
+        assert_eq!(({ hdr.ramdisk_image }, { hdr.ramdisk_size }), (0, 0));
+        assert_e820_matches(&params, 64 * MIB);
+        assert_eq!(
+            (boot.regs.rip, boot.regs.rsi),
+            (0x100_0000, ZERO_PAGE_START)
+        );
+        let mut cmdline = vec![0u8; BOOT_CMDLINE.len() + 1];
+        mem.read_slice(&mut cmdline, GuestAddress(0x2_0000))
+            .unwrap();
+        assert_eq!(&cmdline[..BOOT_CMDLINE.len()], BOOT_CMDLINE.as_bytes());
+        assert_eq!(cmdline[BOOT_CMDLINE.len()], 0);
+    }
+
+    #[test]
+    fn pvh_start_info_has_magic_memmap_cmdline_and_module() {
+        let mem = memory(64 * MIB);
+        let image = elf_image(0x100_0000, b"vmlinux", 0x1000, Some(0x100_0040));
+        let kernel = TempFile::with_contents(&image);
+        let initrd = TempFile::with_contents(b"initrd");
+        let boot = configure_linux_boot(
+            &mem,
+            kernel.path(),
+            Some(initrd.path()),
+            BOOT_CMDLINE,
+            1,
+            &Default::default(),
+        )
+        .unwrap();
+        let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_START)).unwrap();
+        assert_eq!((info.magic, info.version), (0x336e_c578, 1));
+        assert_eq!(info.cmdline_paddr, 0x2_0000);
+        assert_eq!(info.rsdp_paddr, 0xe_0000, "ACPI RSDP");
+        assert_eq!(info.memmap_paddr, 0x6040);
+        let expected = e820_map(64 * MIB);
+        assert_eq!(info.memmap_entries as usize, expected.len());
+        for (i, entry) in expected.iter().enumerate() {
+            let addr = GuestAddress(info.memmap_paddr + 24 * i as u64);
+            let read: hvm_memmap_table_entry = mem.read_obj(addr).unwrap();
+            assert_eq!((read.addr, read.size), (entry.addr, entry.size));
+            assert_eq!(read.type_, entry.kind as u32);
+        }
+        assert_eq!(info.nr_modules, 1);
+        let module: hvm_modlist_entry = mem.read_obj(GuestAddress(info.modlist_paddr)).unwrap();
+        assert_eq!((module.paddr, module.size), (64 * MIB - 4096, 6));
+        assert!(info.modlist_paddr >= info.memmap_paddr + 24 * expected.len() as u64);
+        assert_eq!((boot.regs.rip, boot.regs.rbx), (0x100_0040, PVH_INFO_START));
+        assert_eq!(boot.sregs.cr3, 0);
+    }
+
+    #[test]
+    fn pvh_without_initrd_has_no_modules() {
+        let mem = memory(32 * MIB);
+        let image = elf_image(0x100_0000, b"vmlinux", 0x1000, Some(0x100_0040));
+        let kernel = TempFile::with_contents(&image);
+        configure_linux_boot(&mem, kernel.path(), None, "", 1, &Default::default()).unwrap();
+        let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_START)).unwrap();
+        assert_eq!((info.nr_modules, info.modlist_paddr), (0, 0));
+        let mut signature = [0u8; 8];
+        mem.read_slice(&mut signature, GuestAddress(info.rsdp_paddr))
+            .unwrap();
+        assert_eq!(&signature, b"RSD PTR ");
     }
 }

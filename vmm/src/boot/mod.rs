@@ -7,6 +7,7 @@ pub mod acpi;
 pub mod cpuid;
 pub mod e820;
 pub mod gdt;
+pub mod kernel;
 pub mod kernel_check;
 pub mod linux;
 pub mod mptable;
@@ -89,4 +90,5 @@ pub enum BootError {
 }
 
 pub use e820::{e820_map, E820Entry, E820Kind};
-pub use linux::{configure_linux_boot, load_kernel, KernelKind, LinuxBoot, LoadedKernel};
+pub use kernel::{KernelKind, LoadedKernel};
+pub use linux::{configure_linux_boot, load_kernel, LinuxBoot};

@@ -11,7 +11,7 @@ use linux_loader::loader::elf::start_info::{
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::e820::E820Entry;
-use super::linux::{InitrdRegion, KernelKind, LoadedKernel, CMDLINE_START};
+use super::kernel::{InitrdRegion, KernelKind, LoadedKernel, CMDLINE_START};
 use super::BootError;
 
 /// Guest address of the zero page.
@@ -141,144 +141,12 @@ pub fn write_pvh_start_info(
 mod tests {
     use super::*;
     use crate::boot::e820::{e820_map, E820Kind};
-    use crate::boot::gdt::PML4_START;
-    use crate::boot::linux::configure_linux_boot;
-    use crate::boot::test_images::{bzimage, elf_image, BzImageSpec, TempFile};
-    use vm_memory::Bytes;
+    use crate::boot::test_images::{elf_image, TempFile};
 
     const MIB: u64 = 1 << 20;
-    const CMDLINE: &str = "console=ttyS0 panic=1";
 
     fn memory(size: u64) -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), size as usize)]).unwrap()
-    }
-
-    fn read_zero_page(mem: &GuestMemoryMmap) -> boot_params {
-        mem.read_obj(GuestAddress(ZERO_PAGE_START)).unwrap()
-    }
-
-    fn assert_e820_matches(params: &boot_params, mem_size: u64) {
-        let expected = e820_map(mem_size);
-        assert_eq!(usize::from(params.e820_entries), expected.len());
-        for (slot, entry) in params.e820_table.iter().zip(&expected) {
-            let (addr, size, kind) = ({ slot.addr }, { slot.size }, { slot.r#type });
-            assert_eq!(
-                (addr, size, kind),
-                (entry.addr, entry.size, entry.kind as u32)
-            );
-        }
-    }
-
-    #[test]
-    fn bzimage_zero_page_has_header_cmdline_initrd_and_e820() {
-        let mem = memory(64 * MIB);
-        let kernel = TempFile::with_contents(&bzimage(&BzImageSpec::default(), b"payload"));
-        let initrd = TempFile::with_contents(&[7u8; 10_000]);
-        let boot = configure_linux_boot(
-            &mem,
-            kernel.path(),
-            Some(initrd.path()),
-            CMDLINE,
-            1,
-            &Default::default(),
-        )
-        .unwrap();
-        let params = read_zero_page(&mem);
-        let hdr = params.hdr;
-        assert_eq!({ hdr.header }, 0x5372_6448);
-        assert_eq!(
-            { hdr.version },
-            0x020f,
-            "setup header copied from the image"
-        );
-        assert_eq!({ hdr.type_of_loader }, 0xff);
-        assert_eq!({ hdr.cmd_line_ptr }, 0x2_0000);
-        assert_eq!({ hdr.cmdline_size }, CMDLINE.len() as u32);
-        assert_eq!({ hdr.ramdisk_image }, (64 * MIB - 3 * 4096) as u32);
-        assert_eq!({ hdr.ramdisk_size }, 10_000);
-        assert_e820_matches(&params, 64 * MIB);
-        assert_eq!({ params.acpi_rsdp_addr }, 0xe_0000, "ACPI RSDP");
-        assert_eq!(boot.regs.rsi, ZERO_PAGE_START);
-        assert_eq!(boot.regs.rip, 0x10_0200);
-        assert_eq!(boot.sregs.cr3, PML4_START);
-        assert_eq!(boot.initrd.map(|i| i.size), Some(10_000));
-    }
-
-    #[test]
-    fn elf_zero_page_has_a_synthesized_header() {
-        let mem = memory(64 * MIB);
-        let image = elf_image(0x100_0000, b"vmlinux", 0x1000, None);
-        let kernel = TempFile::with_contents(&image);
-        let boot = configure_linux_boot(&mem, kernel.path(), None, CMDLINE, 1, &Default::default())
-            .unwrap();
-        let params = read_zero_page(&mem);
-        let hdr = params.hdr;
-        assert_eq!({ hdr.boot_flag }, 0xaa55);
-        assert_eq!({ hdr.header }, 0x5372_6448);
-        assert_eq!({ hdr.kernel_alignment }, 0x0100_0000);
-        assert_eq!({ hdr.type_of_loader }, 0xff);
-        assert_eq!({ hdr.cmd_line_ptr }, 0x2_0000);
-        assert_eq!(({ hdr.ramdisk_image }, { hdr.ramdisk_size }), (0, 0));
-        assert_e820_matches(&params, 64 * MIB);
-        assert_eq!(
-            (boot.regs.rip, boot.regs.rsi),
-            (0x100_0000, ZERO_PAGE_START)
-        );
-        let mut cmdline = vec![0u8; CMDLINE.len() + 1];
-        mem.read_slice(&mut cmdline, GuestAddress(0x2_0000))
-            .unwrap();
-        assert_eq!(&cmdline[..CMDLINE.len()], CMDLINE.as_bytes());
-        assert_eq!(cmdline[CMDLINE.len()], 0);
-    }
-
-    #[test]
-    fn pvh_start_info_has_magic_memmap_cmdline_and_module() {
-        let mem = memory(64 * MIB);
-        let image = elf_image(0x100_0000, b"vmlinux", 0x1000, Some(0x100_0040));
-        let kernel = TempFile::with_contents(&image);
-        let initrd = TempFile::with_contents(b"initrd");
-        let boot = configure_linux_boot(
-            &mem,
-            kernel.path(),
-            Some(initrd.path()),
-            CMDLINE,
-            1,
-            &Default::default(),
-        )
-        .unwrap();
-        let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_START)).unwrap();
-        assert_eq!((info.magic, info.version), (0x336e_c578, 1));
-        assert_eq!(info.cmdline_paddr, 0x2_0000);
-        assert_eq!(info.rsdp_paddr, 0xe_0000, "ACPI RSDP");
-        assert_eq!(info.memmap_paddr, 0x6040);
-        let expected = e820_map(64 * MIB);
-        assert_eq!(info.memmap_entries as usize, expected.len());
-        for (i, entry) in expected.iter().enumerate() {
-            let addr = GuestAddress(info.memmap_paddr + 24 * i as u64);
-            let read: hvm_memmap_table_entry = mem.read_obj(addr).unwrap();
-            assert_eq!((read.addr, read.size), (entry.addr, entry.size));
-            assert_eq!(read.type_, entry.kind as u32);
-        }
-        assert_eq!(info.nr_modules, 1);
-        let module: hvm_modlist_entry = mem.read_obj(GuestAddress(info.modlist_paddr)).unwrap();
-        assert_eq!((module.paddr, module.size), (64 * MIB - 4096, 6));
-        assert!(info.modlist_paddr >= info.memmap_paddr + 24 * expected.len() as u64);
-        assert_eq!((boot.regs.rip, boot.regs.rbx), (0x100_0040, PVH_INFO_START));
-        assert_eq!(boot.sregs.cr3, 0);
-    }
-
-    #[test]
-    fn pvh_without_initrd_has_no_modules() {
-        let mem = memory(32 * MIB);
-        let image = elf_image(0x100_0000, b"vmlinux", 0x1000, Some(0x100_0040));
-        let kernel = TempFile::with_contents(&image);
-        configure_linux_boot(&mem, kernel.path(), None, "", 1, &Default::default()).unwrap();
-        let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_START)).unwrap();
-        assert_eq!((info.nr_modules, info.modlist_paddr), (0, 0));
-        let mut signature = [0u8; 8];
-        mem.read_slice(&mut signature, GuestAddress(info.rsdp_paddr))
-            .unwrap();
-        assert_eq!(&signature, b"RSD PTR ");
     }
 
     #[test]

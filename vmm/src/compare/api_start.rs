@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::peer::{Vmm, VmmKind};
+use super::peer::Vmm;
+use super::vmm_kind::VmmKind;
 use crate::api::client::ApiClient;
 
 /// One start, in milliseconds from the process's spawn (requests in microseconds; none for

@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::peer::VmmKind;
+use super::vmm_kind::VmmKind;
 
 const KVM_DEBUGFS: &str = "/sys/kernel/debug/kvm";
 

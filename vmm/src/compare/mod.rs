@@ -9,6 +9,7 @@ pub mod kvm_stats;
 pub mod peer;
 pub mod process;
 pub mod turnaround;
+pub mod vmm_kind;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,11 +17,14 @@ use std::time::Duration;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::bench::fs::{ScratchShare, Virtiofsd};
+use crate::bench::threads;
 use crate::devices::virtio::net::private_net::PrivateNet;
 use kvm_stats::ExitsSource;
-use peer::{Device, Launch, Vmm, VmmKind};
+use peer::{Device, Launch, Vmm};
 use process::{Moment, RunSample};
 use turnaround::{Traced, Tracer};
+use vmm_kind::VmmKind;
 
 /// The tap net cases (and `*_devices` cases) attach, in a network namespace of the
 /// comparison's own.
@@ -46,6 +50,8 @@ pub enum CompareError {
     Workdir(std::io::Error),
     #[error("Stopped before the comparison ended")]
     Stopped,
+    #[error("Cannot start virtiofsd: {0}")]
+    Backend(String),
     #[error("exitless itself failed on case {case}: {source}")]
     Exitless {
         case: String,
@@ -128,6 +134,9 @@ pub struct CaseFigures {
     /// vCPU thread's includes the guest's own time), from the two counts, each from the
     /// guest's first line to its end.
     pub threads_cpu_per_iter_us: Spread,
+    /// On-CPU time of the VMM's vhost-user back end (its own virtiofsd, all threads) per
+    /// iteration, measured as the VMM's threads are (fs cases).
+    pub backend_cpu_per_iter_us: Option<Spread>,
     /// Userspace exits (`kvm_userspace_exit` on the VMM's threads) per iteration.
     pub userspace_exits_per_iter: Option<Spread>,
     /// Exits KVM handled in the kernel per iteration: its `exits` statistic (debugfs) less
@@ -187,6 +196,8 @@ struct Run {
     traced: Result<Traced, String>,
     /// KVM's `exits` statistic at the guest's end, or why none.
     kvm_exits: Result<u64, String>,
+    /// The back end's CPU from the guest's first line to its end, ns (fs cases).
+    backend_cpu_ns: Option<u64>,
 }
 
 /// A (small, large) pair of runs.
@@ -200,6 +211,50 @@ struct Setting<'a> {
     net: Option<&'a PrivateNet>,
     /// KVM's debugfs statistics can be read (else each VMM's own channel, device cases only).
     debugfs: bool,
+    /// The virtiofsd and shared directory the fs cases use.
+    fs: Option<&'a FsHost>,
+}
+
+/// What the fs cases share: the virtiofsd program and the directory every VMM's own
+/// virtiofsd serves (the same file for all).
+struct FsHost {
+    daemon: PathBuf,
+    share: ScratchShare,
+}
+
+impl FsHost {
+    /// The daemon found and the directory made, or why the fs cases cannot run.
+    fn make(workdir: &std::path::Path) -> Result<Self, String> {
+        let daemon = crate::bench::fs::daemon()?;
+        let share = ScratchShare::create(workdir.join("fs-share"))
+            .map_err(|e| format!("cannot make the shared directory: {e}"))?;
+        Ok(FsHost { daemon, share })
+    }
+
+    /// A virtiofsd of `vmm`'s own on `socket`, listening.
+    fn start(&self, socket: &std::path::Path) -> Result<Virtiofsd, CompareError> {
+        let log = socket.with_extension("log");
+        Virtiofsd::start(&self.daemon, &self.share.dir, socket, &log).map_err(CompareError::Backend)
+    }
+}
+
+fn needs_fs(case: &str) -> bool {
+    peer::guest_case(case).2.is_some_and(Device::has_fs)
+}
+
+/// The fs cases' host side when the plan has fs cases, and each fs case with why it is not
+/// run when there is none.
+fn fs_for(plan: &Plan) -> (Option<FsHost>, Vec<String>) {
+    if !plan.cases.iter().any(|c| needs_fs(c)) {
+        return (None, Vec::new());
+    }
+    match FsHost::make(&plan.workdir) {
+        Ok(host) => (Some(host), Vec::new()),
+        Err(why) => {
+            let cases = plan.cases.iter().filter(|c| needs_fs(c));
+            (None, cases.map(|c| format!("{c}: {why}")).collect())
+        }
+    }
 }
 
 /// A network namespace with the tap net cases attach, or why none can be made.
@@ -230,7 +285,9 @@ pub fn run(
     }
     drop_page_caches(plan, &mut progress);
     let net = net_for(plan);
-    let not_run = tap_cases_not_run(plan, &net);
+    let (fs, fs_not_run) = fs_for(plan);
+    let mut not_run = tap_cases_not_run(plan, &net);
+    not_run.extend(fs_not_run);
     not_run
         .iter()
         .for_each(|why| progress(&format!("not run: {why}")));
@@ -240,10 +297,13 @@ pub fn run(
         tracer: tracer.as_ref().ok(),
         net: net.as_ref().and_then(|n| n.as_ref().ok()),
         debugfs: kvm_stats::debugfs_readable().is_ok(),
+        fs: fs.as_ref(),
     };
     for round in 1..=plan.rounds {
         for (c, case) in plan.cases.iter().enumerate() {
-            if needs_tap(case) && setting.net.is_none() {
+            if (needs_tap(case) && setting.net.is_none())
+                || (needs_fs(case) && setting.fs.is_none())
+            {
                 continue;
             }
             for (v, vmm) in plan.vmms.iter().enumerate() {
@@ -375,6 +435,7 @@ impl DeviceFiles {
             tap: has(Device::has_tap).then_some(TAP),
             vsock: (has(Device::has_vsock) && vmm.left_out(case).is_none())
                 .then_some(self.vsock.as_path()),
+            fs: None,
             exits,
         }
     }
@@ -395,13 +456,27 @@ fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareErr
     let (guest_case, qd, device) = peer::guest_case(case);
     let files = DeviceFiles::in_folder(&plan.workdir);
     let exits = exits_source(setting, vmm, device);
+    // Each VMM's own virtiofsd, on a socket of its own (virtiofsd serves one front end and
+    // ends with it: one per run).
+    let fs_socket = plan
+        .workdir
+        .join(format!("virtiofsd-{}.sock", vmm.kind.name()));
+    let fs_host = setting.fs.filter(|_| device.is_some_and(Device::has_fs));
     let one = |iters: u64| -> Result<Run, CompareError> {
         // `hold`: the guest halts after its last line instead of ending the VM, so that
         // every VMM is still there to be measured (QEMU would exit at once).
         let queue = qd.map(|q| format!(" qd={q}")).unwrap_or_default();
         let cmdline = format!("case={guest_case} iters={iters}{queue} hold");
         files.prepare(device)?;
-        let launch = files.launch(plan, (vmm, case), &cmdline, &exits);
+        let mut launch = files.launch(plan, (vmm, case), &cmdline, &exits);
+        let backend = fs_host.map(|h| h.start(&fs_socket)).transpose()?;
+        launch.fs = backend.as_ref().map(|_| fs_socket.as_path());
+        let backend_cpu = || {
+            backend
+                .as_ref()
+                .map(|d| threads::process_sample(d.pid()).cpu_ns)
+        };
+        let mut backend_cpu_ns = (None, None);
         let mut traced = Err("not traced".to_string());
         let mut kvm_exits = Err("not read".to_string());
         let mut first_line_tsc = 0;
@@ -417,8 +492,12 @@ fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareErr
             &mut |moment, pid| match moment {
                 // Counted from the guest's first line: firmware exits (QEMU's SeaBIOS makes
                 // thousands) stay out of the turnarounds (the trace clock is the TSC).
-                Moment::FirstLine => first_line_tsc = crate::profile::rdtsc(),
+                Moment::FirstLine => {
+                    first_line_tsc = crate::profile::rdtsc();
+                    backend_cpu_ns.0 = backend_cpu();
+                }
                 Moment::Done => {
+                    backend_cpu_ns.1 = backend_cpu();
                     if let Some(t) = setting.tracer {
                         traced = t.read(pid, first_line_tsc);
                     }
@@ -430,6 +509,10 @@ fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareErr
             sample,
             traced,
             kvm_exits,
+            backend_cpu_ns: backend_cpu_ns
+                .0
+                .zip(backend_cpu_ns.1)
+                .map(|(a, b)| b.saturating_sub(a)),
         })
     };
     Ok((one(setting.counts[0])?, one(setting.counts[1])?))
@@ -579,6 +662,10 @@ fn figures(case: &str, pairs: &[Pair], extra: f64, tsc_khz: u64) -> CaseFigures 
         first_line_ratio_to_floor: None,
         iters_per_s: over(&|_, b| hz * b.result.iters as f64 / b.result.cycles.max(1) as f64),
         threads_cpu_per_iter_us: over(&|a, b| (loop_cpu_ns(b) - loop_cpu_ns(a)) / 1e3 / extra),
+        backend_cpu_per_iter_us: per_pair(&|(a, b)| {
+            let (a, b) = (a.backend_cpu_ns?, b.backend_cpu_ns?);
+            Some((b as f64 - a as f64) / 1e3 / extra)
+        }),
         userspace_exits_per_iter: per_pair(&user_exits),
         kernel_exits_per_iter: per_pair(&|p| Some(kvm_exits(p)? - user_exits(p)?)),
         turnaround_ns,

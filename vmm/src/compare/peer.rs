@@ -7,50 +7,8 @@ use std::process::Command;
 use serde::Serialize;
 
 use super::kvm_stats::ExitsSource;
+use super::vmm_kind::VmmKind;
 use super::CompareError;
-
-/// A VMM that can boot the bench guest.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum VmmKind {
-    Exitless,
-    Qemu,
-    Firecracker,
-    CloudHypervisor,
-    /// The floor VMM (vmm/floor/floor.c, embedded): the least a KVM VMM must do to run the
-    /// bench guest, the physical-limit row.
-    Floor,
-}
-
-impl VmmKind {
-    pub const PEERS: [VmmKind; 3] = [
-        VmmKind::Qemu,
-        VmmKind::Firecracker,
-        VmmKind::CloudHypervisor,
-    ];
-
-    /// The name on reports and JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            VmmKind::Exitless => "exitless",
-            VmmKind::Qemu => "qemu",
-            VmmKind::Firecracker => "firecracker",
-            VmmKind::CloudHypervisor => "cloud-hypervisor",
-            VmmKind::Floor => "floor",
-        }
-    }
-
-    /// The executable looked up on PATH when no path is given.
-    pub fn program(self) -> &'static str {
-        match self {
-            VmmKind::Exitless => "exitless",
-            VmmKind::Qemu => "qemu-system-x86_64",
-            VmmKind::Firecracker => "firecracker",
-            VmmKind::CloudHypervisor => "cloud-hypervisor",
-            VmmKind::Floor => "floor",
-        }
-    }
-}
 
 /// A VMM found on this host: its kind and executable.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -74,6 +32,9 @@ pub struct Launch<'a> {
     /// A vsock device (guest context id 3) joined to a Unix socket at this path, which must
     /// not exist yet; QEMU leaves it out (see [`Vmm::left_out`]).
     pub vsock: Option<&'a Path>,
+    /// A virtiofsd's vhost-user socket, attached as the VMM's virtio-fs device (tag
+    /// `kataShared`, one request queue of 1024) on shared guest memory (fs cases).
+    pub fs: Option<&'a Path>,
     /// Where KVM's exit count is read (a VMM's own channel is switched on for it).
     pub exits: &'a ExitsSource,
 }
@@ -88,6 +49,8 @@ pub enum Device {
     /// A disk, a tap and vsock, attached but not driven (the guest runs a loop case): what
     /// devices cost a VMM in memory and start-up.
     Attached,
+    /// A virtiofsd of the VMM's own (vhost-user) the guest's virtio-fs driver reads through.
+    Fs,
 }
 
 impl Device {
@@ -104,6 +67,11 @@ impl Device {
         self == Device::Attached
     }
 
+    /// Whether the case needs a virtiofsd (and so root) and shared guest memory.
+    pub fn has_fs(self) -> bool {
+        self == Device::Fs
+    }
+
     /// Whether the guest drives the device (its figures are per request).
     pub fn driven(self) -> bool {
         self != Device::Attached
@@ -116,6 +84,8 @@ pub const DEVICE_CASES: &[&str] = &[
     "virtio_blk_qd32",
     "virtio_net_qd1",
     "virtio_net_qd32",
+    "virtio_fs_qd1",
+    "virtio_fs_qd32",
 ];
 
 /// A compare case name ending in this runs its guest case with [`Device::Attached`].
@@ -139,6 +109,7 @@ pub fn guest_case(case: &str) -> (&str, Option<u32>, Option<Device>) {
     let device = match name {
         "virtio_blk" => Some(Device::Disk),
         "virtio_net" => Some(Device::Net),
+        "virtio_fs" => Some(Device::Fs),
         _ => None,
     };
     (name, qd, device)
@@ -175,6 +146,9 @@ impl Vmm {
             // Attached devices are not driven: transport and BARs do not matter.
             (_, Device::Attached) => None,
             (VmmKind::Floor, _) => Some("it has no devices: COM1 and the exit port only"),
+            (VmmKind::Firecracker, Device::Fs) => {
+                Some("it has no virtio-fs device (no vhost-user front end)")
+            }
             (VmmKind::Firecracker, _) => Some(
                 "its devices are virtio-mmio by default, and with --enable-pci its BARs cannot \
                  be moved (no BAR relocation: src/vmm/src/pci/configuration.rs) while the bench \
@@ -189,9 +163,13 @@ impl Vmm {
         }
     }
 
-    /// What this VMM runs `case` without, and why (the case runs all the same).
+    /// What this VMM runs `case` without, and why (the case runs all the same); nothing for
+    /// a case it cannot run at all ([`Vmm::cannot_run`] says why).
     pub fn left_out(&self, case: &str) -> Option<&'static str> {
         let device = peer_device(case)?;
+        if self.cannot_run(case).is_some() {
+            return None;
+        }
         match self.kind {
             VmmKind::Floor => Some(
                 "a disk, a tap and vsock: the floor has no devices (its row is the limit \
@@ -226,17 +204,23 @@ impl Vmm {
 /// The guest context id of every VMM's vsock device.
 const VSOCK_CID: u32 = 3;
 
+/// The tag and queues every VMM's virtio-fs device gets (Kata's).
+const FS_DEVICE: &str = "tag=kataShared,num_queues=1,queue_size=1024";
+
 fn exitless_args(cmd: &mut Command, launch: &Launch) {
+    let memory = match launch.fs {
+        Some(_) => format!("size={}M,shared=on", launch.memory_mib),
+        None => format!("{}M", launch.memory_mib),
+    };
     cmd.arg("run")
         .arg("--kernel")
         .arg(launch.guest)
-        .args([
-            "--memory",
-            &format!("{}M", launch.memory_mib),
-            "--cpus",
-            "1",
-        ])
+        .args(["--memory", &memory, "--cpus", "1"])
         .args(["--cmdline", launch.cmdline]);
+    if let Some(socket) = launch.fs {
+        cmd.arg("--fs")
+            .arg(format!("{FS_DEVICE},socket={}", socket.display()));
+    }
     if let Some(disk) = launch.disk {
         cmd.arg("--disk").arg(format!("path={}", disk.display()));
     }
@@ -255,7 +239,7 @@ fn exitless_args(cmd: &mut Command, launch: &Launch) {
 fn qemu_args(cmd: &mut Command, launch: &Launch) {
     // microvm has PCI only through ECAM; the guest's driver uses 0xCF8: a device case runs
     // on the pc machine.
-    let machine = if launch.disk.is_some() || launch.tap.is_some() {
+    let machine = if launch.disk.is_some() || launch.tap.is_some() || launch.fs.is_some() {
         "pc"
     } else {
         "microvm"
@@ -274,6 +258,17 @@ fn qemu_args(cmd: &mut Command, launch: &Launch) {
             "-drive",
         ])
         .arg(format!("file={},if=none,id=d,format=raw", disk.display()));
+    }
+    if let Some(socket) = launch.fs {
+        // vhost-user needs guest RAM in a shared memfd (QEMU's docs/system/devices/vhost-user).
+        cmd.args(["-object"])
+            .arg(format!("memory-backend-memfd,id=mem,size={mem}M,share=on"))
+            .args(["-numa", "node,memdev=mem", "-chardev"])
+            .arg(format!("socket,id=vfs,path={}", socket.display()))
+            .args([
+                "-device",
+                "vhost-user-fs-pci,chardev=vfs,tag=kataShared,queue-size=1024",
+            ]);
     }
     if let Some(tap) = launch.tap {
         cmd.args(["-netdev"])
@@ -317,11 +312,20 @@ fn firecracker_args(cmd: &mut Command, launch: &Launch) -> Result<(), CompareErr
 }
 
 fn cloud_hypervisor_args(cmd: &mut Command, launch: &Launch) {
+    let shared = if launch.fs.is_some() {
+        ",shared=on"
+    } else {
+        ""
+    };
     cmd.arg("--kernel")
         .arg(launch.guest)
         .args(["--cmdline", launch.cmdline, "--cpus", "boot=1"])
-        .args(["--memory", &format!("size={}M", launch.memory_mib)])
+        .args(["--memory", &format!("size={}M{shared}", launch.memory_mib)])
         .args(["--serial", "tty", "--console", "off"]);
+    if let Some(socket) = launch.fs {
+        cmd.arg("--fs")
+            .arg(format!("{FS_DEVICE},socket={}", socket.display()));
+    }
     if let Some(disk) = launch.disk {
         cmd.arg("--disk")
             .arg(format!("path={},image_type=raw", disk.display()));
@@ -362,6 +366,7 @@ mod tests {
             disk: None,
             tap: None,
             vsock: None,
+            fs: None,
             exits: &ExitsSource::Debugfs,
         };
         let cmd = |kind| {
@@ -399,6 +404,7 @@ mod tests {
             disk: Some(Path::new("/d.img")),
             tap: Some("exlcmp0"),
             vsock: None,
+            fs: None,
             exits: &ExitsSource::Qmp(PathBuf::from("/q.sock")),
         };
         let line = |kind| {
@@ -458,6 +464,60 @@ mod tests {
     }
 
     #[test]
+    fn an_fs_case_gives_every_vmm_shared_memory_and_the_socket_but_firecracker_sits_it_out() {
+        let dir = std::env::temp_dir();
+        let launch = Launch {
+            guest: Path::new("/g.elf"),
+            cmdline: "case=virtio_fs qd=32",
+            memory_mib: 512,
+            workdir: &dir,
+            disk: None,
+            tap: None,
+            vsock: None,
+            fs: Some(Path::new("/fs.sock")),
+            exits: &ExitsSource::Debugfs,
+        };
+        let vmm = |kind| Vmm {
+            kind,
+            path: PathBuf::from("/bin/true"),
+        };
+        let line = |kind| args(&vmm(kind).command(&launch).unwrap()).join(" ");
+        let fs = "--fs tag=kataShared,num_queues=1,queue_size=1024,socket=/fs.sock";
+        let exitless = line(VmmKind::Exitless);
+        assert!(
+            exitless.contains("--memory size=512M,shared=on"),
+            "{exitless}"
+        );
+        assert!(exitless.contains(fs), "{exitless}");
+        let ch = line(VmmKind::CloudHypervisor);
+        assert!(ch.contains("--memory size=512M,shared=on"), "{ch}");
+        assert!(ch.contains(fs), "{ch}");
+        let qemu = line(VmmKind::Qemu);
+        assert!(qemu.contains("-M pc "), "{qemu}");
+        assert!(
+            qemu.contains("memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem"),
+            "{qemu}"
+        );
+        assert!(qemu.contains("socket,id=vfs,path=/fs.sock"), "{qemu}");
+        assert!(qemu.contains("vhost-user-fs-pci,chardev=vfs,tag=kataShared,queue-size=1024"));
+        assert_eq!(
+            guest_case("virtio_fs_qd32"),
+            ("virtio_fs", Some(32), Some(Device::Fs))
+        );
+        assert!(vmm(VmmKind::Firecracker)
+            .cannot_run("virtio_fs_qd1")
+            .is_some());
+        // The floor cannot run it: said once, not also as something it runs without.
+        let floor = vmm(VmmKind::Floor);
+        assert!(floor.cannot_run("virtio_fs_qd32").is_some());
+        assert!(floor.left_out("virtio_fs_qd32").is_none());
+        assert!(floor.left_out("pio_out_devices").is_some());
+        for kind in [VmmKind::Exitless, VmmKind::Qemu, VmmKind::CloudHypervisor] {
+            assert!(vmm(kind).cannot_run("virtio_fs_qd32").is_none(), "{kind:?}");
+        }
+    }
+
+    #[test]
     fn a_named_peer_must_be_an_executable_file() {
         let plain = std::env::temp_dir().join(format!("exitless-plain-{}", std::process::id()));
         std::fs::write(&plain, "x").unwrap();
@@ -480,6 +540,7 @@ mod tests {
             disk: Some(Path::new("/d.img")),
             tap: Some("exlcmp0"),
             vsock: Some(Path::new("/v.sock")),
+            fs: None,
             exits: &ExitsSource::Debugfs,
         };
         let vmm = |kind| Vmm {

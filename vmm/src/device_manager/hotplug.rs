@@ -1,7 +1,7 @@
 //! The device manager's hotplug: the ACPI controllers on the MMIO bus and what happens when
 //! a device or a vCPU is added, asked to go, or ejected by the guest, or when memory is added
-//! (the guest told through the memory controller once the [`MemoryListener`]s have the new
-//! region).
+//! (the guest told through the memory controller once the
+//! [`MemoryListener`](crate::memory::hotplug::MemoryListener)s have the new region).
 
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
@@ -15,24 +15,7 @@ use crate::devices::acpi::ged::{Ged, CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED};
 use crate::devices::acpi::memory_hotplug::{MemoryHotplug, MEMORY_HOTPLUG_LEN};
 use crate::devices::acpi::pci_hotplug::PciHotplug;
 use crate::devices::acpi::{self, Ejected};
-
-/// Told of every region of RAM added to a running VM, before the guest is: what a device
-/// whose memory is mapped outside the VMM needs (a vhost-user front end sends the region to
-/// its back end, whose mapping must exist before the guest can put a buffer there; its fd and
-/// offset come from [`crate::memory::shared_file`]). The regions the VM booted with are in
-/// the VM's guest memory ([`crate::devices::virtio::SharedGuestMemory`]) when the device
-/// starts. Called on the thread that owns the VM (never a vCPU thread).
-pub trait MemoryListener: Send {
-    /// Whose listener this is, for errors.
-    fn name(&self) -> &str;
-    /// `region` is guest memory now (its KVM slot is registered, the devices' map has it).
-    /// An error stops the hot-add before the guest is told.
-    fn region_added(&mut self, region: &Arc<GuestRegionMmap>) -> Result<(), String>;
-    /// Whether whatever it listens for is gone (a removed device's): it is then dropped.
-    fn is_gone(&self) -> bool {
-        false
-    }
-}
+use crate::memory::hotplug::MemoryListener;
 
 /// The controllers and the guest's ejects.
 pub struct Hotplug {

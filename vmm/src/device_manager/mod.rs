@@ -9,7 +9,7 @@
 pub mod hotplug;
 pub mod pci;
 
-pub use hotplug::MemoryListener;
+use crate::memory::hotplug::MemoryListener;
 pub mod routing;
 mod snapshot;
 

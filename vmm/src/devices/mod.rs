@@ -3,6 +3,7 @@
 pub mod acpi;
 pub mod console_input;
 pub mod i8042;
+pub mod partial_line_watch;
 pub mod pci;
 pub mod serial;
 pub mod serial_idle_flush;

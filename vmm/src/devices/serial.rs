@@ -5,7 +5,7 @@
 //! Output the console or log cannot take is dropped and counted, never fatal. The
 //! interrupt is an [`EventFd`] that the VMM registers as irqfd for [`COM1_IRQ`].
 
-use super::serial_idle_flush::PartialLineWatch;
+use super::partial_line_watch::PartialLineWatch;
 use super::GuestFaults;
 use crate::startup;
 use std::fs::File;

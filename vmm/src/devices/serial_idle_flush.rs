@@ -13,28 +13,11 @@ use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
+use super::partial_line_watch::PartialLineWatch;
 use super::serial::SerialDevice;
 
 /// How long a partial line may wait for the rest of its line.
 pub const IDLE_FLUSH: Duration = Duration::from_millis(50);
-
-/// The serial device's end: says that output waits, unless the flush timer already runs.
-pub struct PartialLineWatch {
-    timer_running: Arc<AtomicBool>,
-    wake: EventFd,
-}
-
-impl PartialLineWatch {
-    /// Called with the serial device locked, after output was left pending.
-    pub fn tell(&self) {
-        // A plain load first: while the timer runs, every further byte costs no write.
-        if !self.timer_running.load(Ordering::Acquire)
-            && !self.timer_running.swap(true, Ordering::AcqRel)
-        {
-            let _ = self.wake.write(1);
-        }
-    }
-}
 
 /// The devices thread's end: starts the timer when told, flushes COM1's pending output when
 /// it fires.
@@ -51,10 +34,7 @@ impl SerialIdleFlush {
     pub fn new(serial: Arc<Mutex<SerialDevice>>) -> std::io::Result<(Self, PartialLineWatch)> {
         let wake = EventFd::new(EFD_NONBLOCK)?;
         let timer_running = Arc::new(AtomicBool::new(false));
-        let watch = PartialLineWatch {
-            timer_running: timer_running.clone(),
-            wake: wake.try_clone()?,
-        };
+        let watch = PartialLineWatch::new(timer_running.clone(), wake.try_clone()?);
         let flush = SerialIdleFlush {
             serial,
             timer: TimerFd::new()?,

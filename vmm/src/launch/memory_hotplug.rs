@@ -7,7 +7,7 @@
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 use super::{LaunchError, LaunchedVm};
-use crate::device_manager::MemoryListener;
+use crate::memory::hotplug::MemoryListener;
 use crate::memory::hotplug::{HotplugRegion, MemoryHotplugError};
 use crate::memory::{self};
 
@@ -64,8 +64,9 @@ mod tests {
 
     use crate::builder::{KernelImage, VcpuOptions, VmBuilder, VmSpec};
     use crate::config::IrqchipMode;
-    use crate::device_manager::{DeviceManagerError, MemoryListener};
+    use crate::device_manager::DeviceManagerError;
     use crate::memory::hotplug::HotplugRam;
+    use crate::memory::hotplug::MemoryListener;
 
     /// Keeps what it is told, or refuses.
     struct Recording(Arc<Mutex<Vec<(u64, u64)>>>, bool);

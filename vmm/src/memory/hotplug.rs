@@ -8,10 +8,30 @@
 //! As Cloud Hypervisor: a size the VM has already or below it changes nothing (memory is
 //! never taken back in ACPI mode); growth that is not a whole number of blocks is refused.
 
+use std::sync::Arc;
+
 use thiserror::Error;
-use vm_memory::GuestAddress;
+use vm_memory::{GuestAddress, GuestRegionMmap};
 
 use super::{ram_ranges, MMIO_GAP_END};
+
+/// Told of every region of RAM added to a running VM, before the guest is: what a device
+/// whose memory is mapped outside the VMM needs (a vhost-user front end sends the region to
+/// its back end, whose mapping must exist before the guest can put a buffer there; its fd and
+/// offset come from [`crate::memory::shared_file`]). The regions the VM booted with are in
+/// the VM's guest memory ([`crate::devices::virtio::SharedGuestMemory`]) when the device
+/// starts. Called on the thread that owns the VM (never a vCPU thread).
+pub trait MemoryListener: Send {
+    /// Whose listener this is, for errors.
+    fn name(&self) -> &str;
+    /// `region` is guest memory now (its KVM slot is registered, the devices' map has it).
+    /// An error stops the hot-add before the guest is told.
+    fn region_added(&mut self, region: &Arc<GuestRegionMmap>) -> Result<(), String>;
+    /// Whether whatever it listens for is gone (a removed device's): it is then dropped.
+    fn is_gone(&self) -> bool {
+        false
+    }
+}
 
 /// The hotplug block: Linux on x86 adds and onlines memory in blocks of 128 MiB (its
 /// `memory_block_size` for guests below 64 GiB), so a region must be whole blocks.

@@ -72,6 +72,7 @@ pub fn starter(
         disk: None,
         tap: None,
         vsock: None,
+        fs: None,
         exits: &exits,
     };
     let command = vmm.command(&launch).map_err(|e| e.to_string())?;

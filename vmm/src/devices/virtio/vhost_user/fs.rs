@@ -19,12 +19,12 @@ use vm_memory::GuestAddressSpace;
 use super::{Frontend, VhostUserError, Vring, REPLY_TIMEOUT};
 use crate::config::fs::MAX_TAG_LEN;
 use crate::config::FsConfig;
-use crate::device_manager::hotplug::MemoryListener;
 use crate::devices::virtio::{
     Activation, DeviceHealth, QueueCounters, VirtioDevice, VirtioError, TYPE_FS,
     VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use crate::event_loop::{EventLoopHandle, Subscriber};
+use crate::memory::hotplug::MemoryListener;
 
 /// The virtio features exitless passes on to the driver when the back end offers them.
 const PASSED_FEATURES: u64 =

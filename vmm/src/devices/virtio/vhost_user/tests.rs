@@ -647,9 +647,9 @@ fn a_region_added_later_goes_alone_with_its_memfd() {
 
 #[test]
 fn the_memory_listener_adds_a_region_to_a_started_back_end_only() {
-    use crate::device_manager::hotplug::MemoryListener;
     use crate::devices::virtio::vhost_user::fs::Fs;
     use crate::devices::virtio::VirtioDevice;
+    use crate::memory::hotplug::MemoryListener;
     let (sock, seen, _t) = fake(Behaviour::Honest);
     let frontend = Frontend::handshake(sock, Path::new("fake"), 2, Duration::from_secs(2)).unwrap();
     let fs = Fs::new(&fs_config(Path::new("fake")), frontend).unwrap();
