@@ -250,20 +250,10 @@ struct Virtiofsd {
 impl Virtiofsd {
     /// virtiofsd's binary, if this host can run it (as root), else `test` is reported skipped.
     fn find(test: &str) -> Option<std::path::PathBuf> {
-        // SAFETY: geteuid reads the caller's id; no memory is involved.
-        if unsafe { libc::geteuid() } != 0 {
-            vmm::test_skip::skip(test, "virtiofsd with --sandbox none needs root");
-            return None;
-        }
-        let installed = std::path::PathBuf::from("/root/.cargo/bin/virtiofsd");
-        let path = std::env::var_os("PATH").unwrap_or_default();
-        let found = std::iter::once(installed)
-            .chain(std::env::split_paths(&path).map(|d| d.join("virtiofsd")))
-            .find(|p| p.is_file());
-        if found.is_none() {
-            vmm::test_skip::skip(test, "virtiofsd is not installed (cargo install virtiofsd)");
-        }
-        found
+        // The bench's lookup (root, EXITLESS_VIRTIOFSD, PATH, ~/.cargo/bin, distributions').
+        vmm::bench::fs::daemon()
+            .map_err(|why| vmm::test_skip::skip(test, &why))
+            .ok()
     }
 
     /// Starts `binary` on a fresh directory (`tag` keeps tests apart) holding `files`, and

@@ -20,22 +20,13 @@ pub struct Virtiofsd {
 impl Virtiofsd {
     /// None (the test reported skipped) unless virtiofsd is installed and this is root.
     pub fn start(test: &str) -> Option<Self> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            vmm::test_skip::skip(test, "virtiofsd needs root");
-            return None;
-        }
-        let found = [
-            "/root/.cargo/bin/virtiofsd",
-            "/usr/libexec/virtiofsd",
-            "/usr/bin/virtiofsd",
-        ]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists());
-        let Some(daemon) = found else {
-            vmm::test_skip::skip(test, "virtiofsd is not installed");
-            return None;
+        // The bench's lookup (root, EXITLESS_VIRTIOFSD, PATH, ~/.cargo/bin, distributions').
+        let daemon = match vmm::bench::fs::daemon() {
+            Ok(daemon) => daemon,
+            Err(why) => {
+                vmm::test_skip::skip(test, &why);
+                return None;
+            }
         };
         let dir = std::env::temp_dir().join(format!("exitless-vfs-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);

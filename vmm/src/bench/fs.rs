@@ -25,8 +25,9 @@ pub const FILE: &str = "in.bin";
 const FILE_BYTES: usize = 16 << 20;
 /// Queue size offered to the driver (Kata's; the guest's driver uses at most 128).
 pub const QUEUE_SIZE: u16 = 1024;
-/// Where virtiofsd is looked for when `EXITLESS_VIRTIOFSD` does not name it: `cargo install
-/// virtiofsd`'s place, then distributions' (Debian's, Fedora's).
+/// Where virtiofsd is looked for when `EXITLESS_VIRTIOFSD` does not name it and it is neither
+/// on PATH nor in ~/.cargo/bin: root's `cargo install` place, then distributions' (Debian's,
+/// Fedora's).
 const DAEMONS: &[&str] = &[
     "/root/.cargo/bin/virtiofsd",
     "/usr/libexec/virtiofsd",
@@ -54,13 +55,20 @@ pub fn daemon() -> Result<PathBuf, String> {
             )),
         };
     }
-    DAEMONS
-        .iter()
-        .map(PathBuf::from)
+    let on_path = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|dir| dir.join("virtiofsd"));
+    let cargo_home =
+        std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo/bin/virtiofsd"));
+    on_path
+        .chain(cargo_home)
+        .chain(DAEMONS.iter().map(PathBuf::from))
         .find(|p| p.is_file())
         .ok_or_else(|| {
             format!(
-                "virtiofsd is not installed (looked for {}; EXITLESS_VIRTIOFSD names another)",
+                "virtiofsd is not installed (looked on PATH, in ~/.cargo/bin and in {}; EXITLESS_VIRTIOFSD names another)",
                 DAEMONS.join(", ")
             )
         })
