@@ -24,7 +24,9 @@ pub use snapshot::SnapshotSummary;
 pub use start_up_memory::release_unused_stack;
 
 use crate::boot::BootError;
-use crate::builder::{BuildError, KernelImage, VcpuOptions, VcpuTemplate, VmBuilder, VmSpec};
+use crate::builder::{
+    BuildError, BuiltVm, KernelImage, VcpuOptions, VcpuTemplate, VmBuilder, VmSpec,
+};
 use crate::config::{ConfigError, DiskConfig, SerialOutputMode, VmConfig, MAX_VCPUS};
 use crate::device_manager::{DeviceManager, Notify};
 use crate::devices::console_input::ConsoleInput;
@@ -195,6 +197,40 @@ pub struct LaunchedVm {
     memory_backing: Backing,
 }
 
+/// What a launch keeps beside the built VM: the console, the devices' socket files, the
+/// balloon's control and where hot-added memory goes.
+struct HostParts {
+    serial: Arc<Mutex<SerialDevice>>,
+    socket_files: Vec<(String, SocketFile)>,
+    balloon: Option<balloon::BalloonControl>,
+    hotplug_ram: Option<HotplugRam>,
+}
+
+impl LaunchedVm {
+    /// The VM `built` from `config` (booted or restored), and its vCPUs, not started yet.
+    fn new(built: BuiltVm, config: &VmConfig, parts: HostParts) -> (Self, Vec<Vcpu>) {
+        let launched = LaunchedVm {
+            vm: built.vm,
+            event_loop: built.event_loop,
+            running: None,
+            profiles: built.profiles,
+            stats: Vec::new(),
+            io_names: built.io_names,
+            serial: parts.serial,
+            devices: built.devices,
+            socket_files: parts.socket_files,
+            tsc_khz: built.tsc_khz,
+            started: Instant::now(),
+            template: built.template,
+            boot_vcpus: usize::from(config.cpus),
+            balloon: parts.balloon,
+            hotplug_ram: parts.hotplug_ram,
+            memory_backing: config.memory_backing(),
+        };
+        (launched, built.vcpus)
+    }
+}
+
 /// Builds the VM described by `config` and starts its vCPUs.
 pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, LaunchError> {
     // Before the first thread: the arena limit decides how many heaps the threads get.
@@ -246,27 +282,16 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     let built = builder
         .build(&vcpu_opts)
         .map_err(|e| kernel_error(e, config))?;
-    let mut launched = LaunchedVm {
-        vm: built.vm,
-        event_loop: built.event_loop,
-        running: None,
-        profiles: built.profiles,
-        stats: Vec::new(),
-        io_names: built.io_names,
+    let parts = HostParts {
         serial,
-        devices: built.devices,
         socket_files,
-        tsc_khz: built.tsc_khz,
-        started: Instant::now(),
-        template: built.template,
-        boot_vcpus: usize::from(config.cpus),
         balloon,
         hotplug_ram,
-        memory_backing: config.memory_backing(),
     };
-    launched.open_stats(&built.vcpus)?;
+    let (mut launched, vcpus) = LaunchedVm::new(built, config, parts);
+    launched.open_stats(&vcpus)?;
     launched.started = Instant::now();
-    launched.running = Some(launched.vm.start_ahead(threads_ahead, built.vcpus)?);
+    launched.running = Some(launched.vm.start_ahead(threads_ahead, vcpus)?);
     startup::mark(moment::THREADS);
     // Each waits for the devices thread: after the guest started.
     if opts.stdin_to_serial {

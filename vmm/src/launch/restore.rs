@@ -5,12 +5,12 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::time::Instant;
 
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
 use super::{
-    add_virtio_devices, attach_idle_flush, attach_stdin, console_output, LaunchError, LaunchedVm,
+    add_virtio_devices, attach_idle_flush, attach_stdin, console_output, HostParts, LaunchError,
+    LaunchedVm,
 };
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use crate::config::{IrqchipMode, VmConfig, MAX_VCPUS};
@@ -90,28 +90,17 @@ pub fn restore(
     let check_cpu = |seen: &[kvm_bindings::kvm_cpuid_entry2]| check_host(seen, &state);
     let built = builder.build_restored(&vcpu_opts, &vm_state, &vcpus, &check_cpu)?;
     built.devices.restore_devices(state.devices)?;
-    let mut launched = LaunchedVm {
-        vm: built.vm,
-        event_loop: built.event_loop,
-        running: None,
-        profiles: built.profiles,
-        stats: Vec::new(),
-        io_names: built.io_names,
+    let parts = HostParts {
         serial,
-        devices: built.devices,
         socket_files,
-        tsc_khz: built.tsc_khz,
-        started: Instant::now(),
-        template: built.template,
-        boot_vcpus: usize::from(config.cpus),
         balloon: None,
         hotplug_ram,
-        memory_backing: config.memory_backing(),
     };
-    launched.open_stats(&built.vcpus)?;
+    let (mut launched, vcpus) = LaunchedVm::new(built, config, parts);
+    launched.open_stats(&vcpus)?;
     // Parked before their first KVM_RUN: the VM is Paused until resumed.
     launched.vm.control.request_pause();
-    launched.running = Some(launched.vm.start_ahead(threads_ahead, built.vcpus)?);
+    launched.running = Some(launched.vm.start_ahead(threads_ahead, vcpus)?);
     if opts.stdin_to_serial {
         attach_stdin(&launched.event_loop, launched.serial.clone());
     }
