@@ -91,15 +91,7 @@ pub fn check(run: &mut ConfigRun, setup: &BlkSetup, f: &VirtioFigures, io_errors
             f.completed
         ));
     }
-    match io_errors {
-        None => run
-            .problems
-            .push("the guest did not report its I/O errors".into()),
-        Some(0) => {}
-        Some(e) => run
-            .problems
-            .push(format!("{e} of {n} requests failed in the guest")),
-    }
+    run.check_io_errors(io_errors, "requests");
     let batched = setup.queue_depth > 1 && setup.notify == Notify::Ioeventfd && !setup.dsync;
     if let (true, Some(k)) = (batched, run.kernel_exits) {
         if k >= n {

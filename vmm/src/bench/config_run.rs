@@ -95,6 +95,23 @@ pub struct ConfigRun {
     pub observations: Vec<String>,
 }
 
+impl ConfigRun {
+    /// A problem unless the guest reported its failed I/O (`io_errors=`) and it is 0;
+    /// `what` names the guest's requests ("requests", "READs").
+    pub fn check_io_errors(&mut self, io_errors: Option<u64>, what: &str) {
+        let n = self.iterations;
+        match io_errors {
+            None => self
+                .problems
+                .push("the guest did not report its I/O errors".into()),
+            Some(0) => {}
+            Some(e) => self
+                .problems
+                .push(format!("{e} of {n} {what} failed in the guest")),
+        }
+    }
+}
+
 /// What the device and the guest's driver counted over a run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct VirtioFigures {

@@ -242,15 +242,7 @@ pub fn guest_args(setup: &FsSetup) -> String {
 /// configuration's `Expect::None`, checked with every case.
 pub fn check(run: &mut ConfigRun, f: &VirtioFigures, io_errors: Option<u64>) {
     let n = run.iterations;
-    match io_errors {
-        None => run
-            .problems
-            .push("the guest did not report its I/O errors".into()),
-        Some(0) => {}
-        Some(e) => run
-            .problems
-            .push(format!("{e} of {n} READs failed in the guest")),
-    }
+    run.check_io_errors(io_errors, "READs");
     if f.count("backend_starts") == 0 {
         run.problems
             .push("the device never started its back end".into());

@@ -16,25 +16,11 @@ use acpi_tables::aml::{
 };
 use acpi_tables::Aml;
 
+use super::aml_encoding::{bytes, Encoded};
 use super::cpu_hotplug::{EJECT, INSERTING, PRESENT, REMOVING};
 use super::ged::{CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED};
 use super::{CPU_HOTPLUG_ADDR, CPU_HOTPLUG_LEN, GED_ADDR, GED_GSI, PCI_HOTPLUG_ADDR};
 use crate::devices::pci::root::SLOTS;
-
-fn bytes(item: &dyn Aml) -> Vec<u8> {
-    let mut out = Vec::new();
-    item.to_aml_bytes(&mut out);
-    out
-}
-
-/// AML already encoded, as a child of a device or method.
-struct Encoded(Vec<u8>);
-
-impl Aml for Encoded {
-    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
-        sink.vec(&self.0);
-    }
-}
 
 fn encoded(parts: Vec<Vec<u8>>) -> Vec<Encoded> {
     parts.into_iter().map(Encoded).collect()

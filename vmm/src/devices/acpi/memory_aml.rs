@@ -19,24 +19,10 @@ use acpi_tables::aml::{
 };
 use acpi_tables::Aml;
 
+use super::aml_encoding::{bytes, Encoded};
 use super::memory_hotplug::{ENABLED, INSERTING, MEMORY_HOTPLUG_LEN};
 use super::MEMORY_HOTPLUG_ADDR;
 use crate::memory::hotplug::MAX_MEMORY_SLOTS;
-
-fn bytes(item: &dyn Aml) -> Vec<u8> {
-    let mut out = Vec::new();
-    item.to_aml_bytes(&mut out);
-    out
-}
-
-/// AML already encoded.
-struct Encoded(Vec<u8>);
-
-impl Aml for Encoded {
-    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
-        sink.vec(&self.0);
-    }
-}
 
 fn slot_name(slot: usize) -> String {
     format!("M{slot:03X}")

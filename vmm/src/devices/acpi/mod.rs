@@ -7,6 +7,7 @@
 //! removal (never on the vCPU thread that made the write). See docs/hotplug.md.
 
 pub mod aml;
+mod aml_encoding;
 pub mod cpu_hotplug;
 pub mod ged;
 pub mod memory_aml;
