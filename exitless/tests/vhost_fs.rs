@@ -270,6 +270,10 @@ fn devices_sleeps(pid: u32, tid: u32) -> u64 {
     let start = Instant::now();
     while !in_epoll() {
         assert!(
+            std::path::Path::new(&dir).exists(),
+            "the devices thread ended before it was read"
+        );
+        assert!(
             start.elapsed() < Duration::from_secs(10),
             "the devices thread never waited in epoll"
         );
@@ -322,7 +326,7 @@ struct HostileRun {
     daemon_log: String,
 }
 
-/// A pseudo-terminal: its master (read by the test) and its slave (exitless's stdout). On a
+/// A pseudo-terminal: its master (read and typed on by the test) and its slave (exitless's stdin and stdout). On a
 /// terminal exitless writes the console byte by byte; on a pipe it holds partial lines and
 /// its devices thread flushes them on a timer, which would wake it while the guest prints.
 fn pty() -> (std::fs::File, std::fs::File) {
@@ -356,15 +360,19 @@ fn hostile_run(guest: &Path, bad: &str) -> Option<HostileRun> {
     let mut daemon = Virtiofsd::start(&format!("fs_hostile_{bad}"))?;
     let json = daemon.dir.join("profile.json");
     let (console, terminal) = pty();
+    let mut keyboard = console.try_clone().unwrap();
     let mut child = exitless()
         .args(["run", "--kernel"])
         .arg(guest)
         .args(["--memory", "size=64M,shared=on", "--timeout", "60"])
         .args(["--fs", &daemon.fs_arg()])
-        .args(["--cmdline", &format!("case=fs_hostile fs_bad={bad}")])
+        .args([
+            "--cmdline",
+            &format!("case=fs_hostile fs_bad={bad} fs_hold=1"),
+        ])
         .arg("--profile-json")
         .arg(&json)
-        .stdin(Stdio::null())
+        .stdin(terminal.try_clone().unwrap())
         .stdout(terminal)
         .stderr(Stdio::piped())
         .spawn()
@@ -384,6 +392,10 @@ fn hostile_run(guest: &Path, bad: &str) -> Option<HostileRun> {
     // The guest waited ~2 s for each chain virtiofsd died on: a dead one has gone by now.
     let daemon_died = daemon.has_ended();
     let devices_woke = devices_sleeps(pid, tid) - before;
+    // The guest holds (fs_hold=1) until a byte comes on its console: the figures are read.
+    std::io::Write::write_all(&mut keyboard, b"g").unwrap();
+    let released = out.wait_for(limit, |t| t.contains("EXITLESS FS released"));
+    assert!(released, "{}", out.text);
     let start = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {

@@ -75,6 +75,7 @@ void *memset(void *d, int c, u64 n);
 void *memcpy(void *d, const void *s, u64 n);
 
 void puts_(const char *s);
+int console_wait_byte(u64 cycles);
 void put_u64(u64 v);
 void put_hex(u64 v);
 void guest_exit(u32 status);

@@ -43,6 +43,22 @@ void puts_(const char *s)
         putc_(*s++);
 }
 
+/* Waits up to `cycles` TSC cycles for a byte on COM1 (polled about every millisecond, each
+ * poll one port read); returns whether one came, and takes it. */
+int console_wait_byte(u64 cycles)
+{
+    u64 deadline = rdtsc() + cycles;
+    while (rdtsc() < deadline) {
+        if (inb(COM1_PORT + 5) & 1) {
+            (void)inb(COM1_PORT);
+            return 1;
+        }
+        for (u64 t = rdtsc(); rdtsc() - t < 2400000;)
+            __asm__ volatile("pause");
+    }
+    return 0;
+}
+
 void put_u64(u64 v)
 {
     char buf[21];

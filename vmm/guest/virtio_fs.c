@@ -697,5 +697,10 @@ u64 loop_fs_hostile(u64 n)
             hostile_try(k);
     hostile_try(H_VALID);
     puts_("EXITLESS FS hostile done\n");
+    /* fs_hold=1: the host reads its figures now, while nothing but the guest moves; it lets
+     * the guest end with a byte on the console (or the guest ends after ~20 s). */
+    if (arg_is(fs_cmdline, "fs_hold=", "1"))
+        puts_(console_wait_byte(10 * HOSTILE_WAIT_CYCLES) ? "EXITLESS FS released\n"
+                                                          : "EXITLESS FS hold timeout\n");
     return 0;
 }
