@@ -13,9 +13,6 @@ pub fn main(socket: &Path, verbose: bool) -> anyhow::Result<i32> {
     let (calls, requests) = std::sync::mpsc::channel();
     // The server's errors name the socket and say why: one line.
     let server = ApiServer::start(socket, calls).map_err(|e| anyhow::anyhow!("{e}"))?;
-    // While the orchestrator describes the VM: vm.boot then finds KVM's CPUID entries ready
-    // (~0.4 ms of its start-up otherwise). Without the thread, vm.boot asks itself.
-    let _ = vmm::kvm::SupportedCpuid::ask_ahead();
     let mut vmm = Vmm::new();
     let exit = serve::serve(&mut vmm, &requests, verbose, None, |_| {
         launch::stop_signal().is_some()

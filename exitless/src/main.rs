@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use vmm::kvm::head_start::Lead;
 
 /// A KVM virtual machine monitor built around the cost of VM exits.
 #[derive(Parser)]
@@ -97,6 +98,37 @@ fn parse_args() -> Cli {
     }
 }
 
+/// Whether these arguments boot a VM in this process (`run` without `--restore`, or the API
+/// server, which waits for `vm.create`), judged from the words before clap parses them, and
+/// how long the VM's head start (vmm::kvm::head_start) has then. Only speculation: a wrong
+/// guess costs a thread and an unused empty VM, or the head start.
+fn boots_a_vm(args: impl Iterator<Item = std::ffi::OsString>) -> Option<Lead> {
+    let args: Vec<_> = args.collect();
+    let word = |w: &str| args.iter().any(|a| a == w);
+    let prefix = |p: &str| {
+        let p = p.as_bytes();
+        args.iter().any(|a| a.as_encoded_bytes().starts_with(p))
+    };
+    let elsewhere = [
+        "remote",
+        "bench",
+        "compare",
+        "help",
+        "--help",
+        "-h",
+        "--version",
+        "-V",
+    ];
+    if elsewhere.iter().any(|w| word(w)) || prefix("--restore") {
+        return None;
+    }
+    match (word("run"), prefix("--api-socket")) {
+        (true, _) => Some(Lead::Short),
+        (false, true) => Some(Lead::Long),
+        (false, false) => None,
+    }
+}
+
 /// What to do: a subcommand, or with only `--api-socket` the API server.
 fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let verbose = cli.verbose > 0;
@@ -147,6 +179,10 @@ fn main() {
     vmm::startup::main_started();
     // Before any thread: one malloc arena for all (see vmm::seccomp).
     vmm::seccomp::prepare_malloc();
+    if let Some(lead) = boots_a_vm(std::env::args_os().skip(1)) {
+        // Failing to start the thread only costs the head start.
+        let _ = vmm::kvm::head_start::begin(lead);
+    }
     let cli = parse_args();
     if cli.seccomp == Seccomp::Off {
         vmm::seccomp::disable();
@@ -161,6 +197,39 @@ fn main() {
             vmm::terminal::restore_terminal();
             eprintln!("exitless: {e:#}");
             std::process::exit(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{boots_a_vm, Lead};
+
+    fn boots(line: &str) -> Option<Lead> {
+        boots_a_vm(line.split_whitespace().map(std::ffi::OsString::from))
+    }
+
+    #[test]
+    fn a_head_start_only_for_a_command_line_that_boots_a_vm() {
+        assert_eq!(boots("run --kernel k --memory 512M"), Some(Lead::Short));
+        assert_eq!(boots("--api-socket /tmp/s"), Some(Lead::Long));
+        assert_eq!(boots("-v --api-socket=/tmp/s"), Some(Lead::Long));
+        assert_eq!(
+            boots("--api-socket /tmp/s run --kernel k"),
+            Some(Lead::Short)
+        );
+        for elsewhere in [
+            "run --restore dir",
+            "--api-socket /tmp/s run --restore=dir --paused",
+            "run --help",
+            "remote --api-socket /tmp/s ping",
+            "--api-socket /tmp/s remote ping",
+            "bench --cases cpuid",
+            "compare --api",
+            "--version",
+            "",
+        ] {
+            assert_eq!(boots(elsewhere), None, "{elsewhere}");
         }
     }
 }

@@ -26,6 +26,7 @@ use crate::devices::serial::{self, SerialDevice, SerialOutput};
 use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::devices::virtio::VirtioDevice;
 use crate::event_loop::{EventLoop, EventLoopError};
+use crate::kvm::head_start::CreatedVm;
 use crate::kvm::ring::CoalescedRing;
 use crate::kvm::{self, KvmError};
 use crate::profile::{self, VcpuProfile};
@@ -249,10 +250,16 @@ impl VcpuTemplate {
 impl VmBuilder {
     /// Creates the VM: memory, irqchip, and with an in-kernel irqchip the PIT.
     pub fn new(kvm: Kvm, spec: VmSpec) -> Result<Self, BuildError> {
+        Self::new_on(kvm, None, spec)
+    }
+
+    /// Like [`VmBuilder::new`], on `created` if given (the head start's empty VM).
+    pub fn new_on(kvm: Kvm, created: Option<CreatedVm>, spec: VmSpec) -> Result<Self, BuildError> {
         // First, so that the devices thread installs its seccomp filter while the VM is
         // created (see `launch`).
         let event_loop = EventLoop::start()?;
-        let vm = Vm::new(kvm, spec.memory, &spec.memory_backing, spec.irqchip)?;
+        let (size, irqchip) = (spec.memory, spec.irqchip);
+        let vm = Vm::new(kvm, created, size, &spec.memory_backing, irqchip)?;
         Self::around(spec, vm, event_loop)
     }
 

@@ -39,6 +39,7 @@ use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::devices::virtio::vhost_user::fs::Fs;
 use crate::devices::virtio::vsock::{SocketFile, Vsock};
 use crate::event_loop::EventLoop;
+use crate::kvm::head_start::CreatedVm;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
 use crate::memory::hotplug::HotplugRam;
 use crate::memory::Backing;
@@ -240,7 +241,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         path: config.kernel.clone(),
         error,
     })?;
-    let kvm = kvm::open()?;
+    let (kvm, created) = kvm_and_head_start()?;
     startup::mark(moment::KVM_OPEN);
     config.validate(kvm.get_max_vcpus())?;
     let spec = VmSpec {
@@ -265,7 +266,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
             let mem = crate::memory::create_zoned_memory(&zones)?;
             VmBuilder::with_memory(kvm, spec, mem)?
         }
-        None => VmBuilder::new(kvm, spec)?,
+        None => VmBuilder::new_on(kvm, created, spec)?,
     };
     startup::mark(moment::VM_CREATED);
     let serial = builder.add_console(console_output(config)?)?;
@@ -300,6 +301,15 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     attach_idle_flush(&launched.event_loop, &launched.serial);
     start_up_memory::release_freed_heap();
     Ok(launched)
+}
+
+/// KVM, and the head start's empty VM if `main` began one (the first launch only), else
+/// KVM opened here.
+fn kvm_and_head_start() -> Result<(kvm_ioctls::Kvm, Option<CreatedVm>), LaunchError> {
+    Ok(match kvm::head_start::take_vm() {
+        Some(head) => (head.kvm, Some(head.vm)),
+        None => (kvm::open()?, None),
+    })
 }
 
 /// The disks, the entropy source, the network cards and the socket device the config asks

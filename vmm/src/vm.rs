@@ -14,6 +14,7 @@ use vmm_sys_util::signal::Killable;
 
 use crate::config::IrqchipMode;
 use crate::devices::virtio::SharedGuestMemory;
+use crate::kvm::head_start::CreatedVm;
 use crate::kvm::{self, Capabilities, KvmError, StatsFd, SupportedCpuid};
 use crate::memory::{self, MemoryError};
 use crate::vcpu::{Vcpu, VcpuError, VcpuOutcome, VcpuTask, VmControl, VmEnd};
@@ -71,16 +72,20 @@ pub struct Vm {
 
 impl Vm {
     /// Creates a VM with `mem_size` bytes of RAM backed as `backing` says and the chosen
-    /// interrupt controller.
+    /// interrupt controller; on `created` if given (the head start's empty VM).
     pub fn new(
         kvm: Kvm,
+        created: Option<CreatedVm>,
         mem_size: u64,
         backing: &memory::Backing,
         irqchip: IrqchipMode,
     ) -> Result<Self, VmError> {
-        let fd = kvm.create_vm().map_err(KvmError::CreateVm)?;
+        let created = match created {
+            Some(created) => created,
+            None => CreatedVm::create(&kvm)?,
+        };
         let mem = memory::create_guest_memory(mem_size, backing)?;
-        Self::assemble(kvm, fd, mem, irqchip)
+        Self::assemble(kvm, created, mem, irqchip)
     }
 
     /// Creates a VM with guest memory the caller made (memory zones, a snapshot's memory).
@@ -89,18 +94,18 @@ impl Vm {
         mem: GuestMemoryMmap,
         irqchip: IrqchipMode,
     ) -> Result<Self, VmError> {
-        let fd = kvm.create_vm().map_err(KvmError::CreateVm)?;
-        Self::assemble(kvm, fd, mem, irqchip)
+        let created = CreatedVm::create(&kvm)?;
+        Self::assemble(kvm, created, mem, irqchip)
     }
 
-    /// Registers `mem` with VM `fd` and creates its interrupt controller.
+    /// Registers `mem` with the `created` VM and creates its interrupt controller.
     fn assemble(
         kvm: Kvm,
-        fd: VmFd,
+        created: CreatedVm,
         mem: GuestMemoryMmap,
         irqchip: IrqchipMode,
     ) -> Result<Self, VmError> {
-        let caps = Capabilities::probe(&kvm);
+        let CreatedVm { fd, caps } = created;
         let kvm = Arc::new(kvm);
         kvm::register_memory(&fd, &mem)?;
         match irqchip {

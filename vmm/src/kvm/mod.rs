@@ -1,6 +1,7 @@
 //! The KVM layer: opening /dev/kvm, capabilities, memory slots, quirks and binary stats.
 //! This is the only module with `unsafe` KVM calls.
 
+pub mod head_start;
 pub mod kick;
 pub mod ring;
 pub mod state;

@@ -2,11 +2,11 @@
 //! only while the VM can add one). On a PVM host it takes ~0.65 ms (KVM runs CPUID for every
 //! leaf, each trapping to the hypervisor below), the largest single step of creating a vCPU,
 //! so the builder hands [`SupportedCpuid::fetch_task`] to its set-up thread (the one that
-//! created the PIT) while the main thread writes the ACPI tables and loads the kernel. A VMM
-//! that waits for its VM to be described (`exitless --api-socket`) asks at start instead
-//! ([`SupportedCpuid::ask_ahead`]), while nothing else talks to KVM.
+//! created the PIT) while the main thread writes the ACPI tables and loads the kernel. When
+//! `main` gave the VM a head start ([`super::head_start`]), its thread asked already, while
+//! nothing else talked to KVM ([`ask_for_next_vm`]).
 
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
@@ -20,24 +20,29 @@ type Answer = Result<CpuId, kvm_ioctls::Error>;
 struct Ahead(Mutex<Option<Receiver<Answer>>>);
 
 impl Ahead {
-    /// Asks on a short-lived thread of its own, which opens /dev/kvm itself.
-    fn ask(&self) -> std::io::Result<()> {
+    /// Where the answer for the next VM is to go: that VM waits for it from now on.
+    fn expect(&self) -> SyncSender<Answer> {
         let (answer, pending) = mpsc::sync_channel(1);
-        std::thread::Builder::new()
-            .name("cpuid-ahead".into())
-            .stack_size(64 * 1024)
-            .spawn(move || {
-                let asked =
-                    Kvm::new().and_then(|kvm| kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES));
-                let _ = answer.send(asked);
-            })?;
         *lock(&self.0) = Some(pending);
-        Ok(())
+        answer
+    }
+
+    /// Asks `kvm` on this thread for the next VM.
+    fn ask(&self, kvm: &Kvm) {
+        let answer = self.expect();
+        let _ = answer.send(kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES));
     }
 
     fn take(&self) -> Option<Receiver<Answer>> {
         lock(&self.0).take()
     }
+}
+
+/// Asks `kvm`'s entries on this thread for the next VM this process creates
+/// ([`SupportedCpuid::for_new_vm`]), which waits for the answer from the start of the call.
+/// Not while a VM is being created (see [`SupportedCpuid::fetch_task`]).
+pub(super) fn ask_for_next_vm(kvm: &Kvm) {
+    AHEAD.ask(kvm);
 }
 
 static AHEAD: Ahead = Ahead(Mutex::new(None));
@@ -55,16 +60,8 @@ pub struct SupportedCpuid {
 }
 
 impl SupportedCpuid {
-    /// Asks KVM's entries now, on a short-lived thread, for the next VM this process creates
-    /// ([`SupportedCpuid::for_new_vm`]): for a VMM that waits for its VM's description
-    /// (`--api-socket`), so that `vm.boot` does not wait ~0.4 ms for them. Not while a VM is
-    /// being created (see [`SupportedCpuid::fetch_task`]).
-    pub fn ask_ahead() -> std::io::Result<()> {
-        AHEAD.ask()
-    }
-
-    /// The entries of a new VM: the answer [`SupportedCpuid::ask_ahead`] asked for, if any is
-    /// on its way, else asked when first needed.
+    /// The entries of a new VM: the answer [`ask_for_next_vm`] asked for, if any is on its
+    /// way, else asked when first needed.
     pub fn for_new_vm() -> Self {
         Self::awaiting(AHEAD.take())
     }
@@ -192,7 +189,7 @@ mod tests {
         let direct = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).unwrap();
         // A slot of the test's own: VMs other tests create take from the process's.
         let ahead = Ahead(Mutex::new(None));
-        ahead.ask().unwrap();
+        ahead.ask(&kvm);
         let first = SupportedCpuid::awaiting(ahead.take());
         assert!(ahead.take().is_none(), "one VM takes the answer");
         assert!(first.pending_lock().is_some(), "the answer is awaited");
