@@ -50,7 +50,8 @@ pub enum Lead {
     /// builder's set-up thread: asked here, first, they kept the main thread waiting
     /// 0.15 ms for the VM (2026-11-27 13:43 UTC, N=21).
     Short,
-    /// The API server, which waits for `vm.create` and `vm.boot`: the CPUID entries too.
+    /// The API server, which waits for `vm.create` and `vm.boot`: the CPUID entries too, and
+    /// the DSDT's slots before the VM is handed over.
     Long,
 }
 
@@ -75,6 +76,10 @@ fn run(lead: Lead, ready: SyncSender<HeadStart>) {
             super::supported_cpuid::ask_for_next_vm(&kvm);
         }
         if let Ok(vm) = CreatedVm::create(&kvm) {
+            if lead == Lead::Long {
+                // Not beside the boot's own work: the API server is idle now.
+                crate::devices::acpi::aml::prepare_pci_slots();
+            }
             let _ = ready.send(HeadStart { kvm, vm });
         }
     }
