@@ -60,6 +60,7 @@ impl Vmm {
         let (config, state) = snapshot::read(&dir).map_err(restore_error)?;
         let mut api: schema::VmConfig = serde_json::from_value(config)
             .map_err(|e| restore_error(SnapshotError::Config(e.to_string())))?;
+        refuse_tap_fds(&api, &r)?;
         let mut ids = DeviceIds::default();
         ids.assign_all(&mut api)?;
         let config = api
@@ -83,5 +84,32 @@ impl Vmm {
         }
         self.slot = Some(slot);
         Ok(())
+    }
+}
+
+/// A tap a client sent as file descriptors (`vm.add-net` with SCM_RIGHTS, what Kata does) has
+/// no name in config.json to open again: the restore is refused naming the card, before
+/// anything is made. Cloud Hypervisor takes new descriptors with the request (`net_fds`);
+/// exitless does not yet.
+fn refuse_tap_fds(api: &schema::VmConfig, r: &schema::RestoreConfig) -> Result<(), ControlError> {
+    if r.extra.get("net_fds").is_some() {
+        return Err(ControlError::Unsupported(
+            "vm.restore: net_fds (new tap file descriptors) is not supported by exitless yet"
+                .into(),
+        ));
+    }
+    let nameless = api
+        .net
+        .iter()
+        .flatten()
+        .find(|n| n.tap.as_deref().unwrap_or("").is_empty());
+    match nameless {
+        Some(n) => Err(ControlError::Unsupported(format!(
+            "vm.restore: device {} (virtio-net) had its tap sent as file descriptors, which a \
+             restore cannot open again (net_fds is not supported by exitless yet); name the tap \
+             in config.json (net[].tap) to restore it",
+            n.id.as_deref().unwrap_or("?")
+        ))),
+        None => Ok(()),
     }
 }
