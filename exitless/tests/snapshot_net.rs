@@ -3,12 +3,13 @@
 //! sends a frame and reads the host's echo, and makes a vsock connection with a line and its
 //! echo, every round; paused mid-run, snapshotted, restored in a fresh process, it goes on
 //! with both (frames in flight are sent again, the vsock transport reset ends its connection
-//! and it connects anew). A VM whose tap came as file descriptors is refused by name on
-//! restore. See docs/snapshot.md.
+//! and it connects anew). A card whose tap came as file descriptors is restored on the fds
+//! `vm.restore` brings (`net_fds`), refused by name without them. See docs/snapshot.md.
 
 mod common;
 
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::api_vmm::{ok, Vmm};
 use common::{export_guest, kvm_available, private_tap};
 use serde_json::Value;
-use vmm::devices::virtio::net::private_net::{PacketSocket, PrivateNet};
+use vmm::devices::virtio::net::private_net::{PacketSocket, PrivateNet, KATA_TAP_FLAGS};
 use vmm::snapshot::SnapshotState;
 
 const TICKS: u64 = 5;
@@ -254,10 +255,13 @@ fn a_guest_using_its_network_card_and_vsock_goes_on_with_both_once_restored() {
     );
     drop(vmm);
 
-    // A card whose tap came as file descriptors has no name to open again: refused by name.
+    // A card whose tap came as file descriptors (as Kata sends it) has no name in config.json:
+    // without new fds the restore is refused naming it; with them (net_fds) it runs again.
     c["net"][0].as_object_mut().unwrap().remove("tap");
+    let again = scratch.join("again.log");
+    c["serial"]["file"] = serde_json::json!(again);
     std::fs::write(&config, c.to_string()).unwrap();
-    let vmm = Vmm::start("snap-net-fds");
+    let vmm = vmm_in(&net, "snap-net-fds");
     let mut api = vmm.client();
     let r = api.request("PUT", "vm.restore", Some(&body.to_string()));
     let r = r.unwrap();
@@ -267,6 +271,17 @@ fn a_guest_using_its_network_card_and_vsock_goes_on_with_both_once_restored() {
     assert!(named, "{}", r.body);
     let info = api.request("GET", "vm.info", None).unwrap();
     assert_ne!(info.status, 200, "no VM: {}", info.body);
+    let tap = net.open_foreign_tap(TAP, KATA_TAP_FLAGS).unwrap();
+    let with_fds = serde_json::json!({
+        "source_url": format!("file://{}", dir.display()),
+        "net_fds": [{"id": "_net0", "num_fds": 1}],
+    });
+    let fds = [tap.as_raw_fd()];
+    let r = api.request_with_fds("PUT", "vm.restore", Some(&with_fds.to_string()), &fds);
+    ok(r.unwrap(), "vm.restore with net_fds");
+    drop(tap);
+    ok(api.request("PUT", "vm.resume", None).unwrap(), "vm.resume");
+    check_goes_on(&wait_file(&again, "EXITLESS DONE"), last);
     let _ = std::fs::remove_file(&guest);
     let _ = std::fs::remove_dir_all(&scratch);
 }
