@@ -78,7 +78,6 @@ fn read_packet(
 }
 
 impl VsockWorker {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         (rx, tx, event): (ActiveQueue, ActiveQueue, Option<ActiveQueue>),
         muxer: Arc<Mutex<Muxer>>,
