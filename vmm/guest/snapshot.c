@@ -23,6 +23,14 @@
  *
  * and the disk's qd, notifies and io_errors on the result line. Restored mid-run, the devices
  * must go on from their rings (a lost completion or interrupt ends the guest with an error).
+ *
+ * `net=1` also drives the virtio-net and virtio-vsock devices every round: a frame out and
+ * the host's echo of it back (sent again after about a second without one: a frame in flight
+ * at a snapshot is lost), and a vsock connection to host port `port=` (1234) with a line out
+ * and its echo back (made again when the device reset it: connections end at a restore, which
+ * the device tells with a transport reset), printing
+ *
+ *   EXITLESS SNAPNET n=<round> net_tries=<k> vsock_tries=<k> resets=<transport resets> cid=<c>
  */
 #include "guest.h"
 #include "virtio.h"
@@ -32,7 +40,7 @@
 #define PAGE_SIZE 4096UL
 
 struct snapshot_run {
-    u64 pages, ticks, iters, count, bad, virtio;
+    u64 pages, ticks, iters, count, bad, virtio, net;
 };
 
 static struct virtio_dev snap_rng;
@@ -71,6 +79,33 @@ static u64 snapshot_rng_read(void)
     return nonzero;
 }
 
+/* Round `t` over the network card and vsock (net=1). */
+static void snapshot_net_round(u64 t)
+{
+    static const u8 line[] = "exitless snapshot vsock line";
+    u64 net_tries = net_round_trip(t), vsock_tries = 0;
+    if (!net_tries)
+        virtio_fail("virtio_net: no echo of the round's frame from the host");
+    int done = 0;
+    while (!done && vsock_tries < 4) {
+        vsock_tries++;
+        done = vsock_round(1234, line, sizeof(line) - 1);
+    }
+    if (!done)
+        virtio_fail("virtio_vsock: every connection of the round was reset");
+    puts_("EXITLESS SNAPNET n=");
+    put_u64(t);
+    puts_(" net_tries=");
+    put_u64(net_tries);
+    puts_(" vsock_tries=");
+    put_u64(vsock_tries);
+    puts_(" resets=");
+    put_u64(vsock_transport_resets());
+    puts_(" cid=");
+    put_u64(vsock_guest_cid());
+    puts_("\n");
+}
+
 static volatile u64 tick_count;
 
 static u64 pattern(u64 page) { return (SNAP_BASE + page * PAGE_SIZE) ^ SNAP_SEED; }
@@ -92,6 +127,8 @@ static u64 snapshot_user(u64 arg)
             put_u64(nonzero);
             puts_("\n");
         }
+        if (r->net)
+            snapshot_net_round(t);
         tick_count = tick_count + 1;
         puts_("EXITLESS TICK n=");
         put_u64(t);
@@ -123,6 +160,12 @@ void snapshot_main(const char *cmdline)
     if (r.virtio) {
         const char *why = snapshot_virtio_setup(cmdline);
         if (why)
+            virtio_fail(why);
+    }
+    r.net = parse_u64(find_arg(cmdline, "net="));
+    if (r.net) {
+        const char *why = virtio_net_setup(cmdline);
+        if (why || (why = virtio_vsock_setup(cmdline)))
             virtio_fail(why);
     }
     run_user(snapshot_user, (u64)&r, snapshot_stack + sizeof(snapshot_stack));

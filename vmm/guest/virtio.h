@@ -146,6 +146,9 @@ const char *virtio_net_setup(const char *cmdline);
 u64 loop_virtio_net(u64 n);
 u64 loop_net_check(u64 n);
 void report_virtio_net(void);
+/* case=snapshot: a frame for round `n` out and the host's echo back, retried as frames in
+ * flight at a snapshot are lost; the tries it took, or 0. */
+u64 net_round_trip(u64 n);
 
 /* virtio-vsock (virtio_vsock.c): setup as the command line says (port=, listen=, mode=rr or
  * stream, irq=poll, evidx=off); vsock_check connects out and accepts one connection. */
@@ -153,6 +156,12 @@ const char *virtio_vsock_setup(const char *cmdline);
 u64 loop_virtio_vsock(u64 n);
 u64 loop_vsock_check(u64 n);
 void report_virtio_vsock(void);
+/* case=snapshot: a connection to host port `port`, `msg` out and its echo back, closed: 1, or
+ * 0 when the device reset the connection (as after a restore: try again); fails otherwise. */
+int vsock_round(u32 port, const u8 *msg, u32 len);
+/* The CID the device gives (read again at each transport reset), and the resets taken. */
+u64 vsock_guest_cid(void);
+u64 vsock_transport_resets(void);
 
 /* Hostile drivers (virtio_hostile.c): a broken vsock receive ring (ring=idx or ring=zero)
  * while the host sends; DRIVER_OK toggles on every device (iters=, seed=, sync). */

@@ -1,6 +1,7 @@
 /* The bench guest's virtio-net driver: one receive and one transmit queue, frames of the
  * local experimental ethertype 0x88b5. virtio_net sends frames as fast as the device takes
- * them (measured); net_check sends one frame, then echoes the host's frames back. CPL3. */
+ * them (measured); net_check sends one frame, then echoes the host's frames back;
+ * net_round_trip is case=snapshot's round (a frame out, the host's echo back). CPL3. */
 #include "virtio.h"
 
 #define VIRTIO_NET_F_MAC (1UL << 5)
@@ -219,5 +220,63 @@ u64 loop_net_check(u64 n)
     puts_("EXITLESS NET other_frames=");
     put_u64(other_frames);
     puts_("\n");
+    return 0;
+}
+
+/* Writes `v` in decimal at `p`; the digits' count. */
+static u32 put_dec(u8 *p, u64 v)
+{
+    u8 d[20];
+    u32 n = 0;
+    do
+        d[n++] = (u8)('0' + v % 10);
+    while (v /= 10);
+    for (u32 i = 0; i < n; i++)
+        p[i] = d[n - 1 - i];
+    return n;
+}
+
+static int same(const u8 *a, const u8 *b, u32 n)
+{
+    for (u32 i = 0; i < n; i++)
+        if (a[i] != b[i])
+            return 0;
+    return 1;
+}
+
+#define NET_TRY_CYCLES 2500000000UL /* about a second */
+#define NET_TRIES 8
+
+/* case=snapshot's round `n`: sends "exitless round <n> try <k>" to everyone and waits about a
+ * second for the host's echo of that very payload; again, up to NET_TRIES times (a frame in
+ * flight when the VM was snapshotted is lost). The tries it took, or 0. */
+u64 net_round_trip(u64 n)
+{
+    static const u8 round[] = "exitless round ", try_[] = " try ";
+    u8 payload[48];
+    struct vring_used_elem e;
+    for (u64 k = 1; k <= NET_TRIES; k++) {
+        u32 len = sizeof(round) - 1;
+        memcpy(payload, round, len);
+        len += put_dec(payload + len, n);
+        memcpy(payload + len, try_, sizeof(try_) - 1);
+        len += sizeof(try_) - 1;
+        len += put_dec(payload + len, k);
+        send_one(broadcast, payload, len, 60);
+        for (u64 start = rdtsc(); rdtsc() - start < NET_TRY_CYCLES;) {
+            if (!vring_wait_until(&rxq, use_irq, &e, NET_TRY_CYCLES))
+                break;
+            if (e.id >= RX_BUFS)
+                virtio_fail("virtio_net: the device returned a buffer the driver never posted");
+            u8 *f = rx_bufs[e.id] + NET_HDR;
+            int echo = e.len >= NET_HDR + ETH_HDR + len && f[12] == (ETHERTYPE_EXITLESS >> 8) &&
+                       f[13] == (ETHERTYPE_EXITLESS & 0xff) && same(f + ETH_HDR, payload, len);
+            other_frames += !echo;
+            rx_post((u16)e.id);
+            vring_kick(&rxq);
+            if (echo)
+                return k;
+        }
+    }
     return 0;
 }

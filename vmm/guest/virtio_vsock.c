@@ -1,7 +1,9 @@
 /* The bench guest's virtio-vsock driver: stream sockets, one connection at a time, with the
  * spec's credit flow control. vsock_check connects to a host port and echoes through it,
  * then accepts a host program's connection and echoes its data back; virtio_vsock measures
- * 64-byte round trips (mode=rr) or a 4 KiB-packet stream to the host (mode=stream). CPL3. */
+ * 64-byte round trips (mode=rr) or a 4 KiB-packet stream to the host (mode=stream);
+ * vsock_round is case=snapshot's round. A transport reset on the event queue (the device was
+ * restored from a snapshot) ends the connection waited on and the CID is read again. CPL3. */
 #include "virtio.h"
 
 #define HDR 44
@@ -18,6 +20,10 @@
 #define OP_RW 5
 #define OP_CREDIT_UPDATE 6
 #define OP_CREDIT_REQUEST 7
+#define EVENT_BUFS 4
+#define EVENT_TRANSPORT_RESET 0
+/* How often a wait for a packet looks at the event queue. */
+#define EVENT_POLL_CYCLES 1000000000UL
 
 struct vsock_hdr {
     u64 src_cid, dst_cid;
@@ -36,6 +42,8 @@ struct conn {
 static struct virtio_dev vs;
 static struct vring vrx, vtx, vev;
 static u8 rx_bufs[RX_BUFS][RX_BUF] __attribute__((aligned(4096)));
+static u8 ev_bufs[EVENT_BUFS][8] __attribute__((aligned(64)));
+static u64 transport_resets;
 static u8 tx_bufs[TX_SLOTS][HDR + TX_DATA] __attribute__((aligned(4096)));
 static u32 tx_free[TX_SLOTS], tx_nfree;
 static u64 guest_cid;
@@ -59,6 +67,32 @@ static void rx_post(u16 i)
 {
     vrx.desc[i] = (struct vring_desc){(u64)rx_bufs[i], RX_BUF, VRING_DESC_F_WRITE, 0};
     vring_post(&vrx, i);
+}
+
+static void ev_post(u16 i)
+{
+    vev.desc[i] = (struct vring_desc){(u64)ev_bufs[i], sizeof(ev_bufs[i]), VRING_DESC_F_WRITE, 0};
+    vring_post(&vev, i);
+}
+
+/* Takes the device's events; how many were transport resets (every connection is gone, the
+ * CID may have changed: read again). */
+static int take_events(void)
+{
+    struct vring_used_elem e;
+    int resets = 0;
+    while (vring_take(&vev, &e)) {
+        if (e.id >= EVENT_BUFS)
+            virtio_fail("virtio_vsock: an event buffer the driver never posted");
+        resets += e.len >= 4 && *(volatile u32 *)ev_bufs[e.id] == EVENT_TRANSPORT_RESET;
+        ev_post((u16)e.id);
+    }
+    if (resets) {
+        transport_resets += resets;
+        guest_cid = (u64)mmio_read32(vs.device_cfg) | (u64)mmio_read32(vs.device_cfg + 4) << 32;
+        vring_kick(&vev);
+    }
+    return resets;
 }
 
 static void tx_reap(void)
@@ -102,7 +136,14 @@ static u16 recv_pkt(struct conn *c, u8 *out, u32 max, u32 *got)
     struct vring_used_elem e;
     for (;;) {
         vring_kick(&vtx);
-        vring_wait(&vrx, use_irq, &e, "virtio_vsock: no packet from the host within seconds");
+        for (u64 start = rdtsc(); !vring_wait_until(&vrx, use_irq, &e, EVENT_POLL_CYCLES);) {
+            if (take_events()) {
+                c->reset = 1;
+                return OP_RST;
+            }
+            if (rdtsc() - start > VIRTIO_WAIT_CYCLES)
+                virtio_fail("virtio_vsock: no packet from the host within seconds");
+        }
         if (e.id >= RX_BUFS || e.len < HDR)
             virtio_fail("virtio_vsock: a receive buffer the driver never posted or too short");
         struct vsock_hdr *h = (struct vsock_hdr *)rx_bufs[e.id];
@@ -161,8 +202,11 @@ const char *virtio_vsock_setup(const char *cmdline)
         rx_post(i);
     for (tx_nfree = 0; tx_nfree < TX_SLOTS && tx_nfree < vtx.size; tx_nfree++)
         tx_free[tx_nfree] = tx_nfree;
+    for (u16 i = 0; i < EVENT_BUFS && i < vev.size; i++)
+        ev_post(i);
     virtio_driver_ok(&vs);
     vring_kick(&vrx);
+    vring_kick(&vev);
     u64 p = parse_u64(find_arg(cmdline, "port="));
     if (p)
         host_port = (u32)p;
@@ -322,3 +366,33 @@ u64 loop_vsock_check(u64 n)
     vsock_close(&l);
     return 0;
 }
+
+int vsock_round(u32 port, const u8 *msg, u32 len)
+{
+    static u8 back[64];
+    struct conn c;
+    u32 got;
+    if (len > sizeof(back))
+        len = sizeof(back);
+    take_events();
+    const char *why = vsock_connect(&c, port);
+    if (why && !c.reset)
+        virtio_fail(why);
+    if (why)
+        return 0;
+    send_pkt(&c, OP_RW, 0, msg, len);
+    vring_kick(&vtx);
+    for (u32 have = 0; have < len; have += got) {
+        u16 op = recv_pkt(&c, back + have, len - have, &got);
+        if (op == OP_RST || op == OP_SHUTDOWN)
+            return 0;
+    }
+    if (differs(back, msg, len))
+        virtio_fail("virtio_vsock: the echo differs");
+    vsock_close(&c);
+    return 1;
+}
+
+u64 vsock_guest_cid(void) { return guest_cid; }
+
+u64 vsock_transport_resets(void) { return transport_resets; }

@@ -39,7 +39,8 @@ pub enum ApiRequest {
     VmRemoveDevice(schema::VmRemoveDevice),
     VmResize(schema::VmResize),
     VmSnapshot(schema::VmSnapshotConfig),
-    VmRestore(schema::RestoreConfig),
+    /// With the tap fds `net_fds` describes (SCM_RIGHTS).
+    VmRestore(schema::RestoreConfig, Vec<OwnedFd>),
     VmmShutdown,
 }
 
@@ -103,7 +104,8 @@ fn optional<T: DeserializeOwned + Default>(endpoint: &str, b: &[u8]) -> Result<T
     body(endpoint, b)
 }
 
-/// The typed request for `req`; `fds` came with it (only `vm.add-net` takes them; others'
+/// The typed request for `req`; `fds` came with it (only `vm.add-net` and `vm.restore` take
+/// them; others'
 /// are dropped, which closes them).
 pub fn route(req: &http::Request, fds: Vec<OwnedFd>) -> Result<Route, HttpError> {
     let path = req.path.split('?').next().unwrap_or("");
@@ -134,7 +136,7 @@ pub fn route(req: &http::Request, fds: Vec<OwnedFd>) -> Result<Route, HttpError>
         "vm.remove-device" => (Method::Put, ApiRequest::VmRemoveDevice(body(endpoint, b)?)),
         "vm.resize" => (Method::Put, ApiRequest::VmResize(optional(endpoint, b)?)),
         "vm.snapshot" => (Method::Put, ApiRequest::VmSnapshot(body(endpoint, b)?)),
-        "vm.restore" => (Method::Put, ApiRequest::VmRestore(body(endpoint, b)?)),
+        "vm.restore" => (Method::Put, ApiRequest::VmRestore(body(endpoint, b)?, fds)),
         e if NOT_OFFERED.contains(&e) => {
             return Err(HttpError::new(
                 400,

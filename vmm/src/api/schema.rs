@@ -261,8 +261,19 @@ pub struct RestoreConfig {
     /// Run the VM at once instead of leaving it Paused.
     #[serde(default)]
     pub resume: bool,
+    /// Taps sent again with the request (SCM_RIGHTS), for cards whose tap came as fds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_fds: Option<Vec<RestoredNet>>,
     #[serde(flatten)]
     pub extra: Extra,
+}
+
+/// `vm.restore`'s `net_fds[]`: the card `id` takes the next `num_fds` fds of the request.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoredNet {
+    pub id: String,
+    pub num_fds: usize,
 }
 
 /// `vm.remove-device`.

@@ -41,7 +41,7 @@ fn every_endpoint_becomes_its_request() {
     ));
     assert!(matches!(
         put("vm.restore", r#"{"source_url":"file:///s","prefault":true}"#),
-        R::VmRestore(r) if r.source_url == "file:///s" && r.prefault && !r.resume
+        R::VmRestore(r, _) if r.source_url == "file:///s" && r.prefault && !r.resume
     ));
     assert!(matches!(put("vm.shutdown", ""), R::VmShutdown));
     assert!(matches!(put("vm.reboot", ""), R::VmReboot));

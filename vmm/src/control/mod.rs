@@ -225,7 +225,7 @@ impl Vmm {
             ApiRequest::VmRemoveDevice(r) => done(self.remove_device(r)),
             ApiRequest::VmResize(r) => done(self.resize(r)),
             ApiRequest::VmSnapshot(s) => done(self.snapshot(&s.destination_url)),
-            ApiRequest::VmRestore(r) => done(self.restore(r)),
+            ApiRequest::VmRestore(r, fds) => done(self.restore(r, fds)),
             ApiRequest::VmmShutdown => {
                 let r = self.delete();
                 self.exit = Some(VmmExit(0));

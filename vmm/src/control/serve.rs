@@ -83,7 +83,7 @@ fn request_name(r: &ApiRequest) -> &'static str {
         ApiRequest::VmRemoveDevice(_) => "vm.remove-device",
         ApiRequest::VmResize(_) => "vm.resize",
         ApiRequest::VmSnapshot(_) => "vm.snapshot",
-        ApiRequest::VmRestore(_) => "vm.restore",
+        ApiRequest::VmRestore(..) => "vm.restore",
         ApiRequest::VmmShutdown => "vmm.shutdown",
     }
 }

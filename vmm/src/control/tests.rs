@@ -412,10 +412,13 @@ fn snapshot_and_restore_are_refused_where_they_cannot_be_done() {
         })
     };
     let restore = |url: &str| {
-        R::VmRestore(schema::RestoreConfig {
-            source_url: url.into(),
-            ..Default::default()
-        })
+        R::VmRestore(
+            schema::RestoreConfig {
+                source_url: url.into(),
+                ..Default::default()
+            },
+            Vec::new(),
+        )
     };
     let mut vmm = Vmm::new();
     assert_eq!(status(&vmm.handle(snap("file:///tmp/x"))), 404);

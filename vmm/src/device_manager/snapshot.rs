@@ -43,6 +43,14 @@ impl DeviceManager {
         Ok(all)
     }
 
+    /// Tells every device the snapshot is over (written or not): devices that held still
+    /// for it go on.
+    pub fn snapshot_ended(&self) {
+        for (_, device) in &self.snapshottable {
+            device.snapshot_ended();
+        }
+    }
+
     /// Puts each device's saved state back. The saved set must be this VM's: a device
     /// without saved state, saved state without its device, or another kind is refused.
     pub fn restore_devices(

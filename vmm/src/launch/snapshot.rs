@@ -49,6 +49,19 @@ impl LaunchedVm {
         zones: &[MemoryZoneConfig],
         verbose: bool,
     ) -> Result<SnapshotSummary, LaunchError> {
+        let saved = self.write_snapshot(dir, config, zones, verbose);
+        // Devices that held still (receive queues) go on, whether it was written or not.
+        self.devices.snapshot_ended();
+        saved
+    }
+
+    fn write_snapshot(
+        &mut self,
+        dir: &Path,
+        config: &serde_json::Value,
+        zones: &[MemoryZoneConfig],
+        verbose: bool,
+    ) -> Result<SnapshotSummary, LaunchError> {
         let start = Instant::now();
         crate::snapshot::check_dir(dir)?;
         self.check_snapshottable()?;

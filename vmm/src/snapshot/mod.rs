@@ -120,6 +120,9 @@ pub trait Snapshottable: Send + Sync {
     fn snapshot(&self) -> Result<serde_json::Value, String>;
     /// Puts state saved by [`Snapshottable::snapshot`] back.
     fn restore(&self, state: serde_json::Value) -> Result<(), String>;
+    /// The snapshot is over, written or not (guest memory included): what
+    /// [`Snapshottable::snapshot`] held still for it goes on.
+    fn snapshot_ended(&self) {}
 }
 
 /// A device's state struct as JSON.

@@ -315,8 +315,31 @@ pub trait VirtioDevice: Send {
     /// transport's registers and the rings in guest memory are all its state (nothing of its
     /// own beyond what its config makes anew), else why not (docs/snapshot.md).
     fn snapshot_support(&self) -> Result<(), String> {
-        Err("its own state is not saved yet (only virtio-blk's and virtio-rng's are)".into())
+        Err(
+            "its own state is not saved yet (only virtio-blk's, virtio-rng's, virtio-net's \
+             and virtio-vsock's are)"
+                .into(),
+        )
     }
+    /// The queues whose buffers the driver posts ahead for the device to fill when something
+    /// comes (receive, event): a snapshot does not wait for them to drain (available and
+    /// used indexes equal), the device's [`VirtioDevice::quiesce`] answers for them.
+    fn prefilled_queues(&self) -> &[u16] {
+        &[]
+    }
+    /// Before a snapshot reads the running device (vCPUs parked, its other queues drained):
+    /// stop filling prefilled queues and give back every chain taken off them and not used,
+    /// so that each queue's used index is where the restored device resumes (no buffer lost
+    /// or used twice). Err(why) refuses the snapshot. Lasts until
+    /// [`VirtioDevice::unquiesce`].
+    fn quiesce(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+    /// The snapshot is over (written or not): the device goes on.
+    fn unquiesce(&mut self) {}
+    /// A snapshot's state was put back and the device is about to start from its rings:
+    /// what the guest must be told (vsock's transport reset) is told once it can be.
+    fn restored(&mut self) {}
     /// Per-queue counters, by queue index.
     fn counters(&self) -> Arc<[QueueCounters]>;
     /// What the device counts beyond its queues (frames, drops, connections), by name.

@@ -15,7 +15,7 @@ mod tests;
 pub mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use virtio_bindings::virtio_net as vn;
 
@@ -86,6 +86,12 @@ pub struct Net {
     mac: [u8; 6],
     counters: Arc<[QueueCounters]>,
     net: Arc<NetCounters>,
+    /// The queue work while the device runs (the event loop owns it), for a snapshot.
+    worker: Weak<Mutex<NetWorker>>,
+}
+
+fn lock(worker: &Mutex<NetWorker>) -> MutexGuard<'_, NetWorker> {
+    worker.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A locally administered unicast MAC derived from the tap's name (stable across runs).
@@ -117,6 +123,7 @@ impl Net {
             mac,
             counters: Arc::from(vec![QueueCounters::default(), QueueCounters::default()]),
             net: Arc::default(),
+            worker: Weak::new(),
         }
     }
 
@@ -214,7 +221,36 @@ impl VirtioDevice for Net {
             a.features & F_MRG_RXBUF != 0,
             a.health,
         );
-        Ok(Arc::new(Mutex::new(worker)))
+        let worker = Arc::new(Mutex::new(worker));
+        self.worker = Arc::downgrade(&worker);
+        Ok(worker)
+    }
+
+    fn reset(&mut self) {
+        self.worker = Weak::new();
+    }
+
+    /// Its configuration (the MAC) is made anew from the config and the tap opened again by
+    /// name; transmit chains drain, receive buffers are given back ([`NetWorker::quiesce`]).
+    fn snapshot_support(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn prefilled_queues(&self) -> &[u16] {
+        &[RX]
+    }
+
+    fn quiesce(&mut self) -> Result<(), String> {
+        match self.worker.upgrade() {
+            Some(worker) => lock(&worker).quiesce(),
+            None => Ok(()),
+        }
+    }
+
+    fn unquiesce(&mut self) {
+        if let Some(worker) = self.worker.upgrade() {
+            lock(&worker).unquiesce();
+        }
     }
 
     fn counters(&self) -> Arc<[QueueCounters]> {

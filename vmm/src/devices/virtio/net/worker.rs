@@ -36,8 +36,14 @@ pub(super) struct NetWorker {
     counters: Arc<[QueueCounters]>,
     net: Arc<NetCounters>,
     mrg_rxbuf: bool,
-    /// Receive chains held for the next frames (at most a queue's worth).
-    spare: VecDeque<WritableChain>,
+    /// Receive chains taken for the next frames (at most a queue's worth), in the order taken:
+    /// a malformed one (Err(head)) is used, empty, when it reaches the front, so chains are
+    /// used in the order they were taken and the held ones are always the last taken (a
+    /// snapshot gives them back by moving the ring's next index back over them).
+    spare: VecDeque<Result<WritableChain, u16>>,
+    /// A snapshot is being taken: frames the tap gives are dropped, nothing is written to
+    /// the receive queue (see [`NetWorker::quiesce`]).
+    quiesced: bool,
     frame: Vec<u8>,
     warned: bool,
     health: Arc<DeviceHealth>,
@@ -72,6 +78,7 @@ impl NetWorker {
             net,
             mrg_rxbuf,
             spare: VecDeque::new(),
+            quiesced: false,
             frame: vec![0; MAX_FRAME],
             warned: false,
             health,
@@ -136,7 +143,9 @@ impl NetWorker {
                     break;
                 }
             };
-            if self.deliver(n) {
+            if self.quiesced {
+                add(&self.net.rx_dropped, 1);
+            } else if self.deliver(n) {
                 delivered = true;
                 add(&self.net.rx_frames, 1);
                 add(&self.net.rx_bytes, (n - VNET_HDR_LEN) as u64);
@@ -149,17 +158,35 @@ impl NetWorker {
         }
     }
 
+    /// Completes a malformed receive chain empty, counted.
+    fn use_malformed(&mut self, head: u16) {
+        add(&self.counters[usize::from(RX)].malformed, 1);
+        if self.rx.add_used(self.mem.get(), head, 0).is_ok() {
+            add(&self.counters[usize::from(RX)].completed, 1);
+        }
+    }
+
     /// Takes receive chains off the ring until the spare ones hold `need` bytes (or the first
     /// one does, without merged buffers); false if the ring runs out first.
     fn gather_rx(&mut self, need: usize) -> bool {
-        let enough = |spare: &VecDeque<WritableChain>, mrg: bool| {
+        let enough = |spare: &VecDeque<Result<WritableChain, u16>>, mrg: bool| {
             if mrg {
-                spare.iter().map(|c| c.capacity).sum::<usize>() >= need
+                let room = spare.iter().flatten().map(|c| c.capacity);
+                room.sum::<usize>() >= need
             } else {
-                spare.front().is_some_and(|c| c.capacity >= need)
+                spare
+                    .front()
+                    .is_some_and(|c| c.as_ref().is_ok_and(|c| c.capacity >= need))
             }
         };
-        while !enough(&self.spare, self.mrg_rxbuf) {
+        loop {
+            while let Some(&Err(head)) = self.spare.front() {
+                self.spare.pop_front();
+                self.use_malformed(head);
+            }
+            if enough(&self.spare, self.mrg_rxbuf) {
+                return true;
+            }
             if !self.mrg_rxbuf && !self.spare.is_empty() {
                 return false; // the first chain is too small for this frame
             }
@@ -168,17 +195,36 @@ impl NetWorker {
             };
             let head = chain.head_index();
             let max = usize::from(super::QUEUE_SIZE);
-            match WritableChain::take(chain, &self.mem, max, VNET_HDR_LEN) {
-                Some(c) => self.spare.push_back(c),
-                None => {
-                    add(&self.counters[usize::from(RX)].malformed, 1);
-                    if self.rx.add_used(self.mem.get(), head, 0).is_ok() {
-                        add(&self.counters[usize::from(RX)].completed, 1);
-                    }
-                }
-            }
+            let taken = WritableChain::take(chain, &self.mem, max, VNET_HDR_LEN);
+            self.spare.push_back(taken.ok_or(head));
         }
-        true
+    }
+
+    /// For a snapshot (vCPUs parked): stops writing the receive queue until
+    /// [`NetWorker::unquiesce`] (frames the tap gives meanwhile are dropped and counted, as
+    /// frames in flight) and gives back the receive chains held for the next frames: they
+    /// were the last taken off the ring and none after them was used, so the ring's next
+    /// index goes back over them and the device (or the one restored from the used ring)
+    /// takes them again. Err if a chain taken is still neither used nor given back.
+    pub(super) fn quiesce(&mut self) -> Result<(), String> {
+        self.quiesced = true;
+        let held = u16::try_from(self.spare.len()).unwrap_or(u16::MAX);
+        let next = self.rx.next_avail().wrapping_sub(held);
+        self.rx.set_next_avail(next);
+        self.spare.clear();
+        let used = self.rx.next_used();
+        if next != used {
+            return Err(format!(
+                "queue {RX} holds {} receive buffers it took and did not use",
+                next.wrapping_sub(used)
+            ));
+        }
+        Ok(())
+    }
+
+    /// The snapshot is over: frames go to the guest again.
+    pub(super) fn unquiesce(&mut self) {
+        self.quiesced = false;
     }
 
     /// Copies the `n`-byte frame (header first) into receive chains; false if they lack room.
@@ -190,14 +236,22 @@ impl NetWorker {
         let mut room = 0;
         while room < n {
             let c = self.spare.pop_front().expect("gather_rx found room");
-            room += c.capacity;
+            room += c.as_ref().map_or(0, |c| c.capacity);
             chains.push(c);
         }
         // num_buffers, the header's last field: how many chains the frame takes.
-        let count = u16::try_from(chains.len()).unwrap_or(u16::MAX);
+        let count = chains.iter().filter(|c| c.is_ok()).count();
+        let count = u16::try_from(count).unwrap_or(u16::MAX);
         self.frame[VNET_HDR_LEN - 2..VNET_HDR_LEN].copy_from_slice(&count.to_le_bytes());
         let mut done = 0;
         for c in chains {
+            let c = match c {
+                Ok(c) => c,
+                Err(head) => {
+                    self.use_malformed(head);
+                    continue;
+                }
+            };
             let written = c.fill(&self.mem, &self.frame[done..n]);
             done += written;
             if self

@@ -3,9 +3,11 @@
 //! the config on restore is the same); once its driver set it up, the transport's registers
 //! (PCI command word, the common configuration with each queue's addresses, the MSI-X table
 //! and pending bits, the ISR) for devices whose whole state that is ([`VirtioDevice`]'s
-//! `snapshot_support`: virtio-blk and virtio-rng). Their rings are in guest memory: a
-//! snapshot first lets the device drain them (every request the driver made available is
-//! completed), so the restored device resumes from the used ring exactly. See
+//! `snapshot_support`: virtio-blk, virtio-rng, virtio-net, virtio-vsock). Their rings are in
+//! guest memory: a snapshot first lets the device drain them (every request the driver made
+//! available is completed; receive and event buffers, which wait for something to come, are
+//! given back by the device, `quiesce`), so the restored device resumes from the used ring
+//! exactly. See
 //! docs/snapshot.md, "Devices".
 //!
 //! [`VirtioDevice`]: crate::devices::virtio::VirtioDevice
@@ -79,9 +81,10 @@ impl VirtioPciDevice {
         if self.health.needs_reset() {
             return Err("it needs a reset (its driver broke a ring)".into());
         }
-        let queues: Vec<(usize, QueueRegs)> = {
+        let (queues, prefilled): (Vec<(usize, QueueRegs)>, Vec<u16>) = {
             let t = lock(&self.transport);
-            t.common.queues.iter().copied().enumerate().collect()
+            let queues = t.common.queues.iter().copied().enumerate().collect();
+            (queues, t.device.prefilled_queues().to_vec())
         };
         let queues: Vec<_> = queues.into_iter().filter(|(_, q)| q.enabled).collect();
         // The device takes what the driver made available even if the driver had yet to
@@ -89,11 +92,17 @@ impl VirtioPciDevice {
         for (i, _) in &queues {
             let _ = self.notify[*i].write(1);
         }
+        // Receive and event buffers stay available until something comes: the device says
+        // it holds none of them (quiesce), the other queues drain.
+        let must_drain: Vec<_> = queues
+            .iter()
+            .filter(|(i, _)| !prefilled.iter().any(|&p| usize::from(p) == *i))
+            .collect();
         loop {
             let mem = self.mem.memory();
-            let busy = queues.iter().find(|(_, q)| !drained(q, &mem));
+            let busy = must_drain.iter().find(|(_, q)| !drained(q, &mem));
             match busy {
-                None => return Ok(()),
+                None => return lock(&self.transport).device.quiesce(),
                 Some((i, _)) => wait(&format!("queue {i} still has requests in flight"))?,
             }
         }
@@ -164,6 +173,10 @@ impl Snapshottable for VirtioPciDevice {
         })
     }
 
+    fn snapshot_ended(&self) {
+        lock(&self.transport).device.unquiesce();
+    }
+
     fn restore(&self, state: serde_json::Value) -> Result<(), String> {
         let s: VirtioState = from_state(state)?;
         let bar = self.bar_base();
@@ -200,6 +213,7 @@ impl Snapshottable for VirtioPciDevice {
         }
         // Started on the event loop as a driver's DRIVER_OK starts it: the queues resume
         // from the used rings, which the snapshot drained.
+        t.device.restored();
         self.start(&mut t);
         // Notifications the saved device had not read went with its eventfds: it looks.
         for (i, q) in t.common.queues.iter().enumerate() {

@@ -15,7 +15,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use thiserror::Error;
 
@@ -86,6 +86,14 @@ pub struct Vsock {
     muxer: Arc<Mutex<Muxer>>,
     counters: Arc<[QueueCounters]>,
     vsock: Arc<VsockCounters>,
+    /// The queue work while the device runs (the event loop owns it), for a snapshot.
+    worker: Weak<Mutex<VsockWorker>>,
+    /// Restored from a snapshot: the next start owes the guest a transport reset.
+    owe_reset: bool,
+}
+
+fn lock_worker(worker: &Mutex<VsockWorker>) -> MutexGuard<'_, VsockWorker> {
+    worker.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Binds `path`, replacing a socket file no program listens on any more.
@@ -132,6 +140,8 @@ impl Vsock {
             muxer: Arc::new(Mutex::new(muxer)),
             counters: Arc::from((0..3).map(|_| QueueCounters::default()).collect::<Vec<_>>()),
             vsock,
+            worker: Weak::new(),
+            owe_reset: false,
         };
         Ok((device, SocketFile(config.socket.clone())))
     }
@@ -164,7 +174,7 @@ impl VirtioDevice for Vsock {
         let mut queues = a.queues;
         queues.sort_by_key(|q| q.index);
         let indexes: Vec<u16> = queues.iter().map(|q| q.index).collect();
-        // The event queue is only for transport resets (live migration): not used here.
+        // The event queue is only for transport resets (after a restore).
         if indexes.len() < 2 || indexes[..2] != [RX, TX] {
             return Err(VirtioError::QueueCount {
                 device: "virtio-vsock".into(),
@@ -172,26 +182,61 @@ impl VirtioDevice for Vsock {
                 got: indexes.len(),
             });
         }
-        queues.truncate(2);
+        queues.truncate(3);
         self.muxer
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .drop_all();
+        let event = match queues.last() {
+            Some(q) if q.index == EVENT => queues.pop(),
+            _ => None,
+        };
         let tx = queues.pop().expect("two queues");
         let rx = queues.pop().expect("two queues");
         let worker = VsockWorker::new(
-            rx,
-            tx,
+            (rx, tx, event),
             self.muxer.clone(),
             a.mem,
             a.interrupt,
             self.counters.clone(),
             a.health,
+            std::mem::take(&mut self.owe_reset),
         );
-        Ok(Arc::new(Mutex::new(worker)))
+        let worker = Arc::new(Mutex::new(worker));
+        self.worker = Arc::downgrade(&worker);
+        Ok(worker)
+    }
+
+    /// The CID comes from the config, the socket is listened on anew; transmit chains drain,
+    /// receive buffers are given back ([`VsockWorker::quiesce`]). Connections do not survive:
+    /// a restore tells the guest with a transport reset.
+    fn snapshot_support(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn prefilled_queues(&self) -> &[u16] {
+        &[RX, EVENT]
+    }
+
+    fn quiesce(&mut self) -> Result<(), String> {
+        match self.worker.upgrade() {
+            Some(worker) => lock_worker(&worker).quiesce(),
+            None => Ok(()),
+        }
+    }
+
+    fn unquiesce(&mut self) {
+        if let Some(worker) = self.worker.upgrade() {
+            lock_worker(&worker).unquiesce();
+        }
+    }
+
+    fn restored(&mut self) {
+        self.owe_reset = true;
     }
 
     fn reset(&mut self) {
+        self.worker = Weak::new();
         self.muxer
             .lock()
             .unwrap_or_else(|e| e.into_inner())

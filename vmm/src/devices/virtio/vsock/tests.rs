@@ -23,6 +23,9 @@ const RX_BASE: u64 = 0;
 const TX_BASE: u64 = 0x1_0000;
 const RX_USED: u64 = 0xc000;
 const TX_USED: u64 = 0x1_c000;
+const EV_BASE: u64 = 0x2_0000;
+const EV_USED: u64 = 0x2_c000;
+const EV_BUFS: u64 = 0x80_0000;
 const RX_BUFS: u64 = 0x10_0000;
 const TX_BUFS: u64 = 0x40_0000;
 const CID: u64 = 3;
@@ -36,6 +39,8 @@ struct Rig {
     _rx: MockSplitQueue<'static, GuestMemoryMmap>,
     tx: MockSplitQueue<'static, GuestMemoryMmap>,
     tx_notify: EventFd,
+    ev: MockSplitQueue<'static, GuestMemoryMmap>,
+    ev_notify: EventFd,
     dev: Vsock,
     path: PathBuf,
     _socket_file: SocketFile,
@@ -50,6 +55,11 @@ fn socket_path(tag: &str) -> PathBuf {
 
 /// A device with 32 receive buffers of 4 KiB posted.
 fn rig(tag: &str) -> Rig {
+    rig_of(tag, false)
+}
+
+/// The same, made as a restore makes it when `restored` (no event buffer posted yet).
+fn rig_of(tag: &str, restored: bool) -> Rig {
     let mem: &'static GuestMemoryMmap = Box::leak(Box::new(
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap(),
     ));
@@ -66,18 +76,21 @@ fn rig(tag: &str) -> Rig {
         .collect();
     rx.add_desc_chains(&bufs, 0).unwrap();
     let tx = MockSplitQueue::create(mem, GuestAddress(TX_BASE), 256);
+    let ev = MockSplitQueue::create(mem, GuestAddress(EV_BASE), 16);
     let mut queues = Vec::new();
-    let mut tx_notify = None;
+    let (mut tx_notify, mut ev_notify) = (None, None);
     for (index, vq, used) in [
         (RX, &rx, RX_USED),
         (TX, &tx, TX_USED),
-        (EVENT, &tx, TX_USED),
+        (EVENT, &ev, EV_USED),
     ] {
         let mut queue: Queue = vq.create_queue().unwrap();
         queue.set_used_ring_address(Some(used as u32), Some(0));
         let notify = EventFd::new(EFD_NONBLOCK).unwrap();
-        if index == TX {
-            tx_notify = Some(notify.try_clone().unwrap());
+        match index {
+            TX => tx_notify = Some(notify.try_clone().unwrap()),
+            EVENT => ev_notify = Some(notify.try_clone().unwrap()),
+            _ => {}
         }
         queues.push(ActiveQueue {
             index,
@@ -87,6 +100,9 @@ fn rig(tag: &str) -> Rig {
     }
     let el = EventLoop::start().unwrap();
     let mut dev = dev;
+    if restored {
+        dev.restored();
+    }
     dev.activate(Activation {
         mem: crate::devices::virtio::SharedGuestMemory::new(mem.clone()),
         features: dev.features(),
@@ -101,6 +117,8 @@ fn rig(tag: &str) -> Rig {
         _rx: rx,
         tx,
         tx_notify: tx_notify.unwrap(),
+        ev,
+        ev_notify: ev_notify.unwrap(),
         dev,
         path,
         _socket_file: socket_file,
@@ -317,4 +335,50 @@ fn a_hostile_guest_gets_resets_and_counts_never_a_panic_or_unbounded_state() {
     assert!(r.count("bad_packets") >= 2);
     assert_eq!(r.count("open"), 0, "every misbehaving connection was reset");
     assert_eq!(r.count("connections"), 2);
+}
+
+/// After a restore the device owes the guest a transport reset (virtio 1.2, 5.10.6.7): a
+/// snapshot is refused until it is sent; it goes out, once, in the first event buffer the
+/// driver gives. A quiesced device puts nothing in the receive queue.
+#[test]
+fn a_restored_device_sends_one_transport_reset_once_the_driver_gives_an_event_buffer() {
+    let mut r = rig_of("reset", true);
+    assert_eq!(r.dev.prefilled_queues(), &[RX, EVENT]);
+    let err = r.dev.quiesce().unwrap_err();
+    assert!(err.contains("transport reset"), "{err}");
+    r.dev.unquiesce();
+    let used = |r: &Rig| -> u16 { r.mem.read_obj(GuestAddress(EV_USED + 2)).unwrap() };
+    assert_eq!(used(&r), 0, "no event buffer yet");
+    r.mem
+        .write_obj(0xffff_ffffu32, GuestAddress(EV_BUFS))
+        .unwrap();
+    let bufs = [d(EV_BUFS, 8, WRITE), d(EV_BUFS + 8, 8, WRITE)];
+    r.ev.add_desc_chains(&bufs, 0).unwrap();
+    r.ev_notify.write(1).unwrap();
+    let start = Instant::now();
+    while used(&r) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no transport reset"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let id: u32 = r.mem.read_obj(GuestAddress(EV_USED + 4)).unwrap();
+    let len: u32 = r.mem.read_obj(GuestAddress(EV_USED + 8)).unwrap();
+    assert_eq!((id, len), (0, 4));
+    let event: u32 = r.mem.read_obj(GuestAddress(EV_BUFS)).unwrap();
+    assert_eq!(event, 0, "VIRTIO_VSOCK_EVENT_TRANSPORT_RESET");
+    // Sent now: the snapshot may go on; the second buffer stays the driver's.
+    r.dev.quiesce().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(used(&r), 1, "one reset, once");
+    // Quiesced, a guest connection's answer waits in the muxer: nothing is received.
+    let _host = UnixListener::bind(format!("{}_1234", r.path.display())).unwrap();
+    r.send(guest_header(OP_REQUEST, 5000, 1234, 0), &[]);
+    std::thread::sleep(Duration::from_millis(50));
+    let rx_used: u16 = r.mem.read_obj(GuestAddress(RX_USED + 2)).unwrap();
+    assert_eq!(rx_used, 0, "nothing written while quiesced");
+    r.dev.unquiesce();
+    let (h, _) = r.recv();
+    assert_eq!(h.op, OP_RESPONSE, "the answer once the snapshot is over");
 }

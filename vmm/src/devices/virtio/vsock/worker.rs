@@ -11,7 +11,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::muxer::{FdChange, Muxer};
 use super::packet::{Header, HDR_LEN, MAX_PAYLOAD};
-use super::{RX, TX};
+use super::{EVENT, RX, TX};
 use crate::devices::virtio::{
     serve_available, signal_used, ActiveQueue, DeviceHealth, MemoryView, QueueCounters,
     SharedGuestMemory, StallGuard, VirtioInterrupt, WritableChain,
@@ -27,10 +27,24 @@ pub(super) struct VsockWorker {
     mem: MemoryView,
     interrupt: Arc<dyn VirtioInterrupt>,
     counters: Arc<[QueueCounters]>,
+    /// The event queue, where only a transport reset is ever sent (after a restore).
+    event: Option<(Queue, Arc<EventFd>)>,
+    /// A transport reset is owed to the guest (the device was restored from a snapshot): sent
+    /// once the driver has an event buffer there.
+    reset_pending: bool,
+    /// The receive chain taken and not used (the last taken off the ring: nothing after it
+    /// was used).
     spare: Option<WritableChain>,
+    /// A snapshot is being taken: nothing is written to the receive queue (see
+    /// [`VsockWorker::quiesce`]).
+    quiesced: bool,
     buf: Vec<u8>,
     health: Arc<DeviceHealth>,
 }
+
+/// `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET` (virtio 1.2, 5.10.6.7): the device's connections
+/// are gone and the guest's CID may have changed; `struct virtio_vsock_event` is its le32 id.
+const EVENT_TRANSPORT_RESET: u32 = 0;
 
 fn lock(m: &Mutex<Muxer>) -> MutexGuard<'_, Muxer> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -65,15 +79,18 @@ fn read_packet(
 
 impl VsockWorker {
     pub(super) fn new(
-        rx: ActiveQueue,
-        tx: ActiveQueue,
+        (rx, tx, event): (ActiveQueue, ActiveQueue, Option<ActiveQueue>),
         muxer: Arc<Mutex<Muxer>>,
         mem: SharedGuestMemory,
         interrupt: Arc<dyn VirtioInterrupt>,
         counters: Arc<[QueueCounters]>,
         health: Arc<DeviceHealth>,
+        reset_pending: bool,
     ) -> Self {
         VsockWorker {
+            event: event.map(|q| (q.queue, q.notify)),
+            reset_pending,
+            quiesced: false,
             rx: rx.queue,
             rx_notify: rx.notify,
             tx: tx.queue,
@@ -93,9 +110,72 @@ impl VsockWorker {
     }
 
     fn signal(&mut self, q: u16) {
-        let queue = if q == RX { &mut self.rx } else { &mut self.tx };
+        let queue = match (q, &mut self.event) {
+            (RX, _) => &mut self.rx,
+            (EVENT, Some((event, _))) => event,
+            _ => &mut self.tx,
+        };
         let counters = &self.counters[usize::from(q)];
         signal_used(queue, self.mem.get(), self.interrupt.as_ref(), q, counters);
+    }
+
+    /// Sends the transport reset a restore owes the guest, once the driver has given an event
+    /// buffer (a malformed one is completed empty and counted).
+    fn send_reset(&mut self) {
+        let Some((event, _)) = self.event.as_mut().filter(|_| self.reset_pending) else {
+            return;
+        };
+        let mem = self.mem.get();
+        let counters = &self.counters[usize::from(EVENT)];
+        while let Some(chain) = event.pop_descriptor_chain(mem) {
+            let head = chain.head_index();
+            let taken = WritableChain::take(chain, mem, 4, 4);
+            let len = taken.map_or(0, |c| c.fill(mem, &EVENT_TRANSPORT_RESET.to_le_bytes()));
+            let _ = event.add_used(mem, head, len as u32);
+            QueueCounters::add(&counters.completed, 1);
+            if len == 0 {
+                QueueCounters::add(&counters.malformed, 1);
+                continue;
+            }
+            self.reset_pending = false;
+            self.signal(EVENT);
+            return;
+        }
+    }
+
+    /// For a snapshot (vCPUs parked): stops writing the receive queue until
+    /// [`VsockWorker::unquiesce`] (what host programs send meanwhile waits in the muxer) and
+    /// gives back the receive chain held for the next packet: it was the last taken off the
+    /// ring and none after it was used, so the ring's next index goes back over it. Err if a
+    /// chain is still held, or a transport reset the guest was owed has not reached it.
+    pub(super) fn quiesce(&mut self) -> Result<(), String> {
+        self.quiesced = true;
+        if self.spare.take().is_some() {
+            let next = self.rx.next_avail().wrapping_sub(1);
+            self.rx.set_next_avail(next);
+        }
+        let (next, used) = (self.rx.next_avail(), self.rx.next_used());
+        if next != used {
+            return Err(format!(
+                "queue {RX} holds {} receive buffers it took and did not use",
+                next.wrapping_sub(used)
+            ));
+        }
+        if self.reset_pending {
+            return Err(
+                "the transport reset its restore owes the guest has not reached it \
+                        (the driver has given no event buffer)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The snapshot is over: packets go to the guest again (a pass of the worker is asked
+    /// for: what came meanwhile waits in the muxer).
+    pub(super) fn unquiesce(&mut self) {
+        self.quiesced = false;
+        let _ = self.rx_notify.write(1);
     }
 
     /// Hands every packet the guest queued to the muxer.
@@ -145,6 +225,9 @@ impl VsockWorker {
 
     /// Moves the muxer's packets into receive buffers while both last.
     fn fill_rx(&mut self) {
+        if self.quiesced {
+            return;
+        }
         let mut delivered = false;
         while lock(&self.muxer).has_rx() {
             let Some(chain) = self.take_rx_chain() else {
@@ -208,6 +291,11 @@ impl MutEventSubscriber for VsockWorker {
             if self.rx_notify.read().is_ok() {
                 QueueCounters::add(&self.counter(RX).notifies, 1);
             }
+        } else if let Some((_, notify)) = self.event.as_ref().filter(|e| e.1.as_raw_fd() == fd) {
+            if notify.read().is_ok() {
+                QueueCounters::add(&self.counter(EVENT).notifies, 1);
+            }
+            self.send_reset();
         } else {
             self.host_event(fd, events.event_set());
         }
@@ -220,15 +308,18 @@ impl MutEventSubscriber for VsockWorker {
     fn init(&mut self, ops: &mut EventOps) {
         self.mem.refresh();
         let listener = lock(&self.muxer).listener_fd();
-        for fd in [
+        let event = self.event.as_ref().map(|e| e.1.as_raw_fd());
+        let fds = [
             self.tx_notify.as_raw_fd(),
             self.rx_notify.as_raw_fd(),
             listener,
-        ] {
+        ];
+        for fd in fds.into_iter().chain(event) {
             if let Err(e) = ops.add(Events::new_raw(fd, EventSet::IN)) {
                 eprintln!("exitless: virtio-vsock cannot watch its fds: {e}");
             }
         }
+        self.send_reset();
         self.serve_tx();
         self.apply_fd_changes(ops);
         self.fill_rx();
