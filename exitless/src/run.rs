@@ -230,7 +230,14 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
         .transpose()?;
     let config = match &restored {
         Some((_, config, _)) => config.clone(),
-        None => vm_config(&args)?,
+        None => {
+            let mut config = vm_config(&args)?;
+            if api_socket.is_some() {
+                // Named as vm.info shows them: the API and a snapshot find each by that name.
+                vmm::api::convert::name_devices_as_the_api_does(&mut config);
+            }
+            config
+        }
     };
     if let Some(path) = &args.profile_json {
         ensure_writable("--profile-json", path)?;

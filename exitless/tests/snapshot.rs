@@ -117,13 +117,19 @@ fn wait_file(path: &Path, line: &str) -> String {
     }
 }
 
-/// `exitless run` of the bench guest's snapshot case with its API on `socket`: paused after
-/// its second round, snapshotted into `dir`, then ended. Returns the last round it printed.
+/// `exitless run` of the bench guest's snapshot case with its API on `socket`, a disk
+/// (read-only: clones of one snapshot share it) and the entropy device given on the command
+/// line: paused after its second round, snapshotted into
+/// `dir`, then ended. Returns the last round it printed.
 fn snapshot_of_a_run(guest: &Path, socket: &Path, dir: &Path) -> u64 {
+    let image = dir.with_extension("img");
+    std::fs::write(&image, vec![0u8; 1 << 20]).unwrap();
     let mut child = Proc(
         std::process::Command::new(exitless_path())
             .args(["run", "--memory", "512M", "--timeout", "60", "--kernel"])
             .arg(guest)
+            .args(["--rng", "--disk"])
+            .arg(format!("path={},readonly=on", image.display()))
             .args(["--cmdline", CMDLINE, "--api-socket"])
             .arg(socket)
             .stdin(Stdio::null())
@@ -140,6 +146,10 @@ fn snapshot_of_a_run(guest: &Path, socket: &Path, dir: &Path) -> u64 {
     );
     let mut c = vmm::api::client::ApiClient::connect(socket, Duration::from_secs(30)).unwrap();
     ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
+    // The command line's disk runs under the id vm.info shows (the snapshot keys its state
+    // by the name the device runs under, and a restore makes it from config.json's id).
+    let info = c.request("GET", "vm.info", None).unwrap();
+    assert!(info.body.contains("\"_disk0\""), "{}", info.body);
     let url = serde_json::json!({ "destination_url": format!("file://{}", dir.display()) });
     let body = url.to_string();
     ok(
@@ -181,6 +191,9 @@ fn a_guest_paused_mid_loop_goes_on_in_fresh_processes_and_its_clones_run_apart()
     let dir = scratch.join("snap");
     std::fs::create_dir(&dir).unwrap();
     let last = snapshot_of_a_run(&guest, &scratch.join("api.sock"), &dir);
+    let state = SnapshotState::parse(&std::fs::read(dir.join("state.json")).unwrap()).unwrap();
+    assert_eq!(state.devices["_disk0"].kind, "virtio-blk");
+    assert_eq!(state.devices["virtio-rng"].kind, "virtio-rng");
     let ram = dir.join("guest-ram");
     let meta = std::fs::metadata(&ram).unwrap();
     assert_eq!(meta.len(), 512 << 20);

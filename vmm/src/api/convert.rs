@@ -156,6 +156,9 @@ impl VmConfig {
 
     /// The body that describes a VM started from the command line (`run --api-socket`).
     pub fn from_vm_config(c: &config::VmConfig) -> Self {
+        let mut named = c.clone();
+        name_devices_as_the_api_does(&mut named);
+        let c = &named;
         let path = |p: &std::path::Path| p.display().to_string();
         VmConfig {
             cpus: CpusConfig {
@@ -190,7 +193,7 @@ impl VmConfig {
                         path: Some(path(&d.path)),
                         readonly: d.readonly,
                         direct: d.direct,
-                        id: Some(d.id.clone().unwrap_or_else(|| format!("_disk{i}"))),
+                        id: d.id.clone(),
                         ..DiskConfig::default()
                     })
                     .collect(),
@@ -202,7 +205,7 @@ impl VmConfig {
                     .map(|(i, n)| NetConfig {
                         tap: Some(n.tap.clone()),
                         mac: n.mac.map(|m| m.to_string()),
-                        id: Some(n.id.clone().unwrap_or_else(|| format!("_net{i}"))),
+                        id: n.id.clone(),
                         ..NetConfig::default()
                     })
                     .collect(),
@@ -210,7 +213,7 @@ impl VmConfig {
             vsock: c.vsock.as_ref().map(|v| VsockConfig {
                 cid: u64::from(v.cid),
                 socket: path(&v.socket),
-                id: Some("_vsock0".into()),
+                id: v.id.clone(),
                 ..VsockConfig::default()
             }),
             fs: (!c.fs.is_empty()).then(|| {
@@ -220,7 +223,7 @@ impl VmConfig {
                     socket: path(&f.socket),
                     num_queues: f.num_queues,
                     queue_size: f.queue_size,
-                    id: Some(f.id.clone().unwrap_or_else(|| format!("_fs{i}"))),
+                    id: f.id.clone(),
                     pci_segment: 0,
                     extra: Extra::new(),
                 })
@@ -230,11 +233,36 @@ impl VmConfig {
                 size: b.size,
                 deflate_on_oom: b.deflate_on_oom,
                 free_page_reporting: b.free_page_reporting,
-                id: Some(b.id.clone().unwrap_or_else(|| "_balloon0".into())),
+                id: b.id.clone(),
                 ..BalloonConfig::default()
             }),
             ..VmConfig::default()
         }
+    }
+}
+
+/// Gives the devices of a VM described on the command line the ids the API shows for them
+/// (`_disk0`, `_net0`, `_vsock0`, `_fs0`, `_balloon0`, Cloud Hypervisor's names), where they
+/// have none: `run --api-socket` launches them so named, and `vm.info`, `vm.remove-device`
+/// and a snapshot's config.json then name each device as it runs.
+pub fn name_devices_as_the_api_does(c: &mut config::VmConfig) {
+    let name = |id: &mut Option<String>, kind: &str, i: usize| {
+        id.get_or_insert_with(|| format!("_{kind}{i}"));
+    };
+    for (i, d) in c.disks.iter_mut().enumerate() {
+        name(&mut d.id, "disk", i);
+    }
+    for (i, n) in c.nets.iter_mut().enumerate() {
+        name(&mut n.id, "net", i);
+    }
+    if let Some(v) = &mut c.vsock {
+        name(&mut v.id, "vsock", 0);
+    }
+    for (i, f) in c.fs.iter_mut().enumerate() {
+        name(&mut f.id, "fs", i);
+    }
+    if let Some(b) = &mut c.balloon {
+        name(&mut b.id, "balloon", 0);
     }
 }
 
