@@ -188,8 +188,7 @@ impl VmConfig {
             disks: Some(
                 c.disks
                     .iter()
-                    .enumerate()
-                    .map(|(i, d)| DiskConfig {
+                    .map(|d| DiskConfig {
                         path: Some(path(&d.path)),
                         readonly: d.readonly,
                         direct: d.direct,
@@ -201,8 +200,7 @@ impl VmConfig {
             net: Some(
                 c.nets
                     .iter()
-                    .enumerate()
-                    .map(|(i, n)| NetConfig {
+                    .map(|n| NetConfig {
                         tap: Some(n.tap.clone()),
                         mac: n.mac.map(|m| m.to_string()),
                         id: n.id.clone(),
@@ -217,17 +215,17 @@ impl VmConfig {
                 ..VsockConfig::default()
             }),
             fs: (!c.fs.is_empty()).then(|| {
-                let fs = c.fs.iter().enumerate();
-                fs.map(|(i, f)| FsConfig {
-                    tag: f.tag.clone(),
-                    socket: path(&f.socket),
-                    num_queues: f.num_queues,
-                    queue_size: f.queue_size,
-                    id: f.id.clone(),
-                    pci_segment: 0,
-                    extra: Extra::new(),
-                })
-                .collect()
+                c.fs.iter()
+                    .map(|f| FsConfig {
+                        tag: f.tag.clone(),
+                        socket: path(&f.socket),
+                        num_queues: f.num_queues,
+                        queue_size: f.queue_size,
+                        id: f.id.clone(),
+                        pci_segment: 0,
+                        extra: Extra::new(),
+                    })
+                    .collect()
             }),
             balloon: c.balloon.as_ref().map(|b| BalloonConfig {
                 size: b.size,
