@@ -30,6 +30,7 @@ const SHARED_CASES: &[&str] = &[
     "virtio_fs_qd1",
     "virtio_fs_qd32",
     "pio_out_devices",
+    "snapshot",
 ];
 
 #[derive(Args)]
@@ -69,7 +70,9 @@ pub struct CompareArgs {
     /// virtiofsd of its own on one 16 MiB file, needs root and virtiofsd; pio_out_devices:
     /// pio_out with a 16 MiB raw disk, a virtio-net on that tap and vsock (cid 3) attached to
     /// every VMM but not driven, for memory and start-up with devices, needs root; QEMU
-    /// gets no vsock: its vhost-vsock-pci needs /dev/vhost-vsock)
+    /// gets no vsock: its vhost-vsock-pci needs /dev/vhost-vsock; snapshot: the guest paused
+    /// mid-loop, snapshotted and restored in fresh processes through each VMM's API, with
+    /// exitless, Firecracker and Cloud Hypervisor (see docs/performance.md))
     #[arg(
         long,
         value_delimiter = ',',
@@ -301,27 +304,14 @@ fn print_table(report: &CompareReport) {
         report.rounds, report.memory_mib
     );
     print_left_out(report);
-    println!(
-        "{:<15} {:<17} {:>18} {:>8} {:>18} {:>12} {:>20} {:>12} {:>11} {:>13} {:>10} {:>7} {:>24}",
-        "case",
-        "vmm",
-        "first line ms",
-        "x floor",
-        "done ms",
-        "cycles/iter",
-        "wall us/iter",
-        "cpu us/iter",
-        "peak RSS kB",
-        "priv dirty kB",
-        "beyond kB",
-        "ratio",
-        "turnaround ns min/p50/p99"
-    );
     let cases = report
         .vmms
         .first()
         .map(|v| v.cases.clone())
         .unwrap_or_default();
+    if !cases.is_empty() {
+        print_case_header();
+    }
     for case in cases.iter().map(|c| &c.case) {
         for v in &report.vmms {
             let Some(c) = v.cases.iter().find(|c| &c.case == case) else {
@@ -356,6 +346,9 @@ fn print_table(report: &CompareReport) {
     }
     print_device_table(report, &cases);
     print_backend_table(report, &cases);
+    if let Some(rows) = &report.snapshot {
+        crate::compare_snapshot::print(rows);
+    }
     if let Some(note) = noise_note(report) {
         println!("{note}");
     }
@@ -365,6 +358,25 @@ fn print_table(report: &CompareReport) {
              user time, so cpu us/iter does not isolate a VMM's own work (guest time is in --json)"
         );
     }
+}
+
+fn print_case_header() {
+    println!(
+        "{:<15} {:<17} {:>18} {:>8} {:>18} {:>12} {:>20} {:>12} {:>11} {:>13} {:>10} {:>7} {:>24}",
+        "case",
+        "vmm",
+        "first line ms",
+        "x floor",
+        "done ms",
+        "cycles/iter",
+        "wall us/iter",
+        "cpu us/iter",
+        "peak RSS kB",
+        "priv dirty kB",
+        "beyond kB",
+        "ratio",
+        "turnaround ns min/p50/p99"
+    );
 }
 
 /// What was not measured, or not as asked: one line each.

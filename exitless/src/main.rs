@@ -9,6 +9,8 @@ mod compare;
 mod compare_api;
 #[cfg(feature = "lab")]
 mod compare_density;
+#[cfg(feature = "lab")]
+mod compare_snapshot;
 mod output_file;
 mod remote;
 mod run;

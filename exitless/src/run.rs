@@ -223,6 +223,10 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
     if args.paused && api_socket.is_none() {
         anyhow::bail!("--paused needs --api-socket (vm.resume runs the VM)");
     }
+    if args.timing {
+        // Before the snapshot is read: a restore's timing starts there.
+        vmm::startup::enable();
+    }
     let restored = args
         .restore
         .as_deref()
@@ -243,9 +247,6 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
         ensure_writable("--profile-json", path)?;
     }
     launch::install_signal_handlers()?;
-    if args.timing {
-        vmm::startup::enable();
-    }
     // Launch errors already include their causes in their messages: keep them one line.
     let (mut vm, api, paused) = match restored {
         Some((api, config, state)) => {

@@ -566,3 +566,97 @@ fn the_fs_cases_give_each_vmm_its_own_virtiofsd_and_count_its_cpu() {
         "Firecracker has no virtio-fs: {out}"
     );
 }
+
+/// The snapshot case: exitless, Firecracker and Cloud Hypervisor each boot the guest through
+/// their API, pause, snapshot and restore it in fresh processes; a VMM that cannot snapshot
+/// here keeps its row with the error it answered (Cloud Hypervisor on a PVM host), QEMU and
+/// the floor say why they sit it out.
+#[test]
+fn the_snapshot_case_has_a_row_per_vmm_that_snapshots_and_a_peer_s_error_in_its_row() {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        vmm::test_skip::skip("compare_snapshot", "/dev/kvm is missing on this host");
+        return;
+    }
+    let on_path = |kind| Vmm::on_path(kind).map(|v| v.path.display().to_string());
+    let (Some(firecracker), Some(cloud_hypervisor)) = (
+        on_path(VmmKind::Firecracker),
+        on_path(VmmKind::CloudHypervisor),
+    ) else {
+        let why = "firecracker or cloud-hypervisor is not on PATH (../shared/peers.md says how to build them)";
+        vmm::test_skip::skip("compare_snapshot", why);
+        return;
+    };
+    let json =
+        std::env::temp_dir().join(format!("exitless-compare-snap-{}.json", std::process::id()));
+    let (report, out, _) = report_of(
+        &[
+            "--qemu",
+            "/bin/false",
+            "--firecracker",
+            &firecracker,
+            "--cloud-hypervisor",
+            &cloud_hypervisor,
+            "--cases",
+            "snapshot",
+            "--rounds",
+            "1",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &json,
+    );
+    let rows = report["snapshot"].as_array().expect("snapshot rows");
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["vmm"].as_str()).collect();
+    assert_eq!(
+        names,
+        ["exitless", "firecracker", "cloud-hypervisor"],
+        "{report:#}"
+    );
+    let bytes = |r: &serde_json::Value| r["snapshot_bytes"]["median"].as_f64().unwrap();
+    for row in &rows[..2] {
+        assert!(row["failed"].is_null(), "{row}");
+        assert_eq!(row["rounds"].as_array().map(Vec::len), Some(1), "{row}");
+        for figure in ["create_ms", "restore_resume_ms", "spawn_to_line_ms"] {
+            assert!(
+                row[figure]["median"].as_f64() > Some(0.0),
+                "{figure}: {row}"
+            );
+        }
+        let clones = &row["rounds"][0]["clone_private_dirty_kib"];
+        assert_eq!(clones.as_array().map(Vec::len), Some(3), "{row}");
+        assert!(
+            row["private_dirty_kib"]["min"].as_f64() > Some(0.0),
+            "{row}"
+        );
+    }
+    // exitless writes the pages the guest touched, Firecracker's Full snapshot all of RAM.
+    assert!(bytes(&rows[0]) < 64.0 * 1048576.0, "{:#}", rows[0]);
+    assert!(bytes(&rows[1]) >= 512.0 * 1048576.0, "{:#}", rows[1]);
+    let ch = &rows[2];
+    match ch["failed"].as_str() {
+        Some(error) => {
+            assert!(error.starts_with("vm."), "the request that failed: {error}");
+            assert!(
+                out.contains(&format!("cannot snapshot here: {error}")),
+                "{out}"
+            );
+            if Path::new("/sys/module/kvm_pvm").exists() {
+                assert!(error.contains("GetNestedState"), "{error}");
+            }
+        }
+        None => assert!(
+            ch["restore_resume_ms"]["median"].as_f64() > Some(0.0),
+            "{ch}"
+        ),
+    }
+    let not_run = |name: &str| {
+        let vmms = report["vmms"].as_array().unwrap();
+        let v = vmms.iter().find(|v| v["vmm"] == name).unwrap();
+        v["not_run"].to_string()
+    };
+    assert!(not_run("qemu").contains("snapshot: "), "{report:#}");
+    assert!(
+        not_run("floor").contains("snapshot: it has no snapshot"),
+        "{report:#}"
+    );
+}

@@ -19,7 +19,7 @@ mod restore;
 mod snapshot;
 mod start_up_memory;
 pub use hotplug::HotplugDevice;
-pub use restore::{restore, RestoreOptions};
+pub use restore::{moment as restore_moment, restore, RestoreOptions};
 pub use snapshot::SnapshotSummary;
 pub use start_up_memory::release_unused_stack;
 
@@ -595,6 +595,7 @@ impl LaunchedVm {
     /// Lets the vCPUs run again after [`LaunchedVm::pause`].
     pub fn resume(&self) -> Result<(), LaunchError> {
         self.running()?.resume();
+        startup::mark(restore_moment::RESUMED);
         Ok(())
     }
 

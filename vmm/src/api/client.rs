@@ -56,8 +56,29 @@ impl ApiClient {
         body: Option<&str>,
         fds: &[RawFd],
     ) -> io::Result<Reply> {
+        self.send(method, &format!("/api/v1/{endpoint}"), body, fds)
+    }
+
+    /// `method path` with an optional JSON body, `path` as given (Firecracker's API has no
+    /// `/api/v1/` prefix: `/snapshot/load`).
+    pub fn request_path(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> io::Result<Reply> {
+        self.send(method, path, body, &[])
+    }
+
+    fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        fds: &[RawFd],
+    ) -> io::Result<Reply> {
         let body = body.unwrap_or("");
-        let mut req = format!("{method} /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\n");
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\n");
         if !body.is_empty() {
             req.push_str("Content-Type: application/json\r\n");
         }

@@ -8,6 +8,7 @@ pub mod floor;
 pub mod kvm_stats;
 pub mod peer;
 pub mod process;
+pub mod snapshot;
 pub mod turnaround;
 pub mod vmm_kind;
 
@@ -52,6 +53,8 @@ pub enum CompareError {
     Stopped,
     #[error("Cannot start virtiofsd: {0}")]
     Backend(String),
+    #[error("{0}")]
+    Snapshot(String),
     #[error("exitless itself failed on case {case}: {source}")]
     Exitless {
         case: String,
@@ -187,6 +190,9 @@ pub struct CompareReport {
     /// Cases not run for any VMM, each with why (e.g. no tap can be made).
     pub not_run: Vec<String>,
     pub vmms: Vec<VmmReport>,
+    /// The `snapshot` case's rows, one per VMM that takes part, when it was run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Vec<snapshot::SnapshotRow>>,
 }
 
 /// One run and what its trace said (or why nothing).
@@ -299,8 +305,13 @@ pub fn run(
         debugfs: kvm_stats::debugfs_readable().is_ok(),
         fs: fs.as_ref(),
     };
+    let mut snapshots = Snapshots::new(plan);
     for round in 1..=plan.rounds {
         for (c, case) in plan.cases.iter().enumerate() {
+            if case == snapshot::CASE {
+                snapshots.round(plan, round, &mut progress, &stop)?;
+                continue;
+            }
             if (needs_tap(case) && setting.net.is_none())
                 || (needs_fs(case) && setting.fs.is_none())
             {
@@ -343,7 +354,70 @@ pub fn run(
     report.turnaround = tracer.map_or_else(|why| why, |_| "measured".to_string());
     report.not_run = not_run;
     report.kernel_exits_note = kernel_exits_note(debugfs);
+    report.snapshot = plan
+        .cases
+        .iter()
+        .any(|c| c == snapshot::CASE)
+        .then(|| snapshots.rows(plan));
     Ok(report)
+}
+
+/// The `snapshot` case's rounds so far, per VMM of the plan, and the error that stopped a
+/// VMM (a peer's is its row's; exitless's ends the comparison).
+struct Snapshots(Vec<(Vec<snapshot::SnapshotRound>, Option<String>)>);
+
+impl Snapshots {
+    fn new(plan: &Plan) -> Self {
+        Snapshots(vec![(Vec::new(), None); plan.vmms.len()])
+    }
+
+    fn round(
+        &mut self,
+        plan: &Plan,
+        round: u32,
+        progress: &mut impl FnMut(&str),
+        stop: &impl Fn() -> bool,
+    ) -> Result<(), CompareError> {
+        let taking_part = plan.vmms.iter().zip(self.0.iter_mut());
+        for (vmm, (rounds, failed)) in taking_part.filter(|(v, _)| snapshot::takes_part(v.kind)) {
+            if failed.is_some() {
+                continue;
+            }
+            if stop() {
+                return Err(CompareError::Stopped);
+            }
+            let name = vmm.kind.name();
+            progress(&format!("round {round}/{}: {name} snapshot", plan.rounds));
+            let setting = snapshot::RoundSetting {
+                guest: &plan.guest,
+                memory_mib: plan.memory_mib,
+                dir: plan.workdir.join(format!("snapshot-{name}")),
+                limit: plan.limit,
+            };
+            match snapshot::round(vmm, &setting) {
+                Ok(r) => rounds.push(r),
+                Err(e) if vmm.kind == VmmKind::Exitless => {
+                    return Err(CompareError::Exitless {
+                        case: snapshot::CASE.into(),
+                        source: Box::new(CompareError::Snapshot(e)),
+                    })
+                }
+                Err(e) => {
+                    progress(&format!("{name}: snapshot: {e}; left out"));
+                    *failed = Some(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn rows(self, plan: &Plan) -> Vec<snapshot::SnapshotRow> {
+        let taking_part = plan.vmms.iter().zip(self.0);
+        taking_part
+            .filter(|(v, _)| snapshot::takes_part(v.kind))
+            .map(|(v, (rounds, failed))| snapshot::SnapshotRow::of(v.kind.name(), rounds, failed))
+            .collect()
+    }
 }
 
 /// Each VMM binary's page cache dropped, to be faulted in from disk (see
@@ -593,6 +667,7 @@ fn report(
         kernel_exits_note: None,
         not_run: Vec::new(),
         vmms,
+        snapshot: None,
     }
 }
 

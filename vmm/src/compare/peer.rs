@@ -141,6 +141,9 @@ impl Vmm {
 
     /// Why this VMM cannot run `case`, if it cannot.
     pub fn cannot_run(&self, case: &str) -> Option<&'static str> {
+        if case == super::snapshot::CASE {
+            return super::snapshot::why_not(self.kind);
+        }
         let device = peer_device(case)?;
         match (self.kind, device) {
             // Attached devices are not driven: transport and BARs do not matter.

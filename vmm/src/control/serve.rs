@@ -38,10 +38,14 @@ pub fn serve(
         };
         let handled = call.is_some();
         if let Some(call) = call {
-            let what = verbose.then(|| request_name(&call.request));
+            let what = verbose.then(|| (request_name(&call.request), Instant::now()));
             let response = vmm.handle(call.request);
-            if let Some(what) = what {
-                eprintln!("exitless: api: {what} -> {}", status(&response));
+            if let Some((what, at)) = what {
+                let ms = at.elapsed().as_secs_f64() * 1e3;
+                eprintln!(
+                    "exitless: api: {what} -> {} ({ms:.2} ms)",
+                    status(&response)
+                );
             }
             // A client gone before its answer only loses the answer.
             let _ = call.reply.send(response);

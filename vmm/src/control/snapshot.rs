@@ -62,6 +62,9 @@ impl Vmm {
                 "vm.restore: zone_updates is not supported by exitless".into(),
             ));
         }
+        if self.verbose {
+            crate::startup::enable();
+        }
         let dir = snapshot::dir_from_url(&r.source_url).map_err(restore_error)?;
         let (config, state) = snapshot::read(&dir).map_err(restore_error)?;
         let mut api: schema::VmConfig = serde_json::from_value(config)
@@ -87,6 +90,9 @@ impl Vmm {
             slot.state = VmState::Running;
         }
         self.slot = Some(slot);
+        if let Some(t) = crate::startup::timeline().filter(|_| self.verbose) {
+            eprint!("exitless: vm.restore {}", t.render());
+        }
         Ok(())
     }
 }

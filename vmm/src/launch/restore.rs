@@ -20,7 +20,24 @@ use crate::memory::{self, Backing};
 use crate::snapshot::format::{RegionSource, RegionState, SnapshotState};
 use crate::snapshot::memory_file;
 use crate::snapshot::{cpu_features, SnapshotError, MEMORY_FILE};
+use crate::startup::mark;
 use crate::vm::VcpuThreadsAhead;
+
+/// The moments of a restore (`run --restore --timing`, `vm.restore` with `-v`).
+pub mod moment {
+    pub const ASKED: &str = "restore: asked (the snapshot's folder given)";
+    pub const READ: &str = "restore: state.json and config.json read and checked";
+    pub const KVM_OPEN: &str = "restore: /dev/kvm opened";
+    pub const THREADS_AHEAD: &str = "restore: vCPU threads started ahead";
+    pub const DECODED: &str = "restore: saved KVM state decoded";
+    pub const MEMORY: &str = "restore: guest memory mapped";
+    pub const VM: &str = "restore: VM, memory slots, irqchip (PIT on its own thread)";
+    pub const DEVICES: &str = "restore: devices added";
+    pub const VCPUS: &str = "restore: vCPUs created, host CPU checked, VM and vCPU state set";
+    pub const DEVICE_STATE: &str = "restore: device state put back";
+    pub const PARKED: &str = "restore: vCPUs handed to their threads, parked";
+    pub const RESUMED: &str = "resume: vCPUs let go";
+}
 
 /// Restore choices that are not part of the snapshot (the console goes where the config's
 /// `serial_output` and `serial_log` say).
@@ -52,19 +69,23 @@ pub fn restore(
     config.validate(MAX_VCPUS)?;
     check_fits(config, &state)?;
     let kvm = kvm::open()?;
+    mark(moment::KVM_OPEN);
     config.validate(kvm.get_max_vcpus())?;
     // Named, pinned and filtered while the VM is made, as at a boot (see `launch`).
     let affinity = config.cpu_affinity.as_ref();
     let threads_ahead = VcpuThreadsAhead::spawn(
         (0..usize::from(config.cpus)).map(|id| (id, affinity.and_then(|a| a.host_cpu(id)))),
     )?;
+    mark(moment::THREADS_AHEAD);
     let vcpus = state
         .vcpus
         .iter()
         .map(|v| v.to_kvm().map_err(SnapshotError::Corrupt))
         .collect::<Result<Vec<_>, _>>()?;
     let vm_state = state.vm.to_kvm().map_err(SnapshotError::Corrupt)?;
+    mark(moment::DECODED);
     let mem = restore_memory(config, dir, &state)?;
+    mark(moment::MEMORY);
     let spec = VmSpec {
         kernel: KernelImage::File(config.kernel.clone()),
         initrd: config.initrd.clone(),
@@ -76,6 +97,7 @@ pub fn restore(
         irqchip: config.irqchip,
     };
     let mut builder = VmBuilder::with_memory(kvm, spec, mem)?;
+    mark(moment::VM);
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
     // The same controllers at the same addresses as the saved VM's (its memory hotplug
@@ -83,13 +105,16 @@ pub fn restore(
     let hotplug_ram = config.hotplug_ram();
     builder.enable_hotplug(hotplug_ram.as_ref().map_or(0, HotplugRam::slots))?;
     let socket_files = add_virtio_devices(&mut builder, config)?;
+    mark(moment::DEVICES);
     let vcpu_opts = VcpuOptions {
         affinity: config.cpu_affinity.clone(),
         ..VcpuOptions::default()
     };
     let check_cpu = |seen: &[kvm_bindings::kvm_cpuid_entry2]| check_host(seen, &state);
     let built = builder.build_restored(&vcpu_opts, &vm_state, &vcpus, &check_cpu)?;
+    mark(moment::VCPUS);
     built.devices.restore_devices(state.devices)?;
+    mark(moment::DEVICE_STATE);
     let parts = HostParts {
         serial,
         socket_files,
@@ -101,6 +126,7 @@ pub fn restore(
     // Parked before their first KVM_RUN: the VM is Paused until resumed.
     launched.vm.control.request_pause();
     launched.running = Some(launched.vm.start_ahead(threads_ahead, vcpus)?);
+    mark(moment::PARKED);
     if opts.stdin_to_serial {
         attach_stdin(&launched.event_loop, launched.serial.clone());
     }

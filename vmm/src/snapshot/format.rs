@@ -215,7 +215,9 @@ impl SnapshotState {
             });
         }
         let state: SnapshotState = serde_json::from_slice(bytes).map_err(|e| json_error(&e))?;
-        if checksum_of(&state)? != state.checksum {
+        if !written_checksum_matches(bytes, &state.checksum)
+            && checksum_of(&state)? != state.checksum
+        {
             return Err(SnapshotError::Checksum);
         }
         state.validate()?;
@@ -268,6 +270,26 @@ fn json_error(e: &serde_json::Error) -> SnapshotError {
         e.line(),
         e.column()
     ))
+}
+
+/// Whether `bytes` are the file as exitless writes it (compact, fields in order) and hold
+/// `checksum`: their CRC-32 with the checksum's value blanked is `checksum`. This is what
+/// [`checksum_of`] computes without encoding the parsed state again (0.3 ms of a restore's
+/// CPU on the development host, for a 23 KB file). A file reformatted since, or damaged,
+/// does not match and is checked by [`checksum_of`].
+fn written_checksum_matches(bytes: &[u8], checksum: &str) -> bool {
+    let field = format!("\"checksum\":\"{checksum}\"");
+    let Some(at) = bytes
+        .windows(field.len())
+        .position(|w| w == field.as_bytes())
+    else {
+        return false;
+    };
+    let value = at + "\"checksum\":\"".len();
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&bytes[..value]);
+    crc.update(&bytes[value + checksum.len()..]);
+    format!("crc32:{:08x}", crc.finalize()) == checksum
 }
 
 /// The CRC-32 of `state` written with an empty checksum.

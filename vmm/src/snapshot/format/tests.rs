@@ -87,6 +87,23 @@ fn a_state_round_trips_with_its_checksum() {
 }
 
 #[test]
+fn the_written_file_s_checksum_is_checked_on_its_bytes_and_a_reformatted_one_re_encoded() {
+    let mut s = sample();
+    let text = s.to_json().unwrap();
+    assert!(written_checksum_matches(text.as_bytes(), &s.checksum));
+    assert_eq!(checksum_of(&s).unwrap(), s.checksum);
+    // Any byte changed, or the file reformatted: the bytes no longer match on their own.
+    let at = text.find("\"regs\":\"").unwrap() + 8;
+    let mut changed = text.clone().into_bytes();
+    changed[at] = if changed[at] == b'0' { b'1' } else { b'0' };
+    assert!(!written_checksum_matches(&changed, &s.checksum));
+    let pretty = serde_json::to_string_pretty(&s).unwrap();
+    assert!(!written_checksum_matches(pretty.as_bytes(), &s.checksum));
+    assert!(!written_checksum_matches(text.as_bytes(), "crc32:00000000"));
+    assert!(!written_checksum_matches(text.as_bytes(), ""));
+}
+
+#[test]
 fn damaged_truncated_and_foreign_files_are_refused_in_one_line() {
     let text = sample().to_json().unwrap();
     // A changed digit inside the registers: the JSON parses, the checksum does not match.
