@@ -47,15 +47,7 @@ static void set_actual(u32 pages) { mmio_write32(bal.device_cfg + 4, pages); }
 /* Waits (seconds at most) for a byte on COM1: the host's go-ahead. */
 static int wait_for_host(void)
 {
-    for (u64 t = rdtsc(); rdtsc() - t < VIRTIO_WAIT_CYCLES;) {
-        if (inb(COM1_PORT + 5) & 1) {
-            (void)inb(COM1_PORT);
-            return 1;
-        }
-        for (u64 p = rdtsc(); rdtsc() - p < 1000000;)
-            __asm__ volatile("pause");
-    }
-    return 0;
+    return console_wait_byte(VIRTIO_WAIT_CYCLES);
 }
 
 const char *virtio_balloon_setup(const char *cmdline)
