@@ -63,6 +63,9 @@ pub(super) struct NetWorker {
     tx_held: Option<(u16, usize)>,
     /// What the event loop watches the tap for now (None: not watched).
     tap_events: Option<EventSet>,
+    /// The tap reported an error or hang-up (its interface went away): no longer watched,
+    /// which would wake the loop for ever.
+    tap_broken: bool,
     warned: bool,
     health: Arc<DeviceHealth>,
 }
@@ -102,6 +105,7 @@ impl NetWorker {
             tx_frame: vec![0; MAX_FRAME],
             tx_held: None,
             tap_events: None,
+            tap_broken: false,
             warned: false,
             health,
         }
@@ -133,6 +137,9 @@ impl NetWorker {
         }
         if self.tx_held.is_some() {
             want |= EventSet::OUT;
+        }
+        if self.tap_broken {
+            want = EventSet::empty();
         }
         if self.tap_events == Some(want) || (self.tap_events.is_none() && want.is_empty()) {
             return;
@@ -188,10 +195,18 @@ impl MutEventSubscriber for NetWorker {
         self.mem.refresh();
         let fd = events.fd();
         if fd == self.tap.as_raw_fd() {
-            if events.event_set().contains(EventSet::OUT) {
+            let ready = events.event_set();
+            if !ready.intersects(EventSet::IN | EventSet::OUT) {
+                // EPOLLERR or EPOLLHUP alone: reported whatever is asked, level-triggered.
+                self.tap_broken = true;
+                self.warn_once(format_args!(
+                    "the tap reports an error; it is no longer read"
+                ));
+            }
+            if ready.contains(EventSet::OUT) || self.tap_broken {
                 self.serve_tx();
             }
-            if events.event_set().contains(EventSet::IN) {
+            if ready.contains(EventSet::IN) {
                 self.serve_rx();
             }
         } else if fd == self.tx_notify.as_raw_fd() {

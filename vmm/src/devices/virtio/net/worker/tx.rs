@@ -27,7 +27,9 @@ impl NetWorker {
     pub(super) fn serve_tx(&mut self) {
         let mut completed = false;
         if let Some((head, len)) = self.tx_held {
-            if self.send(len) == Sent::Again {
+            if self.tap_broken {
+                add(&self.net.tx_errors, 1);
+            } else if self.send(len) == Sent::Again {
                 return;
             }
             self.tx_held = None;
