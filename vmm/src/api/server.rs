@@ -1,10 +1,11 @@
 //! The API's Unix socket: a listener thread and one thread per connection, none of which
 //! touches the VM. A connection reads requests (with the file descriptors sent with them),
 //! answers `vmm.ping` itself and hands every other request to the VM's owner thread,
-//! waiting on its own reply channel. A slow or hostile client holds only its own thread:
-//! a request that stalls half-way is dropped after [`STALL_TIMEOUT`], an idle keep-alive
-//! connection after [`IDLE_TIMEOUT`], and beyond [`MAX_CONNECTIONS`] a new connection is
-//! answered 503 and closed.
+//! waiting on its own reply channel. A slow or hostile client holds only its own thread, and
+//! not for long: a request must arrive whole within [`REQUEST_TIMEOUT`] of its first byte,
+//! however slowly its bytes trickle in; a connection idle before or between requests is
+//! closed after [`IDLE_TIMEOUT`]; beyond [`MAX_CONNECTIONS`] a new connection is answered 503 and closed.
+//! When the process runs out of file descriptors, accepting pauses ([`AcceptErrors`]).
 
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -15,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -26,8 +27,8 @@ use super::{route, ApiCall, ApiResponse, Route};
 
 /// Most connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
-/// How long a request may take to arrive once its first byte has.
-pub const STALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request may take to arrive, whole, once its first byte has.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a keep-alive connection may sit idle between requests.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Most file descriptors one request may bring (Kata sends one per queue pair).
@@ -154,11 +155,20 @@ fn accept_loop(
     answering: &Arc<AtomicUsize>,
 ) {
     let active = Arc::new(AtomicUsize::new(0));
+    let mut errors = AcceptErrors::default();
     for stream in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             return;
         }
-        let Ok(mut stream) = stream else { continue };
+        let mut stream = match stream {
+            Ok(stream) => stream,
+            Err(e) => {
+                if let Some(pause) = errors.pause(&e) {
+                    thread::sleep(pause);
+                }
+                continue;
+            }
+        };
         if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
             let busy = Body::Text("Too many API connections; try again".into());
             let _ = stream.write_all(&http::response(503, &busy, true));
@@ -179,6 +189,41 @@ fn accept_loop(
     }
 }
 
+/// What the accept loop does when accepting fails. Out of file descriptors (or kernel
+/// memory) the pending connection stays queued and accept fails again at once: the loop
+/// would spin a core until a descriptor is freed. It pauses instead, and says so once.
+#[derive(Debug, Default)]
+pub struct AcceptErrors {
+    /// Failures for want of resources.
+    pub starved: u64,
+}
+
+/// How long accepting pauses after failing for want of file descriptors or memory.
+pub const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
+impl AcceptErrors {
+    /// After accept failed with `e`: how long to pause before the next try (None: at once,
+    /// for a failure of that one connection, such as a client that gave up).
+    pub fn pause(&mut self, e: &io::Error) -> Option<Duration> {
+        let starved = matches!(
+            e.raw_os_error(),
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+        );
+        if !starved {
+            return None;
+        }
+        self.starved += 1;
+        if self.starved == 1 {
+            eprintln!(
+                "exitless: the API cannot accept a connection: {e}; pausing {} ms between \
+                 tries while it lasts (said once)",
+                ACCEPT_PAUSE.as_millis()
+            );
+        }
+        Some(ACCEPT_PAUSE)
+    }
+}
+
 /// One client's connection.
 struct Connection {
     stream: UnixStream,
@@ -186,6 +231,8 @@ struct Connection {
     answering: Arc<AtomicUsize>,
     buf: Vec<u8>,
     fds: Vec<OwnedFd>,
+    /// When the request being read must have arrived whole (None: idle between requests).
+    due: Option<Instant>,
 }
 
 impl Connection {
@@ -196,6 +243,7 @@ impl Connection {
             answering,
             buf: Vec::new(),
             fds: Vec::new(),
+            due: None,
         }
     }
 
@@ -205,6 +253,8 @@ impl Connection {
             match http::parse(&self.buf) {
                 Ok(Parsed::Complete(req, used)) => {
                     self.buf.drain(..used);
+                    // Idle, or the next request (sent ahead) is due from now.
+                    self.due = (!self.buf.is_empty()).then(|| Instant::now() + REQUEST_TIMEOUT);
                     let fds = std::mem::take(&mut self.fds);
                     self.answering.fetch_add(1, Ordering::AcqRel);
                     let (status, body) = self.answer(&req, fds);
@@ -258,14 +308,22 @@ impl Connection {
         let _ = self.reply(e.status, &Body::Text(e.message.clone()), true);
     }
 
-    /// Reads what the client sent next, with any descriptors: false at the client's end
-    /// (or an error), Err when a request stalled half-way.
-    fn read_more(&mut self) -> Result<bool, HttpError> {
-        let timeout = if self.buf.is_empty() {
-            IDLE_TIMEOUT
-        } else {
-            STALL_TIMEOUT
+    /// How long the next read may wait: until the request is due, or [`IDLE_TIMEOUT`]
+    /// before and between requests; Err once the request is late.
+    fn read_timeout(&self) -> Result<Duration, HttpError> {
+        let Some(due) = self.due else {
+            return Ok(IDLE_TIMEOUT);
         };
+        match due.checked_duration_since(Instant::now()) {
+            Some(left) if !left.is_zero() => Ok(left),
+            _ => Err(HttpError::new(408, "The request did not arrive in time")),
+        }
+    }
+
+    /// Reads what the client sent next, with any descriptors: false at the client's end
+    /// (or an error), Err when a request did not arrive whole in time.
+    fn read_more(&mut self) -> Result<bool, HttpError> {
+        let timeout = self.read_timeout()?;
         if self.stream.set_read_timeout(Some(timeout)).is_err() {
             return Ok(false);
         }
@@ -289,6 +347,9 @@ impl Connection {
                     }
                 }
                 self.buf.extend_from_slice(&chunk[..n]);
+                if self.due.is_none() {
+                    self.due = Some(Instant::now() + REQUEST_TIMEOUT);
+                }
                 Ok(true)
             }
             // More descriptors than MAX_FDS: the kernel and vmm-sys-util closed them all, and

@@ -316,12 +316,13 @@ impl VmSlot {
         let Some(vm) = self.booted.as_mut() else {
             return Ok(()); // before boot only the config changes
         };
-        let current = vm.vcpu_ids().len() as u8;
-        for id in current..wanted {
+        let present: Vec<u8> = vm.vcpu_ids().into_iter().flat_map(u8::try_from).collect();
+        let (add, remove) = vcpu_changes(&present, wanted);
+        for id in add {
             vm.add_vcpu(id)?;
             vm.cpu_added(id)?;
         }
-        for id in (wanted..current).rev() {
+        for id in remove {
             vm.request_cpu_removal(id)?;
             self.pending_removal.push(id);
         }
@@ -346,5 +347,22 @@ impl VmSlot {
         if self.state == VmState::Shutdown {
             self.pending_removal.clear();
         }
+    }
+}
+
+/// Which vCPU ids to add and which to remove (highest first) to go from `present` to
+/// `wanted` vCPUs: the lowest absent ids are added, the highest present removed. The ids need
+/// not be contiguous: the guest may eject any CPU on its own (ACPI `_EJ0`), which leaves a
+/// hole that the next growth fills.
+pub(super) fn vcpu_changes(present: &[u8], wanted: u8) -> (Vec<u8>, Vec<u8>) {
+    let have = present.len();
+    let wanted = usize::from(wanted);
+    if wanted >= have {
+        let free = (0..=u8::MAX).filter(|id| !present.contains(id));
+        (free.take(wanted - have).collect(), Vec::new())
+    } else {
+        let mut ids = present.to_vec();
+        ids.sort_unstable();
+        (Vec::new(), ids[wanted..].iter().rev().copied().collect())
     }
 }

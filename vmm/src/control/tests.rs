@@ -139,6 +139,21 @@ fn resize_checks_its_bounds_and_sets_memory_before_boot() {
     assert_eq!(info(&mut vmm)["config"]["cpus"]["boot_vcpus"], 2);
 }
 
+/// `vm.resize` works from the vCPU ids present, not their count: after the guest ejected a CPU
+/// on its own (a hole in the ids) growing fills the hole instead of adding an id that is
+/// already there, and shrinking removes the highest ids present.
+#[test]
+fn resize_fills_the_hole_a_guest_eject_left_and_removes_the_highest_ids() {
+    use super::devices::vcpu_changes;
+    assert_eq!(vcpu_changes(&[0, 1], 4), (vec![2, 3], vec![]));
+    assert_eq!(vcpu_changes(&[0, 1, 2, 3], 2), (vec![], vec![3, 2]));
+    // The guest ejected CPU 1 of four.
+    assert_eq!(vcpu_changes(&[0, 2, 3], 4), (vec![1], vec![]));
+    assert_eq!(vcpu_changes(&[0, 2, 3], 2), (vec![], vec![3]));
+    assert_eq!(vcpu_changes(&[3, 0, 2], 1), (vec![], vec![3, 2]));
+    assert_eq!(vcpu_changes(&[0, 2], 2), (vec![], vec![]));
+}
+
 #[test]
 fn balloon_resize_needs_a_balloon_that_fits_and_the_balloon_stays() {
     let mut vmm = Vmm::new();

@@ -344,6 +344,12 @@ impl DeviceManager {
 
     /// Undoes [`DeviceManager::place_virtio`] (as far as it went) and frees the BAR.
     fn unplace_virtio(&mut self, m: &MappedVirtio, mapped: bool) {
+        self.unmap_virtio(m, mapped);
+        self.release_virtio(m);
+    }
+
+    /// The guest's ways in to a virtio device: its MMIO range and notify ioeventfds.
+    fn unmap_virtio(&mut self, m: &MappedVirtio, mapped: bool) {
         if mapped {
             let _ = self.remove_mmio(m.range);
         }
@@ -352,13 +358,19 @@ impl DeviceManager {
                 let _ = self.io_events.unregister(evt, &event);
             }
         }
+    }
+
+    /// The device's ways out (its MSI routes: GSIs another device may get next) and its BAR.
+    fn release_virtio(&mut self, m: &MappedVirtio) {
         let irqfds = m.device.interrupt().irqfds();
         self.disconnect_msi(&irqfds[..m.gsis.len()], &m.gsis);
         let _ = self.bar_window.free(&m.bar);
     }
 
-    /// Takes the virtio device in `slot` off the VM: stopped (as a reset would), its range,
-    /// notify ioeventfds, MSI routes, BAR and slot given back.
+    /// Takes the virtio device in `slot` off the VM: out of the guest's reach first (slot,
+    /// range, notify ioeventfds: nothing can start it again), then stopped (as a reset
+    /// would), and only then its MSI routes and BAR given back: its queue work, which may
+    /// interrupt the guest until it stops, never signals a GSI that another device took.
     pub fn remove_virtio(&mut self, slot: u8) -> Result<Arc<VirtioPciDevice>, DeviceManagerError> {
         let m = routing_lock(&self.mapper.slots)
             .remove(&slot)
@@ -366,8 +378,9 @@ impl DeviceManager {
         if let Some(root) = &self.pci {
             root.remove(slot);
         }
-        self.unplace_virtio(&m, true);
+        self.unmap_virtio(&m, true);
         m.device.shut_down();
+        self.release_virtio(&m);
         self.virtio.retain(|p| p.slot != slot);
         self.snapshottable.retain(|(id, _)| id != m.device.name());
         self.hotplugged = true;
@@ -458,3 +471,6 @@ impl DeviceManager {
 fn routing_lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+#[cfg(test)]
+mod tests;

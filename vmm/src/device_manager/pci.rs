@@ -157,33 +157,49 @@ impl PciMapper {
         }
     }
 
+    /// Moves the device's range and notify ioeventfds to `to`, all or nothing: the new
+    /// ioeventfds are registered first (KVM refuses one where another device's is), the range
+    /// moved next, and only then the old ioeventfds withdrawn; a step that fails undoes the
+    /// ones before it, so a refused move leaves the device wholly where it was.
     fn move_bar(&self, m: &mut MappedVirtio, to: u64) -> Result<(), String> {
         let buses = self
             .buses
             .get()
             .and_then(Weak::upgrade)
             .ok_or("the buses are not built yet, or gone")?;
-        buses
-            .update(|old| {
-                let mut mmio = old.mmio.to_builder();
-                mmio.relocate(m.range, to)?;
-                Ok(crate::bus::Buses {
-                    pio: old.pio.clone(),
-                    mmio: mmio.freeze(),
-                })
-            })
-            .map_err(|e| e.to_string())?;
         if m.ioeventfds {
-            for (event, evt) in m.device.notify_events(m.addr) {
+            self.register_all(m, to)?;
+        }
+        let moved = buses.update(|old| {
+            let mut mmio = old.mmio.to_builder();
+            mmio.relocate(m.range, to)?;
+            Ok(crate::bus::Buses {
+                pio: old.pio.clone(),
+                mmio: mmio.freeze(),
+            })
+        });
+        let gone = if moved.is_ok() { m.addr } else { to };
+        if m.ioeventfds {
+            for (event, evt) in m.device.notify_events(gone) {
                 let _ = self.io_events.unregister(evt, &event);
             }
-            for (event, evt) in m.device.notify_events(to) {
-                self.io_events
-                    .register(evt, &event)
-                    .map_err(|e| e.to_string())?;
+        }
+        moved.map_err(|e| e.to_string())?;
+        m.addr = to;
+        Ok(())
+    }
+
+    /// Registers the device's notify ioeventfds for its BAR at `at`, every one or none.
+    fn register_all(&self, m: &MappedVirtio, at: u64) -> Result<(), String> {
+        let events = m.device.notify_events(at);
+        for (i, (event, evt)) in events.iter().enumerate() {
+            if let Err(e) = self.io_events.register(evt, event) {
+                for (event, evt) in &events[..i] {
+                    let _ = self.io_events.unregister(evt, event);
+                }
+                return Err(e.to_string());
             }
         }
-        m.addr = to;
         Ok(())
     }
 }

@@ -65,6 +65,13 @@ impl LaunchedVm {
         let start = Instant::now();
         crate::snapshot::check_dir(dir)?;
         self.check_snapshottable()?;
+        // The vCPUs finish what their last exits left pending first (a run with
+        // `immediate_exit`: an I/O or MMIO read's value into its register, writes KVM queued
+        // in the coalesced ring dispatched to the devices), so the devices are saved with
+        // every access the saved vCPUs made; their state is read after the devices settled,
+        // with the interrupts that settling raised.
+        let nothing: crate::vcpu::VcpuTask = Arc::new(|_, _| {});
+        self.running()?.on_each_vcpu(nothing, VCPU_STATE_TIME)?;
         let devices = self.devices.snapshot_devices()?;
         let vcpus = self.capture_vcpus()?;
         let vm = state::capture_vm(&self.vm.fd).map_err(SnapshotError::Kvm)?;

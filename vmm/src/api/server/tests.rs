@@ -144,7 +144,7 @@ fn ping_answers_while_the_vmm_is_busy_and_a_client_stalls() {
         "ping took {waited:?} during a boot"
     );
     assert_eq!(boot.join().unwrap(), 204);
-    // The stalled request is answered 408 and closed once it waited STALL_TIMEOUT.
+    // The stalled request is answered 408 and closed once REQUEST_TIMEOUT passed since its first byte.
     let reply = read_all(stalled);
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
     assert!(!rig
@@ -314,4 +314,55 @@ fn a_socket_in_use_is_refused_and_a_stale_one_replaced() {
     assert!(e.contains("not a socket"), "{e}");
     assert!(file.exists(), "a file that is not a socket is left alone");
     let _ = std::fs::remove_file(file);
+}
+
+/// A request's bytes may not trickle in for ever: however often a byte comes, the whole
+/// request is due REQUEST_TIMEOUT after its first, then it is answered 408 and the connection
+/// closed while the client is still sending.
+#[test]
+fn a_trickling_client_is_cut_at_the_request_deadline() {
+    let rig = Rig::new("trickle");
+    let trickle = rig.raw();
+    let mut w = trickle.try_clone().unwrap();
+    let request = [
+        &b"PUT /api/v1/vm.create HTTP/1.1\r\nContent-Length: 100\r\n\r\n"[..],
+        &[b'x'; 100],
+    ]
+    .concat();
+    let total = request.len();
+    // 200 ms a byte: the whole request would take ~31 s, 6 x REQUEST_TIMEOUT.
+    let writer = thread::spawn(move || {
+        for (sent, b) in request.iter().enumerate() {
+            if w.write_all(&[*b]).is_err() {
+                return sent;
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+        total
+    });
+    let reply = read_all(trickle);
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    let sent = writer.join().unwrap();
+    assert!(sent < total, "cut while sending ({sent} of {total} bytes)");
+    assert!(
+        rig.seen.lock().unwrap().is_empty(),
+        "nothing reached the VMM"
+    );
+    rig.ping();
+}
+
+/// Out of file descriptors, accept fails at once for as long as it lasts: the loop pauses
+/// between tries (and says so once) instead of spinning; a failure of one connection (the
+/// client gave up) is retried at once.
+#[test]
+fn accepting_pauses_while_out_of_file_descriptors() {
+    let mut errors = AcceptErrors::default();
+    for errno in [libc::EMFILE, libc::ENFILE, libc::EMFILE] {
+        let e = io::Error::from_raw_os_error(errno);
+        assert_eq!(errors.pause(&e), Some(ACCEPT_PAUSE), "{e}");
+    }
+    assert_eq!(errors.starved, 3);
+    let aborted = io::Error::from_raw_os_error(libc::ECONNABORTED);
+    assert_eq!(errors.pause(&aborted), None);
+    assert_eq!(errors.starved, 3);
 }

@@ -5,8 +5,12 @@
 //! (`IFF_VNET_HDR`), so checksum and segmentation offloads pass through where the tap takes
 //! them. With ioeventfd notifies and MSI-X no frame costs an exit to userspace.
 //!
-//! A frame that finds no receive buffer is dropped and counted (`rx_dropped`), as a NIC with
-//! a full ring does: a guest that stops taking frames never blocks the VMM.
+//! A frame that finds no receive buffer waits: the device holds the one frame it read and
+//! stops reading the tap (the rest wait in the tap's own queue, which the kernel bounds) until
+//! the guest posts buffers and notifies the queue, as it is asked to. A frame the tap cannot
+//! take yet waits with its chain until the tap is writable. A guest that stops taking frames
+//! never blocks the VMM nor grows its memory; frames are dropped (`rx_dropped`) only when no
+//! chain could ever hold them, or while a snapshot is being taken.
 
 pub mod private_net;
 pub mod tap;
@@ -58,7 +62,8 @@ const LINK_UP: u16 = 1;
 pub struct NetCounters {
     pub rx_frames: AtomicU64,
     pub rx_bytes: AtomicU64,
-    /// Frames the tap gave while the guest had no receive buffer for them.
+    /// Frames the tap gave that no receive chain could hold (too small without merged
+    /// buffers, or the whole ring too small), or that came while a snapshot was taken.
     pub rx_dropped: AtomicU64,
     pub tx_frames: AtomicU64,
     pub tx_bytes: AtomicU64,
