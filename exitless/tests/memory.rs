@@ -74,3 +74,83 @@ fn huge_pages_the_host_lacks_are_one_clear_line() {
         None => assert!(err.contains("has no 2M huge pages"), "{err}"),
     }
 }
+
+/// Peak RSS (VmHWM) and private dirty memory (Private_Dirty summed over smaps), in kB, of
+/// `bin` running the bench guest (512 MiB, 1 vCPU), 0.4 s after the guest's first line: how
+/// docs/performance.md ("Lean by default") and `compare` measure a VMM.
+fn memory_of_a_vm(bin: &std::path::Path, guest: &std::path::Path) -> (u64, u64) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(bin)
+        .args(["run", "--memory", "512M", "--timeout", "60", "--kernel"])
+        .arg(guest)
+        .args(["--cmdline", "case=pio_out iters=3000000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    out.read_line(&mut first).unwrap();
+    assert!(first.contains("EXITLESS"), "first line: {first}");
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let pid = child.id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let kb = |line: &str| -> u64 {
+        let n = line.split_whitespace().nth(1).unwrap_or("0");
+        n.parse().unwrap_or(0)
+    };
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .map_or(0, kb);
+    let dirty = smaps
+        .lines()
+        .filter(|l| l.starts_with("Private_Dirty:"))
+        .map(kb)
+        .sum();
+    (hwm, dirty)
+}
+
+/// The VMM-only release build's peak RSS and private dirty memory on the bench guest measured
+/// 2656 kB and 340 kB on 2026-11-28 (docs/performance.md, "Lean by default"); the ceilings
+/// leave ~15% for noise and for what a change may honestly cost, and no more.
+const PEAK_RSS_CEILING_KB: u64 = 3072;
+const PRIVATE_DIRTY_CEILING_KB: u64 = 392;
+
+/// The VMM-only release build's memory per VM (the README's and docs/performance.md's claim),
+/// guarded with headroom: the ceilings are the measured figures plus ~15%, so that a new
+/// thread, table or cache that costs every VM memory fails here instead of going unnoticed.
+#[test]
+fn the_shipped_vmm_only_build_stays_lean() {
+    if !kvm_available("the_shipped_vmm_only_build_stays_lean") {
+        return;
+    }
+    let Some(vmm_only) = std::env::var_os("EXITLESS_VMM_BIN") else {
+        vmm::test_skip::skip(
+            "the_shipped_vmm_only_build_stays_lean",
+            "EXITLESS_VMM_BIN is not set: the ceiling is for the shipped VMM-only release build (scripts/test.sh sets it)",
+        );
+        return;
+    };
+    let guest = export_guest("lean");
+    // The least of three runs: a sample can only be inflated (a page fault in flight), never
+    // below what the VMM needs.
+    let runs: Vec<_> = (0..3)
+        .map(|_| memory_of_a_vm(std::path::Path::new(&vmm_only), &guest))
+        .collect();
+    std::fs::remove_file(&guest).ok();
+    let hwm = runs.iter().map(|r| r.0).min().unwrap();
+    let dirty = runs.iter().map(|r| r.1).min().unwrap();
+    assert!(
+        hwm <= PEAK_RSS_CEILING_KB,
+        "peak RSS {hwm} kB (runs {runs:?})"
+    );
+    assert!(
+        dirty <= PRIVATE_DIRTY_CEILING_KB,
+        "private dirty {dirty} kB (runs {runs:?})"
+    );
+}
