@@ -164,10 +164,15 @@ impl DiskIo {
             DiskIo::Pool(p) => p.quiesce(deadline),
         };
         let _ = self.eventfd().read();
-        Quiesced {
-            reaped,
-            left: self.in_flight(),
+        let left = self.in_flight();
+        if left > 0 {
+            // The owner leaks the buffers; dropping the backend does not wait again.
+            match self {
+                DiskIo::Uring(u) => u.given_up = true,
+                DiskIo::Pool(p) => p.given_up = true,
+            }
         }
+        Quiesced { reaped, left }
     }
 }
 
@@ -184,6 +189,8 @@ pub struct Uring {
     pending: HashSet<u32>,
     /// The kernel refused IORING_ASYNC_CANCEL_ANY (before Linux 5.19): cancel one by one.
     any_refused: bool,
+    /// A quiesce ran out of time: what is still pending is the owner's to leak.
+    given_up: bool,
 }
 
 impl Uring {
@@ -202,6 +209,7 @@ impl Uring {
             done,
             pending: HashSet::with_capacity(entries as usize + 1),
             any_refused: false,
+            given_up: false,
         })
     }
 
@@ -326,7 +334,7 @@ impl Uring {
 impl Drop for Uring {
     /// Not waited for by closing the ring: an owner that did not quiesce gets it done here.
     fn drop(&mut self) {
-        if !self.pending.is_empty() {
+        if !self.pending.is_empty() && !self.given_up {
             self.quiesce(Instant::now() + QUIESCE_BOUND);
         }
     }
@@ -365,6 +373,8 @@ pub struct Pool {
     done: EventFd,
     /// Jobs sent and not yet reaped.
     in_flight: usize,
+    /// A quiesce ran out of time: threads still in a job are left behind, not waited for.
+    given_up: bool,
 }
 
 /// Runs one operation with plain syscalls.
@@ -432,6 +442,7 @@ impl Pool {
             shared,
             done,
             in_flight: 0,
+            given_up: false,
         })
     }
 
@@ -487,7 +498,7 @@ impl Drop for Pool {
     /// Queued jobs are cancelled and running ones waited for (bounded); threads still in a
     /// job after that are left behind rather than joined.
     fn drop(&mut self) {
-        if self.in_flight > 0 {
+        if self.in_flight > 0 && !self.given_up {
             self.quiesce(Instant::now() + QUIESCE_BOUND);
         }
         self.jobs = None; // workers see the channel close and end
