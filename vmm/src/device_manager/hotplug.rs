@@ -181,11 +181,4 @@ impl DeviceManager {
             .as_ref()
             .map_or_else(Vec::new, |h| h.ejected.take())
     }
-
-    /// B0EJ writes that named a slot holding no device (counted, logged once).
-    pub fn empty_ejects(&self) -> u64 {
-        self.hotplug
-            .as_ref()
-            .map_or(0, |h| routing_lock(&h.pci).empty_ejects())
-    }
 }
