@@ -6,7 +6,10 @@
 //!   SIGTERM and SIGINT each end the VM at once, its socket file removed;
 //! - a thousand DRIVER_OK toggles on blk, rng, net and vsock: clearing DRIVER_OK without a reset
 //!   is refused, no host fd or memory is left behind, and a restarted disk does not serve
-//!   completed writes again (the guest changes their buffers after completion).
+//!   completed writes again (the guest changes their buffers after completion);
+//! - a hundred thousand writes of every slot's bit to the PCI eject register (issue 37): the
+//!   one disk is ejected once, empty slots are only counted, the VMM's memory stays flat under
+//!   `run` and under the API, and an ejected disk leaves the API's configuration.
 
 mod common;
 
@@ -18,8 +21,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::api_vmm::{json, ok, Vmm};
 use common::{
-    device_count, exitless, export_guest, guest_pattern, kvm_available, private_tap, Image, Stream,
+    builds, device_count, exitless, export_guest, guest_pattern, kvm_available, private_tap, Image,
+    Stream,
 };
 
 const GUEST_WAIT: Duration = Duration::from_secs(120);
@@ -444,4 +449,139 @@ fn a_thousand_driver_ok_toggles_leave_no_fd_memory_or_replayed_write_behind() {
     assert_eq!(blk["completed"], writes, "each write served once: {blk}");
     let rng = &profile_device(&profile, "virtio-rng")["queues"][0];
     assert_eq!(rng["completed"], writes + 1, "each read served once: {rng}");
+}
+
+/// Writes of the eject register by the hostile_eject guest (before issue 37 each one cost the
+/// VMM about 520 bytes under `run`: 100,000 grew it by 52 MB).
+const EJECTS: u64 = 100_000;
+/// What the writes may add to the VMM's peak RSS (KiB): a bound with headroom.
+const EJECT_GROWTH_KIB: u64 = 8 * 1024;
+
+/// `exitless run` (each shipped build) of a guest writing every slot's bit to B0EJ EJECTS
+/// times: its disk is ejected once and removed, the empty slots are logged once, and the
+/// VMM's peak memory does not grow with the writes.
+#[test]
+fn a_guest_looping_on_the_pci_eject_register_grows_no_memory_under_run() {
+    let test = "hostile_eject";
+    if !kvm_available(test) {
+        return;
+    }
+    let guest = export_guest("hostile-eject");
+    for bin in builds() {
+        let image = Image::new("hostile-eject", 16);
+        let child = std::process::Command::new(&bin)
+            .args(["run", "--kernel"])
+            .arg(&guest)
+            .args(["--memory", "64M", "--disk", &image.disk_arg(false)])
+            .args([
+                "--cmdline",
+                &format!("case=hostile_eject iters={EJECTS} sync hold"),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut vm = Vm(child);
+        let child = &mut vm.0;
+        let pid = child.id();
+        let mut out = Stream::spawn(child.stdout.take().unwrap());
+        let mut err = Stream::spawn(child.stderr.take().unwrap());
+        wait_line(&mut out, "EXITLESS HOSTILE eject begin");
+        let before = peak_rss_kib(pid);
+        child.stdin.as_mut().unwrap().write_all(b"g").unwrap();
+        wait_line(&mut out, "EXITLESS DONE");
+        let after = peak_rss_kib(pid);
+        // SAFETY: kill takes a pid of our own child and a signal number; no memory.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+        let ended = wait_end(child, Duration::from_secs(30));
+        err.read_to_end(Duration::from_secs(5));
+        let build = bin.display();
+        eprintln!("{test} ({build}): {EJECTS} ejects, VmHWM {before} -> {after} KiB");
+        assert_eq!(ended.map(|e| e.0), Some(Some(130)), "{build}: {}", err.text);
+        let done = format!("EXITLESS HOSTILE eject done n={EJECTS} slots_left=0");
+        assert!(out.text.contains(&done), "{build}: {}", out.text);
+        assert!(
+            after <= before + EJECT_GROWTH_KIB,
+            "{build}: peak RSS {before} KiB before the ejects, {after} KiB after"
+        );
+        let removed = err.text.matches("the guest ejected device").count();
+        assert_eq!(removed, 1, "{build}: the disk, once: {}", err.text);
+        let ignored = err.text.matches("that hold no device; ignored").count();
+        assert_eq!(ignored, 1, "{build}: logged once: {}", err.text);
+    }
+    std::fs::remove_file(&guest).ok();
+}
+
+/// Through the API: the same loop ejects the VM's disk; the disk leaves the configuration
+/// (it would come back at a reboot) and its id can be added again; memory stays flat.
+#[test]
+fn a_disk_the_guest_ejects_leaves_the_api_config_and_its_id_is_free() {
+    let test = "hostile_eject_api";
+    if !kvm_available(test) {
+        return;
+    }
+    let guest = export_guest("hostile-eject-api");
+    let image = Image::new("hostile-eject-api", 16);
+    let serial = std::env::temp_dir().join(format!(
+        "exitless-hostile-eject-api-{}.log",
+        std::process::id()
+    ));
+    let vmm = Vmm::start("hostile-eject");
+    let mut c = vmm.client();
+    let body = serde_json::json!({
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+        "memory": {"size": 64u64 << 20},
+        "payload": {"kernel": guest, "cmdline": format!("case=hostile_eject iters={EJECTS} hold")},
+        "disks": [{"path": image.0, "id": "d0"}],
+        "serial": {"mode": "File", "file": serial},
+        "console": {"mode": "Off"},
+    })
+    .to_string();
+    ok(
+        c.request("PUT", "vm.create", Some(&body)).unwrap(),
+        "vm.create",
+    );
+    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    let start = Instant::now();
+    let mut before = None;
+    let text = loop {
+        let text = std::fs::read_to_string(&serial).unwrap_or_default();
+        if before.is_none() && text.contains("EXITLESS HOSTILE eject begin") {
+            before = Some(peak_rss_kib(vmm.pid()));
+        }
+        if text.contains("EXITLESS DONE") || text.contains("EXITLESS ERROR") {
+            break text;
+        }
+        assert!(start.elapsed() < GUEST_WAIT * 2, "{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let after = peak_rss_kib(vmm.pid());
+    let before = before.unwrap_or(after);
+    eprintln!("{test}: {EJECTS} ejects, VmHWM {before} -> {after} KiB");
+    let done = format!("EXITLESS HOSTILE eject done n={EJECTS} slots_left=0");
+    assert!(text.contains(&done), "{text}");
+    assert!(
+        after <= before + EJECT_GROWTH_KIB,
+        "peak RSS {before} KiB at the first eject, {after} KiB after"
+    );
+    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
+    let disks = &info["config"]["disks"];
+    assert!(
+        disks.is_null() || disks == &serde_json::json!([]),
+        "the ejected disk is still configured: {info}"
+    );
+    let again = serde_json::json!({"path": image.0, "id": "d0"}).to_string();
+    let added = json(&ok(
+        c.request("PUT", "vm.add-disk", Some(&again)).unwrap(),
+        "vm.add-disk of the ejected disk's id",
+    ));
+    assert_eq!(added["id"], "d0");
+    ok(
+        c.request("PUT", "vmm.shutdown", None).unwrap(),
+        "vmm.shutdown",
+    );
+    for f in [&guest, &serial] {
+        let _ = std::fs::remove_file(f);
+    }
 }

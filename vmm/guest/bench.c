@@ -157,6 +157,7 @@ static const struct bench_case cases[] = {
     {"memory_hotplug_check", 3, NAMED, loop_memory_hotplug_check, loop_empty_c, 0, 0},
     {"hostile_vsock", 3, NAMED, loop_hostile_vsock, loop_empty_c, hostile_vsock_setup, 0},
     {"hostile_toggle", 3, NAMED, loop_hostile_toggle, loop_empty_c, hostile_toggle_setup, 0},
+    {"hostile_eject", 3, NAMED, loop_hostile_eject, loop_empty_c, hostile_eject_setup, 0},
     {"virtio_fs", 3, NAMED, loop_virtio_fs, loop_empty_c, virtio_fs_bench_setup, report_virtio_fs},
     {"fs_check", 3, NAMED, loop_fs_check, loop_empty_c, virtio_fs_setup, 0},
     {"fs_hostile", 3, NAMED, loop_fs_hostile, loop_empty_c, virtio_fs_setup, 0},

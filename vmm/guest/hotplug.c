@@ -115,3 +115,50 @@ u64 loop_hotplug_cpu(u64 n)
     puts_("\n");
     return 0;
 }
+
+/* hostile_eject (issue 37): the PCI eject register written `iters` times with `bits=`
+ * (decimal; default every slot but the host bridge's). A slot holding a device is ejected
+ * once, however often it is named; empty slots are ignored and counted; the VMM's memory must
+ * not grow with the writes. With `sync` the guest first waits for a byte on COM1 (the host
+ * takes its figures then). Prints "EXITLESS HOSTILE eject begin", then, once the named slots
+ * that held a device read empty (or after a wait), "EXITLESS HOSTILE eject done n=<iters>
+ * slots_left=<bits of the slots 1-31 still holding a device>". */
+static const char *eject_cmdline = "";
+
+const char *hostile_eject_setup(const char *cmdline)
+{
+    eject_cmdline = cmdline;
+    return 0;
+}
+
+/* The slots 1-31 that hold a device, a bit each. */
+static u32 slots_held(void)
+{
+    u32 held = 0;
+    for (int s = 1; s < 32; s++)
+        if (pci_read32((u8)s, 0) != 0xffffffffu)
+            held |= 1u << s;
+    return held;
+}
+
+u64 loop_hostile_eject(u64 n)
+{
+    u32 bits = (u32)parse_u64(find_arg(eject_cmdline, "bits="));
+    if (!bits)
+        bits = 0xfffffffeu;
+    puts_("EXITLESS HOSTILE eject begin\n");
+    if (find_arg(eject_cmdline, "sync") && !console_wait_byte(HOTPLUG_WAIT))
+        hotplug_fail("no go-ahead from the host on COM1");
+    for (u64 i = 0; i < n; i++)
+        mmio_write32(PCI_HOTPLUG_ADDR + B0EJ, bits);
+    u32 left = slots_held();
+    for (u64 start = rdtsc(); (left & bits) && rdtsc() - start < HOTPLUG_WAIT; left = slots_held())
+        for (u64 t = rdtsc(); rdtsc() - t < 2400000;)
+            __asm__ volatile("pause");
+    puts_("EXITLESS HOSTILE eject done n=");
+    put_u64(n);
+    puts_(" slots_left=");
+    put_u64(left);
+    puts_("\n");
+    return 0;
+}

@@ -31,6 +31,11 @@
  * the device tells with a transport reset), printing
  *
  *   EXITLESS SNAPNET n=<round> net_tries=<k> vsock_tries=<k> resets=<transport resets> cid=<c>
+ *
+ * `bridge=1` first does to the PCI host bridge (00:00.0) what Linux's PCI probe does to every
+ * function: each BAR and the ROM BAR written all ones, read back and written back as they
+ * were; then it sets the bridge's interrupt line. The result line ends with bridge=1 if the
+ * interrupt line still reads so at the end (a restore put the bridge's state back).
  */
 #include "guest.h"
 #include "virtio.h"
@@ -40,8 +45,26 @@
 #define PAGE_SIZE 4096UL
 
 struct snapshot_run {
-    u64 pages, ticks, iters, count, bad, virtio, net;
+    u64 pages, ticks, iters, count, bad, virtio, net, bridge;
 };
+
+#define BRIDGE_LINE 11
+
+/* bridge=1: the host bridge's BARs (0x10-0x24) and ROM BAR (0x30) sized as Linux sizes them,
+ * then its interrupt line set. */
+static void snapshot_size_bridge(void)
+{
+    for (u8 reg = 0x10; reg <= 0x30; reg += 4) {
+        if (reg > 0x24 && reg < 0x30)
+            continue;
+        u32 old = pci_read32(0, reg);
+        pci_write32(0, reg, 0xffffffffu);
+        (void)pci_read32(0, reg);
+        pci_write32(0, reg, old);
+    }
+    u32 line = pci_read32(0, 0x3c);
+    pci_write32(0, 0x3c, (line & ~0xffu) | BRIDGE_LINE);
+}
 
 static struct virtio_dev snap_rng;
 static struct vring snap_rng_vq;
@@ -162,6 +185,9 @@ void snapshot_main(const char *cmdline)
         if (why)
             virtio_fail(why);
     }
+    r.bridge = parse_u64(find_arg(cmdline, "bridge="));
+    if (r.bridge)
+        snapshot_size_bridge();
     r.net = parse_u64(find_arg(cmdline, "net="));
     if (r.net) {
         const char *why = virtio_net_setup(cmdline);
@@ -177,6 +203,10 @@ void snapshot_main(const char *cmdline)
     put_u64(r.count);
     puts_(" ok=");
     put_u64(r.bad == 0 && r.count == r.ticks);
+    if (r.bridge) {
+        puts_(" bridge=");
+        put_u64(pci_read8(0, 0x3c) == BRIDGE_LINE);
+    }
     if (r.virtio)
         report_virtio_blk();
     puts_("\nEXITLESS DONE\n");

@@ -138,6 +138,9 @@ void virtio_blk_release(void);
 const char *hotplug_disk_setup(const char *cmdline);
 u64 loop_hotplug_disk(u64 blocks);
 u64 loop_hotplug_cpu(u64 n);
+/* hostile_eject: the PCI eject register written in a loop (issue 37). */
+const char *hostile_eject_setup(const char *cmdline);
+u64 loop_hostile_eject(u64 n);
 /* Starts the CPU with APIC ID `apic` (INIT-SIPI-SIPI); 1 once it runs (bench.c). */
 
 /* virtio-net (virtio_net.c): setup as the command line says (frame=, qd=, irq=poll,

@@ -514,9 +514,10 @@ impl LaunchedVm {
     }
 
     /// Waits for the VM to end, stopping it once `timeout` passes. `on_wake` is called on
-    /// every wake-up of the main thread (a signal, a vCPU thread ending: [`crate::wake`]) and
-    /// at least every `every` if given (it returns true to stop the VM); between them the
-    /// thread sleeps. Collects every vCPU thread.
+    /// every wake-up of the main thread (a signal, a vCPU thread ending, the guest ejecting a
+    /// device or a CPU, which is completed here first: [`crate::wake`]) and at least every
+    /// `every` if given (it returns true to stop the VM); between them the thread sleeps.
+    /// Collects every vCPU thread.
     pub fn wait(
         &mut self,
         timeout: Option<Duration>,
@@ -536,6 +537,7 @@ impl LaunchedVm {
                 end = Some(LaunchEnd::TimedOut);
                 break;
             }
+            self.complete_ejects_unattended();
             if on_wake(self) {
                 end = Some(LaunchEnd::StopRequested);
                 break;

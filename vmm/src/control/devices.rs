@@ -329,20 +329,23 @@ impl VmSlot {
         Ok(())
     }
 
-    /// Retires the vCPUs whose CPUs the guest ejected.
+    /// Completes what the guest ejected: a device is forgotten as `vm.remove-device` forgets
+    /// it (out of the configuration, so it does not come back at reboot, and its id free for
+    /// another), the vCPUs of its CPUs retired.
     pub(super) fn complete_ejects(&mut self) {
         let Some(vm) = self.booted.as_mut() else {
             return;
         };
         let (cpus, devices) = vm.complete_ejects();
-        for name in devices {
-            self.ids.release(&name);
-        }
         for id in cpus {
             self.pending_removal.retain(|p| *p != id);
             if let Err(e) = vm.remove_vcpu(usize::from(id)) {
                 eprintln!("exitless: vCPU {id} ejected by the guest but not stopped: {e}");
             }
+        }
+        for name in devices {
+            self.forget(&name);
+            self.ids.release(&name);
         }
         if self.state == VmState::Shutdown {
             self.pending_removal.clear();

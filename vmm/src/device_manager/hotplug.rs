@@ -3,7 +3,6 @@
 //! (the guest told through the memory controller once the
 //! [`MemoryListener`](crate::memory::hotplug::MemoryListener)s have the new region).
 
-use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 
 use vm_memory::{GuestMemoryRegion, GuestRegionMmap};
@@ -14,7 +13,7 @@ use crate::devices::acpi::cpu_hotplug::CpuHotplug;
 use crate::devices::acpi::ged::{Ged, CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED};
 use crate::devices::acpi::memory_hotplug::{MemoryHotplug, MEMORY_HOTPLUG_LEN};
 use crate::devices::acpi::pci_hotplug::PciHotplug;
-use crate::devices::acpi::{self, Ejected};
+use crate::devices::acpi::{self, Ejected, PendingEjects};
 use crate::memory::hotplug::MemoryListener;
 
 /// The controllers and the guest's ejects.
@@ -24,7 +23,7 @@ pub struct Hotplug {
     cpu: Arc<Mutex<CpuHotplug>>,
     /// With `memory.hotplug_size`: the memory slots.
     memory: Option<Arc<Mutex<MemoryHotplug>>>,
-    ejected: Mutex<Receiver<Ejected>>,
+    ejected: Arc<PendingEjects>,
     max_vcpus: u8,
 }
 
@@ -70,18 +69,22 @@ impl DeviceManager {
         max: u8,
         memory_slots: usize,
     ) -> Result<(), DeviceManagerError> {
-        self.pci_root();
+        let root = self.pci_root();
         let evt =
             EventFd::new(EFD_NONBLOCK).map_err(|e| DeviceManagerError::Device("ged".into(), e))?;
         self.connect_legacy_irq(&evt, acpi::GED_GSI)?;
-        let (tx, rx) = channel();
+        let ejected = Arc::new(PendingEjects::default());
         let hotplug = Hotplug {
             ged: Arc::new(Ged::new(evt)),
-            pci: Arc::new(Mutex::new(PciHotplug::new(tx.clone()))),
-            cpu: Arc::new(Mutex::new(CpuHotplug::new(boot, max.max(boot), tx))),
+            pci: Arc::new(Mutex::new(PciHotplug::new(root, ejected.clone()))),
+            cpu: Arc::new(Mutex::new(CpuHotplug::new(
+                boot,
+                max.max(boot),
+                ejected.clone(),
+            ))),
             memory: (memory_slots > 0)
                 .then(|| Arc::new(Mutex::new(MemoryHotplug::new(memory_slots)))),
-            ejected: Mutex::new(rx),
+            ejected,
             max_vcpus: max.max(boot),
         };
         let mmio = BusKind::Mmio;
@@ -172,12 +175,10 @@ impl DeviceManager {
         Ok(())
     }
 
-    /// What the guest ejected since the last call.
+    /// What the guest ejected since the last call (each slot or CPU once).
     pub fn take_ejected(&self) -> Vec<Ejected> {
-        let Some(h) = &self.hotplug else {
-            return Vec::new();
-        };
-        let rx = routing_lock(&h.ejected);
-        rx.try_iter().collect()
+        self.hotplug
+            .as_ref()
+            .map_or_else(Vec::new, |h| h.ejected.take())
     }
 }

@@ -3,7 +3,6 @@
 //! keeps its checksum, the shape and field checks also run without it, and each device's
 //! saved state is handed to a device of its kind made anew, as a restore does.
 
-use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -27,8 +26,11 @@ fn device(kind: &str) -> Option<Arc<dyn Snapshottable>> {
         ))),
         "i8042" => Arc::new(Mutex::new(I8042::new())),
         "acpi-ged" => Arc::new(Ged::new(evt()?)),
-        "acpi-pci-hotplug" => Arc::new(Mutex::new(PciHotplug::new(channel().0))),
-        "acpi-cpu-hotplug" => Arc::new(Mutex::new(CpuHotplug::new(1, 4, channel().0))),
+        "acpi-pci-hotplug" => Arc::new(Mutex::new(PciHotplug::new(
+            Arc::new(PciRoot::new()),
+            Arc::default(),
+        ))),
+        "acpi-cpu-hotplug" => Arc::new(Mutex::new(CpuHotplug::new(1, 4, Arc::default()))),
         "acpi-memory-hotplug" => Arc::new(Mutex::new(MemoryHotplug::new(4))),
         "pci-root" => Arc::new(PciRoot::new()),
         "pci-config-ports" => Arc::new(PciConfigPorts::new(Arc::new(PciRoot::new()))),

@@ -95,4 +95,19 @@ impl LaunchedVm {
         }
         (cpus, devices)
     }
+
+    /// [`LaunchedVm::complete_ejects`] where no API drives the VM (`exitless run`): the
+    /// devices the guest ejected are gone (said once each), the vCPUs of the CPUs it ejected
+    /// retired.
+    pub(super) fn complete_ejects_unattended(&mut self) {
+        let (cpus, devices) = self.complete_ejects();
+        for name in devices {
+            eprintln!("exitless: the guest ejected device {name}; it is removed");
+        }
+        for id in cpus {
+            if let Err(e) = self.remove_vcpu(usize::from(id)) {
+                eprintln!("exitless: vCPU {id} ejected by the guest but not stopped: {e}");
+            }
+        }
+    }
 }

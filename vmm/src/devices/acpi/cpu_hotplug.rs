@@ -8,9 +8,9 @@
 //! | 0x4 | CSTA | read: [`PRESENT`], [`INSERTING`], [`REMOVING`]; write: acknowledge, [`EJECT`] |
 //! | 0x8 | CCNT | read: how many CPUs the VM may have |
 
-use std::sync::mpsc::Sender;
+use std::sync::Arc;
 
-use super::{put, value, Ejected};
+use super::{put, value, PendingEjects};
 use crate::bus::{DeviceEvent, MutBusDevice};
 use crate::devices::GuestFaults;
 use crate::snapshot::{from_state, to_state, Snapshottable};
@@ -28,13 +28,13 @@ pub const EJECT: u8 = 1 << 3;
 pub struct CpuHotplug {
     state: Vec<u8>,
     selected: u32,
-    ejected: Sender<Ejected>,
+    ejected: Arc<PendingEjects>,
     faults: GuestFaults,
 }
 
 impl CpuHotplug {
     /// `max` possible CPUs, the first `boot` present; ejects go to `ejected`.
-    pub fn new(boot: u8, max: u8, ejected: Sender<Ejected>) -> Self {
+    pub fn new(boot: u8, max: u8, ejected: Arc<PendingEjects>) -> Self {
         let state = (0..max)
             .map(|i| if i < boot { PRESENT } else { 0 })
             .collect();
@@ -101,9 +101,7 @@ impl MutBusDevice for CpuHotplug {
                     *s &= !(bits & (INSERTING | REMOVING));
                     if bits & EJECT != 0 && *s & PRESENT != 0 {
                         *s = 0;
-                        let _ = ejected.send(Ejected::Cpu(id));
-                        // The main loop completes the eject (control::serve).
-                        crate::wake::wake();
+                        ejected.eject_cpu(id);
                     }
                 }
             }
@@ -156,8 +154,8 @@ impl Snapshottable for std::sync::Mutex<CpuHotplug> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Ejected;
     use super::*;
-    use std::sync::mpsc::channel;
 
     fn status(c: &mut CpuHotplug, id: u32) -> u8 {
         c.write(CSEL, &id.to_le_bytes()).unwrap();
@@ -168,8 +166,8 @@ mod tests {
 
     #[test]
     fn an_insert_is_seen_acknowledged_and_an_eject_reported() {
-        let (tx, rx) = channel();
-        let mut c = CpuHotplug::new(1, 4, tx);
+        let pending = Arc::new(PendingEjects::default());
+        let mut c = CpuHotplug::new(1, 4, pending.clone());
         let mut n = [0u8; 4];
         c.read(CCNT, &mut n);
         assert_eq!(u32::from_le_bytes(n), 4);
@@ -183,11 +181,11 @@ mod tests {
         c.write(CSTA, &[REMOVING | EJECT]).unwrap();
         assert_eq!(status(&mut c, 1), 0);
         assert!(!c.present(1));
-        assert_eq!(rx.try_iter().collect::<Vec<_>>(), vec![Ejected::Cpu(1)]);
+        assert_eq!(pending.take(), vec![Ejected::Cpu(1)]);
         // Ejecting an absent CPU, or one past the end, does nothing.
         c.write(CSTA, &[EJECT]).unwrap();
         assert_eq!(status(&mut c, 200), 0);
         c.write(CSTA, &[EJECT]).unwrap();
-        assert!(rx.try_recv().is_err());
+        assert!(pending.take().is_empty());
     }
 }

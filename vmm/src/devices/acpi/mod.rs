@@ -3,8 +3,11 @@
 //! which slots came up or are to go and takes the guest's eject; the CPU hotplug controller
 //! ([`cpu_hotplug`]) does the same for vCPUs, and the memory hotplug controller
 //! ([`memory_hotplug`]) says where memory added while the VM runs is. Their AML (the DSDT
-//! methods that read them) is in [`aml`] and [`memory_aml`]. A guest's eject is reported on a channel to the VM's owner, which does the
-//! removal (never on the vCPU thread that made the write). See docs/hotplug.md.
+//! methods that read them) is in [`aml`] and [`memory_aml`]. A guest's eject is left in
+//! [`PendingEjects`] for the VM's owner, which does the removal (never on the vCPU thread that
+//! made the write). See docs/hotplug.md.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub mod aml;
 mod aml_encoding;
@@ -32,6 +35,52 @@ pub enum Ejected {
     PciSlot(u8),
     /// A CPU by its id.
     Cpu(u8),
+}
+
+/// What the guest ejected and the VM's owner has not yet completed: a bit per PCI slot and
+/// per CPU id. An eject sets its bit, so a guest writing an eject register in a loop costs no
+/// memory, and wakes the main thread only when the bit was not already set (one wake-up for
+/// a batch). The owner takes them all at once.
+#[derive(Debug, Default)]
+pub struct PendingEjects {
+    pci: AtomicU32,
+    cpus: [AtomicU64; 4],
+}
+
+impl PendingEjects {
+    /// The guest ejected the slots whose bits are set in `slots`.
+    pub fn eject_slots(&self, slots: u32) {
+        let before = self.pci.fetch_or(slots, Ordering::AcqRel);
+        if before | slots != before {
+            crate::wake::wake(); // the main loop completes the eject
+        }
+    }
+
+    /// The guest ejected CPU `id`.
+    pub fn eject_cpu(&self, id: u8) {
+        let bit = 1u64 << (id % 64);
+        let before = self.cpus[usize::from(id / 64)].fetch_or(bit, Ordering::AcqRel);
+        if before & bit == 0 {
+            crate::wake::wake();
+        }
+    }
+
+    /// Takes every pending eject: CPUs first, then slots, each in ascending order.
+    pub fn take(&self) -> Vec<Ejected> {
+        let mut all = Vec::new();
+        for (word, cpus) in self.cpus.iter().enumerate() {
+            let bits = cpus.swap(0, Ordering::AcqRel);
+            let ids = (0..64u8).filter(|i| bits & (1 << i) != 0);
+            all.extend(ids.map(|i| Ejected::Cpu(word as u8 * 64 + i)));
+        }
+        let slots = self.pci.swap(0, Ordering::AcqRel);
+        all.extend(
+            (0..32u8)
+                .filter(|s| slots & (1 << s) != 0)
+                .map(Ejected::PciSlot),
+        );
+        all
+    }
 }
 
 /// Reads a little-endian register value of `data.len()` bytes from `value`.

@@ -1,7 +1,9 @@
 //! The PCI hotplug controller: which bus-0 slots came up (`PCIU`) and which the guest is
 //! asked to give back (`PCID`), both cleared when read, and the eject register (`B0EJ`) the
 //! guest's `_EJ0` writes, a bit per slot. A segment select (`PSEG`) reads back; only
-//! segment 0 has slots.
+//! segment 0 has slots. An eject of a slot that holds a device is left pending for the VM's
+//! owner ([`PendingEjects`]: a bit, however often it is written); bits of empty slots and of
+//! the host bridge are ignored, counted, and logged the first time.
 //!
 //! | offset | register | access |
 //! |---|---|---|
@@ -10,10 +12,11 @@
 //! | 0x8 | B0EJ | write: slots ejected |
 //! | 0xc | PSEG | read/write |
 
-use std::sync::mpsc::Sender;
+use std::sync::Arc;
 
-use super::{put, value, Ejected};
+use super::{put, value, PendingEjects};
 use crate::bus::{DeviceEvent, MutBusDevice};
+use crate::devices::pci::root::PciRoot;
 use crate::devices::GuestFaults;
 use crate::snapshot::{from_state, to_state, Snapshottable};
 
@@ -23,25 +26,53 @@ pub const B0EJ: u64 = 0x8;
 pub const PSEG: u64 = 0xc;
 
 /// The controller's state.
-#[derive(Debug)]
 pub struct PciHotplug {
     up: u32,
     down: u32,
     segment: u32,
-    ejected: Sender<Ejected>,
+    /// Bus 0: which slots hold a device.
+    root: Arc<PciRoot>,
+    ejected: Arc<PendingEjects>,
     faults: GuestFaults,
+    /// B0EJ writes that named an empty slot (or the host bridge).
+    empty_ejects: u64,
 }
 
 impl PciHotplug {
-    /// Ejects go to `ejected`.
-    pub fn new(ejected: Sender<Ejected>) -> Self {
+    /// Ejects of `root`'s devices go to `ejected`.
+    pub fn new(root: Arc<PciRoot>, ejected: Arc<PendingEjects>) -> Self {
         PciHotplug {
             up: 0,
             down: 0,
             segment: 0,
+            root,
             ejected,
             faults: GuestFaults::new("pci-hotplug"),
+            empty_ejects: 0,
         }
+    }
+
+    /// B0EJ written with `bits`: the slots holding a device are left pending for the owner.
+    fn eject(&mut self, bits: u32) {
+        let populated = self.root.occupied() & !1; // slot 0, the host bridge, never goes
+        if bits & !populated != 0 {
+            self.empty_ejects += 1;
+            if self.empty_ejects == 1 {
+                eprintln!(
+                    "pci-hotplug: the guest ejected slots {:#x} that hold no device; ignored \
+                     (further ones are only counted)",
+                    bits & !populated
+                );
+            }
+        }
+        if bits & populated != 0 {
+            self.ejected.eject_slots(bits & populated);
+        }
+    }
+
+    /// B0EJ writes that named a slot holding no device.
+    pub fn empty_ejects(&self) -> u64 {
+        self.empty_ejects
     }
 
     /// Slot `slot` has a new device.
@@ -78,15 +109,7 @@ impl MutBusDevice for PciHotplug {
 
     fn write(&mut self, offset: u64, data: &[u8]) -> std::io::Result<DeviceEvent> {
         match (offset, data.len()) {
-            (B0EJ, 4) if self.segment == 0 => {
-                let bits = value(data);
-                for slot in (1..32u8).filter(|s| bits & (1 << s) != 0) {
-                    // The owner may be gone (the VM is ending): nothing to remove then.
-                    let _ = self.ejected.send(Ejected::PciSlot(slot));
-                    // The main loop completes the eject (control::serve).
-                    crate::wake::wake();
-                }
-            }
+            (B0EJ, 4) if self.segment == 0 => self.eject(value(data)),
             (B0EJ, 4) => {}
             (PSEG, 4) => self.segment = value(data),
             _ => self.faults.record("write", offset, data.len()),
@@ -132,8 +155,24 @@ impl Snapshottable for std::sync::Mutex<PciHotplug> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Ejected;
     use super::*;
-    use std::sync::mpsc::channel;
+    use crate::devices::pci::PciDevice;
+
+    /// A bus whose slots 1 to `n` hold a device.
+    fn root(n: usize) -> Arc<PciRoot> {
+        let root = Arc::new(PciRoot::new());
+        for _ in 0..n {
+            let other: Arc<dyn PciDevice> = root.host_bridge();
+            root.add(other).unwrap();
+        }
+        root
+    }
+
+    fn controller(slots: usize) -> (PciHotplug, Arc<PendingEjects>) {
+        let pending = Arc::new(PendingEjects::default());
+        (PciHotplug::new(root(slots), pending.clone()), pending)
+    }
 
     fn read(c: &mut PciHotplug, at: u64) -> u32 {
         let mut b = [0u8; 4];
@@ -143,8 +182,7 @@ mod tests {
 
     #[test]
     fn slots_up_and_down_are_read_once_and_ejects_reported() {
-        let (tx, rx) = channel();
-        let mut c = PciHotplug::new(tx);
+        let (mut c, pending) = controller(5);
         c.slot_added(3);
         assert_eq!(read(&mut c, PCIU), 1 << 3);
         assert_eq!(read(&mut c, PCIU), 0, "read clears");
@@ -154,19 +192,37 @@ mod tests {
             .unwrap();
         // Slot 0 (the host bridge) is never ejected.
         assert_eq!(
-            rx.try_iter().collect::<Vec<_>>(),
+            pending.take(),
             vec![Ejected::PciSlot(3), Ejected::PciSlot(5)]
         );
+        assert_eq!(c.empty_ejects(), 1, "slot 0");
         c.write(PSEG, &1u32.to_le_bytes()).unwrap();
         assert_eq!(read(&mut c, PSEG), 1);
         c.write(B0EJ, &(1u32 << 4).to_le_bytes()).unwrap();
-        assert!(rx.try_recv().is_err(), "no slots on segment 1");
+        assert!(pending.take().is_empty(), "no slots on segment 1");
+    }
+
+    /// A guest writing B0EJ in a loop: ejects of one slot stay one pending eject, empty slots
+    /// are only counted, and nothing grows.
+    #[test]
+    fn repeated_and_empty_slot_ejects_coalesce_and_are_counted() {
+        let (mut c, pending) = controller(2);
+        for _ in 0..100_000 {
+            c.write(B0EJ, &u32::MAX.to_le_bytes()).unwrap();
+        }
+        assert_eq!(
+            pending.take(),
+            vec![Ejected::PciSlot(1), Ejected::PciSlot(2)]
+        );
+        assert!(pending.take().is_empty(), "taken once");
+        assert_eq!(c.empty_ejects(), 100_000);
+        c.write(B0EJ, &(1u32 << 9).to_le_bytes()).unwrap();
+        assert!(pending.take().is_empty(), "slot 9 holds no device");
     }
 
     #[test]
     fn odd_accesses_are_counted() {
-        let (tx, _rx) = channel();
-        let mut c = PciHotplug::new(tx);
+        let (mut c, _) = controller(0);
         let mut b = [0u8; 2];
         c.read(PCIU, &mut b);
         assert_eq!(b, [0xff, 0xff]);

@@ -2,7 +2,7 @@
 //! to reach configuration space: mechanism #1 (ports 0xCF8-0xCFF) and ECAM (MMIO).
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::config::{PciConfig, PciIds};
@@ -13,7 +13,9 @@ use crate::snapshot::{from_state, to_state, Snapshottable};
 /// Slots on bus 0.
 pub const SLOTS: usize = 32;
 
-/// The host bridge: identity only.
+/// The host bridge: identity, and what any function lets a guest write (the command word's
+/// writable bits, the interrupt line; it has no BARs and no ROM, so sizing them changes
+/// nothing).
 struct HostBridge(Mutex<PciConfig>);
 
 impl PciDevice for HostBridge {
@@ -38,8 +40,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct PciRoot {
     slots: Mutex<Vec<Option<Arc<dyn PciDevice>>>>,
     mapper: OnceLock<Arc<dyn BarMapper>>,
-    /// The guest wrote the host bridge's configuration space (a snapshot cannot save it yet).
-    bridge_written: AtomicBool,
+    /// Slot 0, also in `slots`: its guest-writable state goes in the snapshot.
+    bridge: Arc<HostBridge>,
 }
 
 impl Default for PciRoot {
@@ -60,11 +62,12 @@ impl PciRoot {
             subsystem: 0,
         });
         let mut slots: Vec<Option<Arc<dyn PciDevice>>> = vec![None; SLOTS];
-        slots[0] = Some(Arc::new(HostBridge(Mutex::new(bridge))));
+        let bridge = Arc::new(HostBridge(Mutex::new(bridge)));
+        slots[0] = Some(bridge.clone());
         PciRoot {
             slots: Mutex::new(slots),
             mapper: OnceLock::new(),
-            bridge_written: AtomicBool::new(false),
+            bridge,
         }
     }
 
@@ -74,6 +77,20 @@ impl PciRoot {
         let slot = slots.iter().position(Option::is_none)?;
         slots[slot] = Some(device);
         Some(slot as u8)
+    }
+
+    /// The slots holding a function, a bit per slot (bit 0: the host bridge).
+    pub fn occupied(&self) -> u32 {
+        let slots = lock(&self.slots);
+        (0..SLOTS)
+            .filter(|&s| slots[s].is_some())
+            .fold(0, |bits, s| bits | 1 << s)
+    }
+
+    /// The host bridge (slot 0), as a function.
+    #[cfg(test)]
+    pub fn host_bridge(&self) -> Arc<dyn PciDevice> {
+        self.bridge.clone()
     }
 
     /// Takes the device out of `slot` (not the host bridge); the slot then reads all ones.
@@ -109,9 +126,6 @@ impl PciRoot {
         let Some(d) = self.device(bus, slot, function) else {
             return;
         };
-        if slot == 0 {
-            self.bridge_written.store(true, Ordering::Relaxed);
-        }
         for change in d.config_write(offset, data) {
             if let Some(m) = self.mapper.get() {
                 m.bar_moved(slot as u8, change);
@@ -175,11 +189,22 @@ impl BusDevice for PciConfigPorts {
     }
 }
 
-/// Bus 0's own state in a snapshot: none beyond its devices', while the guest has left the
-/// host bridge as it was.
+/// Bus 0's own state in a snapshot beyond its devices': what the guest wrote to the host
+/// bridge (Linux writes every function's BARs and ROM BAR to size them, and may set its
+/// command word). A snapshot made before this was saved has none: the bridge as at power-on.
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RootState {}
+struct RootState {
+    #[serde(default)]
+    bridge: Option<BridgeState>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BridgeState {
+    command: u16,
+    interrupt_line: u8,
+}
 
 impl Snapshottable for PciRoot {
     fn kind(&self) -> &'static str {
@@ -187,18 +212,23 @@ impl Snapshottable for PciRoot {
     }
 
     fn snapshot(&self) -> Result<serde_json::Value, String> {
-        if self.bridge_written.load(Ordering::Relaxed) {
-            return Err(
-                "the guest has configured the PCI host bridge, whose state is not \
-                        saved yet"
-                    .into(),
-            );
-        }
-        to_state(&RootState {})
+        let (command, interrupt_line) = lock(&self.bridge.0).guest_writable();
+        to_state(&RootState {
+            bridge: Some(BridgeState {
+                command,
+                interrupt_line,
+            }),
+        })
     }
 
     fn restore(&self, state: serde_json::Value) -> Result<(), String> {
-        from_state::<RootState>(state).map(drop)
+        let s: RootState = from_state(state)?;
+        let b = s.bridge.unwrap_or(BridgeState {
+            command: 0,
+            interrupt_line: 0,
+        });
+        lock(&self.bridge.0).set_guest_writable(b.command, b.interrupt_line);
+        Ok(())
     }
 }
 
@@ -350,5 +380,40 @@ mod tests {
         // Odd widths on the address port are ignored, never a panic.
         ports.write(1, &[1]).unwrap();
         ports.read(2, &mut [0u8; 2]);
+    }
+
+    /// Linux sizes the host bridge's BARs and ROM BAR (all ones, then the old value back) and
+    /// may set its command word: a snapshot saves that, a restore puts it back.
+    #[test]
+    fn the_host_bridge_written_as_linux_does_is_saved_and_restored() {
+        let (root, _) = root_with_device();
+        let ports = PciConfigPorts::new(root.clone());
+        let mut d = [0u8; 4];
+        for reg in (0x10..=0x24).step_by(4).chain([0x30]) {
+            cf8(&ports, 0, reg);
+            ports.read(4, &mut d);
+            let old = d;
+            ports.write(4, &[0xff; 4]).unwrap();
+            ports.read(4, &mut d);
+            assert_eq!(d, [0; 4], "no BAR at {reg:#x}");
+            ports.write(4, &old).unwrap();
+        }
+        cf8(&ports, 0, 0x04);
+        ports.write(4, &[0x06, 0]).unwrap(); // memory and bus master
+        cf8(&ports, 0, 0x3c);
+        ports.write(4, &[11]).unwrap();
+        let state = root.snapshot().expect("the bridge is saved, not refused");
+        let fresh = PciRoot::new();
+        fresh.restore(state).unwrap();
+        for (reg, want) in [(0x04, 0x06u8), (0x3c, 11)] {
+            let mut b = [0u8];
+            fresh.config_read(0, 0, 0, reg, &mut b);
+            assert_eq!(b[0], want, "register {reg:#x} after restore");
+        }
+        // A snapshot from before the bridge was saved restores it as at power-on.
+        root.restore(serde_json::json!({})).unwrap();
+        let mut b = [0u8];
+        root.config_read(0, 0, 0, 0x04, &mut b);
+        assert_eq!(b[0], 0);
     }
 }

@@ -4,13 +4,23 @@
 //! Either way every request of a batch is in flight at once: a queue depth of 32 in the
 //! guest is 32 requests on the host. A write marked `durable` completes only once its data is
 //! on stable storage (RWF_DSYNC on the one write: no second operation, no second syscall).
+//!
+//! Stopping: an operation the host started writes into its buffers until it ends, whatever
+//! happens to the ring or the threads. So before the owner of the buffers (the device worker)
+//! lets go of them, [`DiskIo::quiesce`] cancels every operation in flight (io_uring's
+//! IORING_OP_ASYNC_CANCEL; the pool's queued jobs are skipped) and reaps every completion,
+//! waiting for the ones already running; what is still running after the bound is reported,
+//! and the owner leaks its buffers rather than free memory the kernel may still write.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -24,9 +34,24 @@ pub enum IoKind {
     Flush,
 }
 
-/// Host buffers of one operation: pointers into guest memory, valid while the VM's memory is
-/// mapped (the device keeps its memory and this backend alive until every operation ended).
+/// Host buffers of one operation: pointers into guest memory or a bounce buffer. The device
+/// keeps the memory they point at (its map of guest memory, its bounce buffers) until the
+/// operation was reaped, [`DiskIo::quiesce`] included, and leaks it if that never happens.
 pub struct Iovecs(pub Vec<libc::iovec>);
+
+/// How long [`DiskIo::quiesce`] waits for operations that could not be cancelled (already
+/// running on the host) before giving up on them.
+pub const QUIESCE_BOUND: Duration = Duration::from_secs(10);
+
+/// What [`DiskIo::quiesce`] achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quiesced {
+    /// Operations that ended (completed, failed or cancelled) during the call.
+    pub reaped: usize,
+    /// Operations still running on the host when the bound was reached: their buffers must
+    /// never be freed.
+    pub left: usize,
+}
 
 // SAFETY: the pointers refer to guest memory shared by the whole VMM, not to memory owned by
 // the submitting thread; moving them to another thread changes nothing about their validity.
@@ -117,18 +142,55 @@ impl DiskIo {
         let _ = self.eventfd().read();
         match self {
             DiskIo::Uring(u) => u.reap(out),
-            DiskIo::Pool(p) => {
-                out.append(&mut p.completed.lock().unwrap_or_else(|e| e.into_inner()))
-            }
+            DiskIo::Pool(p) => p.reap(out),
         }
     }
+
+    /// Operations pushed and not yet reaped.
+    pub fn in_flight(&self) -> usize {
+        match self {
+            DiskIo::Uring(u) => u.pending.len(),
+            DiskIo::Pool(p) => p.in_flight,
+        }
+    }
+
+    /// Cancels every operation in flight and reaps them all (their completions are dropped),
+    /// waiting up to `bound` for those already running. Once `left` is 0 no operation of this
+    /// backend touches any buffer again.
+    pub fn quiesce(&mut self, bound: Duration) -> Quiesced {
+        let deadline = Instant::now() + bound;
+        let reaped = match self {
+            DiskIo::Uring(u) => u.quiesce(deadline),
+            DiskIo::Pool(p) => p.quiesce(deadline),
+        };
+        let _ = self.eventfd().read();
+        let left = self.in_flight();
+        if left > 0 {
+            // The owner leaks the buffers; dropping the backend does not wait again.
+            match self {
+                DiskIo::Uring(u) => u.given_up = true,
+                DiskIo::Pool(p) => p.given_up = true,
+            }
+        }
+        Quiesced { reaped, left }
+    }
 }
+
+/// user_data of the backend's own cancel requests (an operation's is its slot, below 2^32).
+const CANCEL_ANY: u64 = 1 << 32;
+const CANCEL_ONE: u64 = 2 << 32;
 
 /// The io_uring backend.
 pub struct Uring {
     ring: IoUring,
     file: Arc<File>,
     done: EventFd,
+    /// Slots of the operations pushed and not yet reaped.
+    pending: HashSet<u32>,
+    /// The kernel refused IORING_ASYNC_CANCEL_ANY (before Linux 5.19): cancel one by one.
+    any_refused: bool,
+    /// A quiesce ran out of time: what is still pending is the owner's to leak.
+    given_up: bool,
 }
 
 impl Uring {
@@ -141,7 +203,14 @@ impl Uring {
         };
         let done = EventFd::new(EFD_NONBLOCK)?;
         ring.submitter().register_eventfd(done.as_raw_fd())?;
-        Ok(Uring { ring, file, done })
+        Ok(Uring {
+            ring,
+            file,
+            done,
+            pending: HashSet::with_capacity(entries as usize + 1),
+            any_refused: false,
+            given_up: false,
+        })
     }
 
     fn push(&mut self, op: &IoOp) -> io::Result<()> {
@@ -161,8 +230,10 @@ impl Uring {
         loop {
             // SAFETY: the iovec array and the buffers it points at stay valid until this
             // operation's completion is reaped (the caller's contract), and the fd is kept
-            // open by `self.file`.
+            // open by `self.file`. Dropping the ring does not wait for operations: the owner
+            // quiesces first (`DiskIo::quiesce`) and leaks the buffers if that fails.
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                self.pending.insert(op.slot);
                 return Ok(());
             }
             self.submit_all()?; // the submission queue is full: start what is there
@@ -186,15 +257,85 @@ impl Uring {
 
     fn reap(&mut self, out: &mut Vec<Completion>) {
         for cqe in self.ring.completion() {
-            let r = cqe.result();
+            let (r, tag) = (cqe.result(), cqe.user_data());
+            if tag >= CANCEL_ANY {
+                // A cancel request's own completion: how many it cancelled, or why not.
+                self.any_refused |= tag == CANCEL_ANY && r == -libc::EINVAL;
+                continue;
+            }
+            self.pending.remove(&(tag as u32));
             out.push(Completion {
-                slot: cqe.user_data() as u32,
+                slot: tag as u32,
                 result: if r < 0 {
                     Err(io::Error::from_raw_os_error(-r))
                 } else {
                     Ok(r as usize)
                 },
             });
+        }
+    }
+}
+
+impl Uring {
+    /// Submits what is queued, cancels everything in flight, and reaps until nothing is, or
+    /// until `deadline`. Returns the operations reaped.
+    fn quiesce(&mut self, deadline: Instant) -> usize {
+        let mut ended = Vec::new();
+        let _ = self.submit_all();
+        self.reap(&mut ended);
+        if !self.pending.is_empty() {
+            self.cancel(types::CancelBuilder::any(), CANCEL_ANY);
+        }
+        let mut each_sent = false;
+        while !self.pending.is_empty() {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            self.wait(left);
+            self.reap(&mut ended);
+            if self.any_refused && !each_sent {
+                each_sent = true;
+                let slots: Vec<u32> = self.pending.iter().copied().collect();
+                for slot in slots {
+                    self.cancel(types::CancelBuilder::user_data(u64::from(slot)), CANCEL_ONE);
+                }
+            }
+        }
+        ended.len()
+    }
+
+    /// Asks the kernel to cancel what `what` matches (an operation already running goes on).
+    fn cancel(&mut self, what: types::CancelBuilder, tag: u64) {
+        let entry = opcode::AsyncCancel2::new(what).build().user_data(tag);
+        for _ in 0..2 {
+            // SAFETY: a cancel request points at no memory of ours.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                break;
+            }
+            let _ = self.submit_all(); // full: start what is there, then try once more
+        }
+        let _ = self.submit_all();
+    }
+
+    /// Waits for a completion, at most `left` (and 100 ms, to look at the clock again).
+    fn wait(&mut self, left: Duration) {
+        let ts = types::Timespec::from(left.min(Duration::from_millis(100)));
+        let args = types::SubmitArgs::new().timespec(&ts);
+        match self.ring.submitter().submit_with_args(1, &args) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // No IORING_ENTER_EXT_ARG (before Linux 5.11): look again shortly.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Drop for Uring {
+    /// Not waited for by closing the ring: an owner that did not quiesce gets it done here.
+    fn drop(&mut self) {
+        if !self.pending.is_empty() && !self.given_up {
+            self.quiesce(Instant::now() + QUIESCE_BOUND);
         }
     }
 }
@@ -208,12 +349,32 @@ struct Job {
     flags: libc::c_int,
 }
 
+/// What the pool's threads share with the device.
+#[derive(Default)]
+struct PoolShared {
+    completed: Mutex<Vec<Completion>>,
+    /// Signalled with each completion (for `quiesce`).
+    ended: Condvar,
+    /// Set by `quiesce`: jobs not yet started end with ECANCELED instead of running.
+    cancelled: AtomicBool,
+}
+
+impl PoolShared {
+    fn completed(&self) -> MutexGuard<'_, Vec<Completion>> {
+        self.completed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// The thread-pool backend.
 pub struct Pool {
     jobs: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
-    completed: Arc<Mutex<Vec<Completion>>>,
+    shared: Arc<PoolShared>,
     done: EventFd,
+    /// Jobs sent and not yet reaped.
+    in_flight: usize,
+    /// A quiesce ran out of time: threads still in a job are left behind, not waited for.
+    given_up: bool,
 }
 
 /// Runs one operation with plain syscalls.
@@ -240,11 +401,11 @@ impl Pool {
     fn new(file: Arc<File>, threads: usize) -> io::Result<Self> {
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
-        let completed = Arc::new(Mutex::new(Vec::new()));
+        let shared = Arc::new(PoolShared::default());
         let done = EventFd::new(EFD_NONBLOCK)?;
         let mut workers = Vec::new();
         for i in 0..threads {
-            let (rx, completed, file) = (rx.clone(), completed.clone(), file.clone());
+            let (rx, shared, file) = (rx.clone(), shared.clone(), file.clone());
             let done = done.try_clone()?;
             let worker = move || {
                 if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::DiskIo) {
@@ -256,13 +417,16 @@ impl Pool {
                     let Ok(Ok(job)) = job else {
                         return;
                     };
-                    let result = run_op(&file, &job);
-                    if let Ok(mut c) = completed.lock() {
-                        c.push(Completion {
-                            slot: job.slot,
-                            result,
-                        });
-                    }
+                    let result = if shared.cancelled.load(Ordering::Acquire) {
+                        Err(io::Error::from_raw_os_error(libc::ECANCELED))
+                    } else {
+                        run_op(&file, &job)
+                    };
+                    shared.completed().push(Completion {
+                        slot: job.slot,
+                        result,
+                    });
+                    shared.ended.notify_all();
                     let _ = done.write(1);
                 }
             };
@@ -275,8 +439,10 @@ impl Pool {
         Ok(Pool {
             jobs: Some(tx),
             workers,
-            completed,
+            shared,
             done,
+            in_flight: 0,
+            given_up: false,
         })
     }
 
@@ -291,15 +457,56 @@ impl Pool {
         self.jobs
             .as_ref()
             .and_then(|j| j.send(job).ok())
-            .ok_or_else(|| io::Error::other("disk I/O threads stopped"))
+            .ok_or_else(|| io::Error::other("disk I/O threads stopped"))?;
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    fn reap(&mut self, out: &mut Vec<Completion>) {
+        let mut c = self.shared.completed();
+        self.in_flight = self.in_flight.saturating_sub(c.len());
+        out.append(&mut c);
+    }
+
+    /// Jobs not yet started end cancelled; waits for the running ones until `deadline`.
+    /// Returns the jobs reaped.
+    fn quiesce(&mut self, deadline: Instant) -> usize {
+        self.shared.cancelled.store(true, Ordering::Release);
+        let mut reaped = 0;
+        let mut c = self.shared.completed();
+        loop {
+            reaped += c.len();
+            self.in_flight = self.in_flight.saturating_sub(c.len());
+            c.clear();
+            let left = deadline.checked_duration_since(Instant::now());
+            match left {
+                Some(left) if self.in_flight > 0 => {
+                    c = self
+                        .shared
+                        .ended
+                        .wait_timeout(c, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                _ => return reaped,
+            }
+        }
     }
 }
 
 impl Drop for Pool {
+    /// Queued jobs are cancelled and running ones waited for (bounded); threads still in a
+    /// job after that are left behind rather than joined.
     fn drop(&mut self) {
+        if self.in_flight > 0 && !self.given_up {
+            self.quiesce(Instant::now() + QUIESCE_BOUND);
+        }
         self.jobs = None; // workers see the channel close and end
+        let stuck = self.in_flight > 0;
         for w in self.workers.drain(..) {
-            let _ = w.join();
+            if !stuck {
+                let _ = w.join();
+            }
         }
     }
 }
@@ -339,3 +546,7 @@ pub fn dirty_pages(file: &File) -> io::Result<u64> {
     }
     Ok(stat.dirty + stat.writeback)
 }
+
+#[cfg(test)]
+#[path = "io_tests.rs"]
+mod tests;

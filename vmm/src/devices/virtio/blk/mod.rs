@@ -80,6 +80,11 @@ pub struct BlockStats {
     pub deferred: AtomicU64,
     /// Chains refused for having more segments than seg_max.
     pub too_long: AtomicU64,
+    /// Operations still on the host when the device stopped (reset, unplugged, VM stopped):
+    /// cancelled, or waited for, before their buffers were let go.
+    pub stopped_in_flight: AtomicU64,
+    /// Of those, operations still running after the wait: their buffers were leaked.
+    pub abandoned: AtomicU64,
 }
 
 impl BlockStats {
@@ -94,6 +99,8 @@ impl BlockStats {
             ("bounced", get(&self.bounced)),
             ("deferred", get(&self.deferred)),
             ("too_long", get(&self.too_long)),
+            ("stopped_in_flight", get(&self.stopped_in_flight)),
+            ("abandoned", get(&self.abandoned)),
         ]
     }
 }
@@ -286,8 +293,9 @@ struct InFlight {
     bounce: Option<Bounce>,
 }
 
-/// The queue's work, on the event loop. `io` is declared first so that it is dropped (its
-/// threads joined, its ring closed) before the guest memory its operations point into.
+/// The queue's work, on the event loop. Dropping it (the device reset, unplugged, or its VM
+/// stopped) first quiesces `io` (see its `Drop`): no operation outlives the bounce buffers and
+/// the guest memory it points into.
 struct BlockWorker {
     io: DiskIo,
     queue: Queue,
@@ -312,6 +320,29 @@ struct BlockWorker {
     deferred: bool,
     warned_io: bool,
     health: Arc<DeviceHealth>,
+}
+
+impl Drop for BlockWorker {
+    /// Every operation in flight is cancelled and reaped before the buffers go (the transport
+    /// drops the worker before the status register reads 0). One the host still runs after
+    /// [`io::QUIESCE_BOUND`] keeps its buffers for good: its bounce buffer and this worker's
+    /// map of guest memory are leaked, not freed under the kernel.
+    fn drop(&mut self) {
+        let q = self.io.quiesce(io::QUIESCE_BOUND);
+        let ended = (q.reaped + q.left) as u64;
+        QueueCounters::add(&self.stats.stopped_in_flight, ended);
+        if q.left == 0 {
+            return;
+        }
+        QueueCounters::add(&self.stats.abandoned, q.left as u64);
+        eprintln!(
+            "virtio-blk: {} disk operations still running {:?} after the device stopped; their buffers are left allocated",
+            q.left,
+            io::QUIESCE_BOUND
+        );
+        std::mem::forget(std::mem::take(&mut self.inflight));
+        std::mem::forget(self.mem.current());
+    }
 }
 
 /// Write-through writes that completed in the cache and wait for the device's fdatasync.

@@ -1,5 +1,7 @@
 //! virtio-blk driven through mock queues: real files, both I/O backends, hostile chains.
 
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::Ordering;
 
 use std::time::{Duration, Instant};
@@ -64,6 +66,8 @@ pub(super) struct Rig {
     pub(super) notify: EventFd,
     health: Arc<crate::devices::virtio::DeviceHealth>,
     el: EventLoop,
+    /// The queue work on the loop (removing it is what a reset does).
+    worker: event_manager::SubscriberId,
 }
 
 /// A device on a mock queue whose avail ring already holds `descs`, guest memory prepared by
@@ -103,19 +107,20 @@ pub(super) fn rig_accepting(
         "virtio-blk",
         irq.clone(),
     ));
-    dev.activate(Activation {
-        mem: crate::devices::virtio::SharedGuestMemory::new(mem.clone()),
-        features,
-        queues: vec![ActiveQueue {
-            index: 0,
-            queue,
-            notify: Arc::new(notify.try_clone().unwrap()),
-        }],
-        interrupt: irq.clone(),
-        health: health.clone(),
-    })
-    .map(|worker| el.handle().add(worker).unwrap())
-    .unwrap();
+    let worker = dev
+        .activate(Activation {
+            mem: crate::devices::virtio::SharedGuestMemory::new(mem.clone()),
+            features,
+            queues: vec![ActiveQueue {
+                index: 0,
+                queue,
+                notify: Arc::new(notify.try_clone().unwrap()),
+            }],
+            interrupt: irq.clone(),
+            health: health.clone(),
+        })
+        .map(|worker| el.handle().add(worker).unwrap())
+        .unwrap();
     Rig {
         mem: mem.clone(),
         dev,
@@ -123,6 +128,7 @@ pub(super) fn rig_accepting(
         notify,
         health,
         el,
+        worker,
     }
 }
 
@@ -448,4 +454,69 @@ fn an_available_index_past_the_ring_ends_the_serve_loop_and_is_counted() {
     r.el.handle().call(|_| {}).unwrap();
     assert_eq!(r.dev.counters()[0].malformed.load(Ordering::Relaxed), 1);
     assert_eq!(r.health.broken_rings.load(Ordering::Relaxed), 1);
+}
+
+/// Reads on a disk whose "image" is a FIFO wait until the test writes to it: a reset (the
+/// transport removes the queue work from the loop) with all of them in flight must end them
+/// first, so that data arriving afterwards lands nowhere.
+#[test]
+fn a_reset_with_reads_in_flight_ends_them_and_later_data_touches_no_guest_memory() {
+    let path = std::env::temp_dir().join(format!("exitless-blk-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let config = DiskConfig {
+        path: path.clone(),
+        lock: false,
+        probe_format: false,
+        ..DiskConfig::default()
+    };
+    let mut block = Block::open(&config).unwrap();
+    block.shape.capacity_bytes = 1 << 20;
+    let n = 8u16;
+    let mut descs = Vec::new();
+    for i in 0..n {
+        descs.extend(request(i * 3, u64::from(i), 4096, WRITE));
+    }
+    let r = rig(block, &descs, false, |mem| {
+        for i in 0..u64::from(n) {
+            header(mem, HDR + i * 16, VIRTIO_BLK_T_IN, i * 8);
+        }
+        mem.write_slice(&vec![0x77; 4096 * usize::from(n)], GuestAddress(DATA))
+            .unwrap();
+    });
+    if DiskIo::new(r.dev.file.clone(), false, 8).unwrap().name() != "io_uring" {
+        return crate::test_skip::skip("blk_reset_in_flight", "io_uring unavailable");
+    }
+    // The worker started every read when it joined the loop; none can have completed.
+    r.el.handle().remove(r.worker).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let fifo = std::path::Path::new("/proc/self/fd").join(r.dev.file.as_raw_fd().to_string());
+    let open = |write: bool| {
+        std::fs::OpenOptions::new()
+            .read(!write)
+            .write(write)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap()
+    };
+    let sent = vec![0x11u8; 4096 * usize::from(n)];
+    std::io::Write::write_all(&mut open(true), &sent).unwrap();
+    let mut left = vec![0u8; sent.len() + 1];
+    let got = std::io::Read::read(&mut open(false), &mut left).unwrap_or(0);
+    assert_eq!(got, sent.len(), "a read consumed data after the reset");
+    let mut data = vec![0u8; sent.len()];
+    r.mem.read_slice(&mut data, GuestAddress(DATA)).unwrap();
+    assert!(
+        data.iter().all(|&b| b == 0x77),
+        "guest memory written after the reset"
+    );
+    assert_eq!(r.dev.counters()[0].completed.load(Ordering::Relaxed), 0);
+    let stats = r.dev.stats();
+    assert_eq!(
+        stats.stopped_in_flight.load(Ordering::Relaxed),
+        u64::from(n)
+    );
+    assert_eq!(stats.abandoned.load(Ordering::Relaxed), 0);
 }

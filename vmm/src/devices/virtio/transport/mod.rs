@@ -381,7 +381,9 @@ impl VirtioPciDevice {
         id: Option<SubscriberId>,
     ) {
         if let Some(id) = id {
-            let _ = ops.remove_subscriber(id);
+            // Dropping the queue work ends the device's I/O: a disk's in-flight operations are
+            // cancelled and reaped there (virtio-blk's worker), before the status reads 0.
+            drop(ops.remove_subscriber(id));
         }
         self.finish_reset(&mut lock(&self.transport));
     }
