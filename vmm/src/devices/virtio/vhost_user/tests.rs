@@ -301,12 +301,10 @@ fn start_hands_over_memory_and_rings_and_stop_takes_them_back() {
         host + 0x10_0000
     );
     assert_eq!(word(&got[4].body, 4), 3);
-    // Queue 0's call is an fd; queue 1 is polled: NOFD and no fd.
-    assert_eq!((got[5].fds.len(), got[11].fds.len()), (1, 0));
-    assert_eq!(
-        u64::from_ne_bytes(got[11].body[..8].try_into().unwrap()),
-        1 | 0x100
-    );
+    // Queue 0's call is its irqfd; queue 1 is polled: an eventfd of its own all the same
+    // (libvhost-user back ends need one), not the NOFD flag.
+    assert_eq!((got[5].fds.len(), got[11].fds.len()), (1, 1));
+    assert_eq!(u64::from_ne_bytes(got[11].body[..8].try_into().unwrap()), 1);
     assert_eq!(got[6].fds.len(), 1, "the kick eventfd");
     assert_eq!(f.started(), [0, 1]);
     assert_eq!(f.stop().unwrap(), [(0, 7), (1, 7)]);
@@ -527,26 +525,11 @@ fn a_back_end_that_dies_puts_the_device_in_needs_reset_alone() {
     assert!(e.contains("closed its socket earlier"), "{e}");
 }
 
-/// virtiofsd, if installed and this process is root (it needs to be).
-fn virtiofsd(test: &str) -> Option<std::path::PathBuf> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        crate::test_skip::skip(test, "virtiofsd needs root");
-        return None;
-    }
-    let candidates = [
-        "/root/.cargo/bin/virtiofsd",
-        "/usr/libexec/virtiofsd",
-        "/usr/bin/virtiofsd",
-    ];
-    let found = candidates
-        .iter()
-        .map(std::path::PathBuf::from)
-        .find(|p| p.exists());
-    if found.is_none() {
-        crate::test_skip::skip(test, "virtiofsd is not installed");
-    }
-    found
+/// virtiofsd, if installed and this process is root (it needs to be): the bench's lookup.
+fn virtiofsd(test: &str) -> Option<crate::bench::virtiofsd::Daemon> {
+    crate::bench::virtiofsd::find()
+        .map_err(|why| crate::test_skip::skip(test, &why))
+        .ok()
 }
 
 /// A FUSE_INIT request (fuse_in_header, then the 16-byte fuse_init_in of protocol 7.31).
@@ -572,12 +555,9 @@ fn virtiofsd_answers_fuse_init_through_the_handed_over_queue() {
     let dir = std::env::temp_dir().join(format!("exitless-vfs-unit-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("shared")).unwrap();
     let socket = dir.join("fs.sock");
-    let mut child = std::process::Command::new(daemon)
-        .arg("--socket-path")
-        .arg(&socket)
-        .arg("--shared-dir")
-        .arg(dir.join("shared"))
-        .args(["--cache", "never", "--sandbox", "none"])
+    let cache = crate::bench::virtiofsd::Cache::Never;
+    let mut child = daemon
+        .command(&socket, &dir.join("shared"), cache)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -615,6 +595,7 @@ fn virtiofsd_answers_fuse_init_through_the_handed_over_queue() {
     drop(fs);
     let _ = child.kill();
     let _ = child.wait();
+    daemon.clean_up(&socket);
     std::fs::remove_dir_all(&dir).ok();
     assert_eq!(used_idx, 1, "virtiofsd completed the request");
     assert_eq!((error, major), (0, 7), "FUSE_INIT answered");
