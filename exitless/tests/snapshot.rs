@@ -219,6 +219,31 @@ fn a_guest_paused_mid_loop_goes_on_in_fresh_processes_and_its_clones_run_apart()
         before,
         "a clone wrote the snapshot's memory file"
     );
+    // config.json says where the console went (the run's stdout: Tty), so a restore through
+    // another VMM's API prints the guest's console on that VMM's stdout.
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["serial"]["mode"], "Tty", "{config}");
+    let mut vmm = Vmm::start_with_stdout(&exitless_path(), "snap-tty", Stdio::piped());
+    let mut console = Stream::spawn(vmm.child.stdout.take().unwrap());
+    let mut c = vmm.client();
+    let body = serde_json::json!({ "source_url": format!("file://{}", dir.display()) });
+    let body = body.to_string();
+    ok(
+        c.request("PUT", "vm.restore", Some(&body)).unwrap(),
+        "vm.restore",
+    );
+    ok(c.request("PUT", "vm.resume", None).unwrap(), "vm.resume");
+    let next = format!("TICK n={} ", last + 1);
+    assert!(
+        console.wait_for(Duration::from_secs(60), |t| t.contains(&next)),
+        "the restored VM printed no '{next}' on its VMM's stdout: {}",
+        console.text
+    );
+    ok(
+        c.request("PUT", "vmm.shutdown", None).unwrap(),
+        "vmm.shutdown",
+    );
     let _ = std::fs::remove_file(guest);
 }
 

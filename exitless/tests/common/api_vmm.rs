@@ -23,12 +23,17 @@ impl Vmm {
 
     /// [`Vmm::start`] with build `bin`.
     pub fn start_build(bin: &std::path::Path, tag: &str) -> Vmm {
+        Self::start_with_stdout(bin, tag, Stdio::null())
+    }
+
+    /// [`Vmm::start_build`] with the VMM's stdout (where a `Tty` console goes) as given.
+    pub fn start_with_stdout(bin: &std::path::Path, tag: &str, stdout: Stdio) -> Vmm {
         let socket =
             std::env::temp_dir().join(format!("exitless-api-{tag}-{}.sock", std::process::id()));
         let mut child = std::process::Command::new(bin)
             .args(["-v", "--api-socket"])
             .arg(&socket)
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
