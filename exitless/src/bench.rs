@@ -55,6 +55,8 @@ pub struct BenchArgs {
     /// host CPUs each vCPU ran on.
     #[arg(long, value_name = "N", conflicts_with_all = ["profile", "scaling"])]
     ipi: Option<usize>,
+    #[command(flatten)]
+    pub vm: crate::options::VmOptions,
 }
 
 pub fn main(args: BenchArgs) -> anyhow::Result<i32> {

@@ -50,6 +50,10 @@ allow (see --seccomp)."
 pub struct RunArgs {
     #[command(flatten)]
     opts: Box<RunOptions>,
+    #[command(flatten)]
+    pub server: crate::options::ServerOptions,
+    #[command(flatten)]
+    pub vm: crate::options::VmOptions,
 }
 
 /// Options of `exitless run`. Command line values override the `--config` file.
@@ -246,6 +250,9 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
     if let Some(path) = &args.profile_json {
         ensure_writable("--profile-json", path)?;
     }
+    // Taps given by name (not Kata's fds): refused when not a tap, said when created.
+    let named_taps = config.nets.iter().filter(|n| n.tap_fd.is_none());
+    let created_taps = crate::tap_check::to_create(named_taps.map(|n| n.tap.as_str()))?;
     launch::install_signal_handlers()?;
     // Launch errors already include their causes in their messages: keep them one line.
     let (mut vm, api, paused) = match restored {
@@ -259,6 +266,9 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
             (vm, None, false)
         }
     };
+    for tap in &created_taps {
+        eprintln!("{}", crate::tap_check::created_line(tap));
+    }
     if let Some(socket) = api_socket {
         let api = api.unwrap_or_else(|| vmm::api::schema::VmConfig::from_vm_config(&config));
         let served = ServedVm {

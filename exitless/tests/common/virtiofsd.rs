@@ -77,6 +77,27 @@ impl Virtiofsd {
         false
     }
 
+    /// Which daemon this is (their logs and their answers to bad requests differ).
+    pub fn flavour(&self) -> vmm::bench::virtiofsd::Flavour {
+        self.daemon.flavour
+    }
+
+    /// Waits up to 10 s for the daemon to log that a front end connected and is served.
+    pub fn wait_connected(&self) -> bool {
+        self.wait_log(match self.flavour() {
+            vmm::bench::virtiofsd::Flavour::Rust => "Client connected, servicing requests",
+            vmm::bench::virtiofsd::Flavour::C => "Received vhost-user socket connection",
+        })
+    }
+
+    /// Waits up to 10 s for the daemon to log that its front end went.
+    pub fn wait_disconnected(&self) -> bool {
+        self.wait_log(match self.flavour() {
+            vmm::bench::virtiofsd::Flavour::Rust => "Client disconnected",
+            vmm::bench::virtiofsd::Flavour::C => "virtio_loop: Exit",
+        })
+    }
+
     /// Whether the daemon has ended (died or exited).
     pub fn has_ended(&mut self) -> bool {
         self.child.try_wait().unwrap().is_some()
