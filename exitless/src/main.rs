@@ -215,7 +215,41 @@ fn main() {
 
 #[cfg(test)]
 mod tests {
-    use super::{boots_a_vm, Lead};
+    use super::{boots_a_vm, options_for, Cli, Lead, Seccomp};
+    use clap::Parser;
+
+    fn options(line: &str) -> (super::VmOptions, super::ServerOptions) {
+        let mut cli = Cli::try_parse_from(line.split_whitespace()).unwrap();
+        options_for(&mut cli)
+    }
+
+    #[test]
+    fn shared_options_act_given_before_or_after_the_command_and_only_where_they_act() {
+        let (vm, server) = options("exitless --seccomp off -v --api-socket /s run --kernel k");
+        assert_eq!(vm.seccomp, Some(Seccomp::Off));
+        assert_eq!(
+            server.api_socket.as_deref(),
+            Some(std::path::Path::new("/s"))
+        );
+        let (vm, server) = options("exitless -v run --seccomp off -v --log-file l --kernel k");
+        assert_eq!((vm.seccomp, server.verbose), (Some(Seccomp::Off), 2));
+        assert_eq!(vm.log.log_file.as_deref(), Some(std::path::Path::new("l")));
+        let (vm, _) = options("exitless run --kernel k");
+        assert_eq!(vm.seccomp, Some(Seccomp::On), "on unless said");
+        let (vm, _) = options("exitless compare --log-file l");
+        assert!(vm.log.log_file.is_some());
+        for refused in [
+            "exitless remote --seccomp off --api-socket s ping",
+            "exitless remote -v --api-socket s ping",
+            "exitless bench --api-socket s",
+            "exitless compare --seccomp off",
+        ] {
+            assert!(
+                Cli::try_parse_from(refused.split_whitespace()).is_err(),
+                "{refused}"
+            );
+        }
+    }
 
     fn boots(line: &str) -> Option<Lead> {
         boots_a_vm(line.split_whitespace().map(std::ffi::OsString::from))

@@ -119,8 +119,10 @@ pub struct RunOptions {
     #[arg(long)]
     rng: bool,
     /// A virtio-net card on host tap NAME (repeatable). The tap is opened if it exists, else
-    /// created, which needs CAP_NET_ADMIN; the host side (address, bridge, up) is yours to
-    /// set. mac= defaults to 52:54:00 and three bytes from the tap's name [default: none]
+    /// created (as QEMU does; needs CAP_NET_ADMIN), which stderr says in one line: "created
+    /// tap NAME" (it goes when exitless ends). An interface that is not a tap (lo, eth0) is
+    /// refused. The host side (address, bridge, up) is yours to set. mac= defaults to
+    /// 52:54:00 and three bytes from the tap's name [default: none]
     #[arg(long, value_name = "tap=NAME[,mac=MAC]")]
     net: Vec<String>,
     /// A virtio-vsock device with guest context id N (3 or more), joined to Unix sockets: a
