@@ -118,7 +118,12 @@ fn without_a_usable_virtiofsd_the_case_is_skipped_in_one_line_and_the_bench_pass
         return;
     }
     let (dir, tmp) = scratch("vfs-none");
-    let not_one = stand_in(&dir, "usage: cat [OPTION]... [FILE]...", "s=x", "p=y");
+    // Were it started after all (an exitless that does not ask), it writes only into `dir`.
+    let (socket, pid_file) = (
+        format!("s={}/s", dir.display()),
+        format!("p={}/p", dir.display()),
+    );
+    let not_one = stand_in(&dir, "usage: cat [OPTION]... [FILE]...", &socket, &pid_file);
     let o = bench_with(&not_one, &tmp);
     let err = String::from_utf8_lossy(&o.stderr);
     let out = String::from_utf8_lossy(&o.stdout);
