@@ -29,7 +29,8 @@ pub struct BenchArgs {
     #[arg(long)]
     profile: bool,
     /// Write the embedded bench guest ELF to FILE and exit (boot it with e.g.
-    /// `qemu-system-x86_64 -kernel FILE -serial stdio -device isa-debug-exit,iobase=0xf4,iosize=4`).
+    /// `qemu-system-x86_64 -kernel FILE -serial stdio -display none -device
+    /// isa-debug-exit,iobase=0xf4,iosize=4`).
     #[arg(long, value_name = "FILE")]
     export_guest: Option<PathBuf>,
     /// Write the floor VMM (the least a KVM VMM must do to run the bench guest, which
@@ -55,6 +56,8 @@ pub struct BenchArgs {
     /// host CPUs each vCPU ran on.
     #[arg(long, value_name = "N", conflicts_with_all = ["profile", "scaling"])]
     ipi: Option<usize>,
+    #[command(flatten)]
+    pub vm: crate::options::VmOptions,
 }
 
 pub fn main(args: BenchArgs) -> anyhow::Result<i32> {

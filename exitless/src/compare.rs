@@ -114,6 +114,8 @@ pub struct CompareArgs {
     /// With --density: how long the idle VMs are watched, in seconds (1 to 600)
     #[arg(long, value_name = "SECS", default_value_t = 3)]
     idle: u64,
+    #[command(flatten)]
+    pub log: crate::options::LogOptions,
 }
 
 /// Guest memory when --memory is not given: the cases', and --density's (many VMs).

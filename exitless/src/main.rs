@@ -11,14 +11,15 @@ mod compare_api;
 mod compare_density;
 #[cfg(feature = "lab")]
 mod compare_snapshot;
+mod options;
 mod output_file;
 mod remote;
 mod run;
-
-use std::path::PathBuf;
+mod tap_check;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use options::{Seccomp, ServerOptions, VmOptions};
 use vmm::kvm::head_start::Lead;
 
 /// A KVM virtual machine monitor built around the cost of VM exits.
@@ -35,30 +36,10 @@ Kata Containers' clh driver can run it unchanged. See docs/api.md; `exitless rem
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Serve Cloud Hypervisor's REST API (HTTP over this Unix socket). Alone: an empty VMM
-    /// that waits for vm.create and vm.boot; with `run`: the API of the VM it starts. A stale
-    /// socket file is replaced; one a program listens on is an error. Removed on exit
-    #[arg(long, global = true, value_name = "PATH")]
-    api_socket: Option<PathBuf>,
-    /// More detail on stderr (repeatable): -v logs each API request and its status
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
-    verbose: u8,
-    /// Write exitless's own messages (its stderr) to FILE, appended, instead of stderr
-    #[arg(long, global = true, value_name = "FILE")]
-    log_file: Option<PathBuf>,
-    /// Seccomp filters on the threads a guest can reach (vCPUs, devices, disk I/O, API) and
-    /// on `run`'s main thread: a system call outside a thread's list stops exitless with code
-    /// 159 and a line naming the thread and the call. `off` (or `false`) is for debugging.
-    #[arg(long, global = true, value_enum, default_value_t = Seccomp::On)]
-    seccomp: Seccomp,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Seccomp {
-    #[value(alias = "true")]
-    On,
-    #[value(alias = "false")]
-    Off,
+    #[command(flatten)]
+    server: ServerOptions,
+    #[command(flatten)]
+    vm: VmOptions,
 }
 
 #[derive(Subcommand)]
@@ -75,7 +56,8 @@ enum Command {
     Remote(remote::RemoteArgs),
 }
 
-/// The command line; a usage error is one line (clap's first) with where to look, exit code 2.
+/// The command line; a usage error is clap's whole message (what is wrong, the argument's
+/// name, a similar argument when there is one, the usage line), exit code 2.
 fn parse_args() -> Cli {
     use clap::error::ErrorKind;
     match Cli::try_parse() {
@@ -91,10 +73,9 @@ fn parse_args() -> Cli {
             e.exit()
         }
         Err(e) => {
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or("bad arguments");
-            let first = first.trim_start_matches("error: ");
-            eprintln!("exitless: {first} (--help lists the options)");
+            let text = e.render().to_string();
+            let text = text.trim_end().trim_start_matches("error: ");
+            eprintln!("exitless: {text}");
             std::process::exit(2);
         }
     }
@@ -131,10 +112,35 @@ fn boots_a_vm(args: impl Iterator<Item = std::ffi::OsString>) -> Option<Lead> {
     }
 }
 
+/// The options that act for this command: given after its name, else before it.
+fn options_for(cli: &mut Cli) -> (VmOptions, ServerOptions) {
+    use std::mem::take;
+    let (vm, server) = match &mut cli.command {
+        Some(Command::Run(args)) => (take(&mut args.vm), take(&mut args.server)),
+        #[cfg(feature = "lab")]
+        Some(Command::Bench(args)) => (take(&mut args.vm), ServerOptions::default()),
+        #[cfg(feature = "lab")]
+        Some(Command::Compare(args)) => {
+            let log = take(&mut args.log);
+            let vm = VmOptions { log, seccomp: None };
+            (vm, ServerOptions::default())
+        }
+        Some(Command::Remote(_)) | None => (VmOptions::default(), ServerOptions::default()),
+    };
+    (vm.or(&cli.vm), server.or(&cli.server))
+}
+
+/// The subcommands this build has, for the line that asks for one.
+const SUBCOMMANDS: &str = if cfg!(feature = "lab") {
+    "bench, run, compare, remote"
+} else {
+    "run, remote"
+};
+
 /// What to do: a subcommand, or with only `--api-socket` the API server.
-fn dispatch(cli: Cli) -> anyhow::Result<i32> {
-    let verbose = cli.verbose > 0;
-    match (cli.command, cli.api_socket) {
+fn dispatch(command: Option<Command>, server: ServerOptions) -> anyhow::Result<i32> {
+    let verbose = server.verbose > 0;
+    match (command, server.api_socket) {
         (Some(Command::Run(args)), socket) => run::main(args, socket.as_deref(), verbose),
         (Some(Command::Remote(args)), _) => remote::main(args),
         #[cfg(feature = "lab")]
@@ -147,7 +153,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         (Some(Command::Compare(args)), None) => compare::main(args),
         (None, Some(socket)) => api::main(&socket, verbose),
         (None, None) => {
-            eprintln!("exitless: give a subcommand (bench, run, compare) or --api-socket PATH (--help lists them)");
+            eprintln!(
+                "exitless: give a command ({SUBCOMMANDS}) or --api-socket PATH for an empty \
+                 VMM (--help lists them)"
+            );
             Ok(2)
         }
     }
@@ -185,13 +194,14 @@ fn main() {
         // Failing to start the thread only costs the head start.
         let _ = vmm::kvm::head_start::begin(lead);
     }
-    let cli = parse_args();
-    if cli.seccomp == Seccomp::Off {
+    let mut cli = parse_args();
+    let (vm, server) = options_for(&mut cli);
+    if vm.seccomp == Some(Seccomp::Off) {
         vmm::seccomp::disable();
     }
-    let result = match &cli.log_file {
-        Some(path) => redirect_stderr(path).and_then(|()| dispatch(cli)),
-        None => dispatch(cli),
+    let result = match &vm.log.log_file {
+        Some(path) => redirect_stderr(path).and_then(|()| dispatch(cli.command, server)),
+        None => dispatch(cli.command, server),
     };
     match result {
         Ok(code) => std::process::exit(code),
@@ -205,7 +215,41 @@ fn main() {
 
 #[cfg(test)]
 mod tests {
-    use super::{boots_a_vm, Lead};
+    use super::{boots_a_vm, options_for, Cli, Lead, Seccomp};
+    use clap::Parser;
+
+    fn options(line: &str) -> (super::VmOptions, super::ServerOptions) {
+        let mut cli = Cli::try_parse_from(line.split_whitespace()).unwrap();
+        options_for(&mut cli)
+    }
+
+    #[test]
+    fn shared_options_act_given_before_or_after_the_command_and_only_where_they_act() {
+        let (vm, server) = options("exitless --seccomp off -v --api-socket /s run --kernel k");
+        assert_eq!(vm.seccomp, Some(Seccomp::Off));
+        assert_eq!(
+            server.api_socket.as_deref(),
+            Some(std::path::Path::new("/s"))
+        );
+        let (vm, server) = options("exitless -v run --seccomp off -v --log-file l --kernel k");
+        assert_eq!((vm.seccomp, server.verbose), (Some(Seccomp::Off), 2));
+        assert_eq!(vm.log.log_file.as_deref(), Some(std::path::Path::new("l")));
+        let (vm, _) = options("exitless run --kernel k");
+        assert_eq!(vm.seccomp, Some(Seccomp::On), "on unless said");
+        let (vm, _) = options("exitless compare --log-file l");
+        assert!(vm.log.log_file.is_some());
+        for refused in [
+            "exitless remote --seccomp off --api-socket s ping",
+            "exitless remote -v --api-socket s ping",
+            "exitless bench --api-socket s",
+            "exitless compare --seccomp off",
+        ] {
+            assert!(
+                Cli::try_parse_from(refused.split_whitespace()).is_err(),
+                "{refused}"
+            );
+        }
+    }
 
     fn boots(line: &str) -> Option<Lead> {
         boots_a_vm(line.split_whitespace().map(std::ffi::OsString::from))

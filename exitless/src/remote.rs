@@ -26,7 +26,7 @@ pub struct RemoteArgs {
     /// The socket `exitless --api-socket` (or Cloud Hypervisor) serves
     #[arg(long, value_name = "PATH")]
     api_socket: PathBuf,
-    /// Longest wait for an answer, in seconds [default: 30]
+    /// Longest wait for an answer, in seconds
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     timeout: f64,
     #[command(subcommand)]
@@ -40,7 +40,10 @@ enum RemoteCommand {
     /// The VM's config as applied, its state and memory (vm.info)
     Info,
     /// Create the VM from a JSON file holding a Cloud Hypervisor VmConfig (vm.create)
-    Create { file: PathBuf },
+    Create {
+        /// The VmConfig: a JSON file (docs/api.md has one)
+        file: PathBuf,
+    },
     /// Boot the created VM (vm.boot)
     Boot,
     /// Pause the vCPUs (vm.pause)
@@ -55,20 +58,43 @@ enum RemoteCommand {
     Delete,
     /// End the VMM process (vmm.shutdown)
     ShutdownVmm,
-    /// Add a disk: path=FILE[,readonly=on][,direct=on][,id=ID] (vm.add-disk)
-    AddDisk { spec: String },
+    /// Add a disk: path=FILE[,readonly=on][,direct=on][,lock=off][,id=ID] (vm.add-disk)
+    AddDisk {
+        /// path=FILE[,readonly=on][,direct=on][,lock=off][,id=ID], as run --disk takes it
+        /// (lock=off: no lock against a second writer)
+        #[arg(value_name = "SPEC")]
+        spec: String,
+    },
     /// Add a network card on a host tap: tap=NAME[,mac=MAC][,id=ID] (vm.add-net)
-    AddNet { spec: String },
+    AddNet {
+        /// tap=NAME[,mac=MAC][,id=ID]: an existing tap device, as run --net takes it
+        #[arg(value_name = "SPEC")]
+        spec: String,
+    },
     /// Add the vsock device: cid=N,socket=PATH[,id=ID] (vm.add-vsock)
-    AddVsock { spec: String },
+    AddVsock {
+        /// cid=N,socket=PATH[,id=ID]: the guest's CID and the host's Unix socket
+        #[arg(value_name = "SPEC")]
+        spec: String,
+    },
     /// Add a virtio-fs device on a vhost-user back end: tag=TAG,socket=PATH[,num_queues=N]
     /// [,queue_size=Q][,id=ID] (vm.add-fs; the VM's memory must be shared)
-    AddFs { spec: String },
+    AddFs {
+        /// tag=TAG,socket=PATH[,num_queues=N][,queue_size=Q][,id=ID]: the tag the guest
+        /// mounts and the back end's (virtiofsd's) socket
+        #[arg(value_name = "SPEC")]
+        spec: String,
+    },
     /// Remove a device by its id (vm.remove-device)
-    RemoveDevice { id: String },
+    RemoveDevice {
+        /// The id add-* answered with, or the one vm.info shows (e.g. _disk0)
+        id: String,
+    },
     /// Change the number of vCPUs, grow the guest's memory, or set the balloon's target
     /// (vm.resize)
     Resize {
+        /// vCPUs to have: more are hot-added, extra ones removed (ACPI CPU hotplug, up to
+        /// cpus.max_vcpus of the VM's config)
         #[arg(long, value_name = "N")]
         cpus: Option<u8>,
         /// Guest RAM to grow to, e.g. 1G (ACPI memory hotplug, up to memory.size +
@@ -81,11 +107,16 @@ enum RemoteCommand {
     },
     /// Write the paused VM to directory DIR: config.json, state.json, guest-ram
     /// (vm.snapshot)
-    Snapshot { dir: PathBuf },
+    Snapshot {
+        /// An existing directory the VMM writes the snapshot into
+        dir: PathBuf,
+    },
     /// Make the VM saved in DIR, in a VMM that has none; it is Paused afterwards unless
     /// --resume (vm.restore)
     Restore {
+        /// A directory `snapshot` wrote
         dir: PathBuf,
+        /// Run the restored VM at once (vm.resume after vm.restore)
         #[arg(long)]
         resume: bool,
     },

@@ -42,14 +42,18 @@ When stdin ends (EOF, e.g. < /dev/null), the guest gets no more input and the VM
 When stdout stops taking the guest's output (a closed pipe, `| head`, a gone terminal), that \
 output is dropped, said once on stderr and counted in the profile (\"console\" in \
 --profile-json); the VM runs on to its own end. --serial-log still gets everything.\n\n\
-Exit codes: 0 guest powered off or rebooted, 1 setup error, \
-3 triple fault, 4 KVM failure, 5 unknown KVM system event, 124 --timeout reached, \
+Exit codes: 0 guest powered off or rebooted, 1 setup error, 2 usage error (a bad or \
+missing option), 3 triple fault, 4 KVM failure, 5 unknown KVM system event, 124 --timeout reached, \
 130 stopped by SIGINT/SIGTERM, 159 a thread made a system call its seccomp filter does not \
 allow (see --seccomp)."
 )]
 pub struct RunArgs {
     #[command(flatten)]
     opts: Box<RunOptions>,
+    #[command(flatten)]
+    pub server: crate::options::ServerOptions,
+    #[command(flatten)]
+    pub vm: crate::options::VmOptions,
 }
 
 /// Options of `exitless run`. Command line values override the `--config` file.
@@ -75,7 +79,11 @@ pub struct RunOptions {
     /// normal pages, no hotplug]
     #[arg(long, value_name = "SIZE|size=SIZE,...")]
     memory: Option<String>,
-    /// JSON VM config file; command line options override it [default: none]
+    /// A Cloud Hypervisor VmConfig in JSON (what vm.create and `exitless remote create`
+    /// take: payload, cpus, memory in bytes, disks, net, fs, vsock, balloon, serial; see
+    /// docs/api.md); command line options override it. Without a serial section the console
+    /// is this terminal; the entropy device is always there, as in Cloud Hypervisor
+    /// [default: none]
     #[arg(long, value_name = "FILE.json")]
     config: Option<PathBuf>,
     /// Also write the serial console to this file [default: none]
@@ -84,7 +92,8 @@ pub struct RunOptions {
     /// Interrupt controller: kernel, split or none [default: kernel]
     #[arg(long, value_name = "MODE")]
     irqchip: Option<String>,
-    /// Pin vCPU i to the i-th host CPU of this list, e.g. 0,1 [default: no pinning]
+    /// Pin vCPU i to the i-th host CPU of this list: one CPU per vCPU, e.g. 0,1 with --cpus 2
+    /// [default: no pinning]
     #[arg(long, value_name = "LIST")]
     cpu_affinity: Option<String>,
     /// Print the exit profile when the VM ends and on SIGUSR1 [default: off]
@@ -96,7 +105,8 @@ pub struct RunOptions {
     /// Break the printed profile down per vCPU [default: off]
     #[arg(long)]
     profile_per_vcpu: bool,
-    /// Print a one-line exit summary on stderr every SECS seconds [default: off]
+    /// Print a one-line exit summary on stderr every SECS seconds, also for an interval
+    /// without userspace exits (not with --api-socket: vm.profile answers there) [default: off]
     #[arg(long, value_name = "SECS")]
     profile_interval: Option<f64>,
     /// A raw disk image as a virtio-blk device (repeatable; readonly=on refuses the guest's
@@ -109,8 +119,10 @@ pub struct RunOptions {
     #[arg(long)]
     rng: bool,
     /// A virtio-net card on host tap NAME (repeatable). The tap is opened if it exists, else
-    /// created, which needs CAP_NET_ADMIN; the host side (address, bridge, up) is yours to
-    /// set. mac= defaults to 52:54:00 and three bytes from the tap's name [default: none]
+    /// created (as QEMU does; needs CAP_NET_ADMIN), which stderr says in one line: "created
+    /// tap NAME" (it goes when exitless ends). An interface that is not a tap (lo, eth0) is
+    /// refused. The host side (address, bridge, up) is yours to set. mac= defaults to
+    /// 52:54:00 and three bytes from the tap's name [default: none]
     #[arg(long, value_name = "tap=NAME[,mac=MAC]")]
     net: Vec<String>,
     /// A virtio-vsock device with guest context id N (3 or more), joined to Unix sockets: a
@@ -179,12 +191,32 @@ fn cpu_count(n: u64) -> anyhow::Result<u8> {
     })
 }
 
+/// `--config FILE`: a Cloud Hypervisor VmConfig (the schema vm.create takes), with `kernel`
+/// (`--kernel`) where the file has no payload.kernel.
+fn config_file(path: &Path, kernel: Option<&Path>) -> anyhow::Result<VmConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("Cannot read config file {}", path.display()))?;
+    let fail = |why: &dyn std::fmt::Display| anyhow::anyhow!("--config {}: {why}", path.display());
+    let mut api: vmm::api::schema::VmConfig = serde_json::from_str(&text)
+        .map_err(|e| fail(&format!("not a Cloud Hypervisor VmConfig: {e}")))?;
+    if api.payload.kernel.is_none() {
+        let Some(kernel) = kernel else {
+            return Err(fail(
+                &"no kernel: give payload.kernel in the file or --kernel",
+            ));
+        };
+        api.payload.kernel = Some(kernel.display().to_string());
+    }
+    let console_given = api.serial.is_some();
+    let mut config = api.to_vm_config().map_err(|e| fail(&e.message))?;
+    if !console_given {
+        config.serial_output = vmm::config::SerialOutputMode::Stdout;
+    }
+    Ok(config)
+}
+
 fn vm_config(args: &RunOptions) -> anyhow::Result<VmConfig> {
-    let file = args
-        .config
-        .as_deref()
-        .map(VmConfig::from_json_file)
-        .transpose()?;
+    // The command line's own errors first; the file must then be a valid VmConfig by itself.
     let cli = VmConfigOverrides {
         kernel: args.kernel.clone(),
         initrd: args.initrd.clone(),
@@ -213,6 +245,11 @@ fn vm_config(args: &RunOptions) -> anyhow::Result<VmConfig> {
             .collect::<Result<_, ConfigError>>()?,
         balloon: parse(args.balloon.as_deref())?,
     };
+    let file = args
+        .config
+        .as_deref()
+        .map(|path| config_file(path, args.kernel.as_deref()))
+        .transpose()?;
     Ok(VmConfig::merge_cli(file, cli)?)
 }
 
@@ -220,6 +257,12 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
     let args = *args.opts;
     let timeout = seconds("timeout", args.timeout)?;
     let interval = seconds("profile-interval", args.profile_interval)?;
+    if interval.is_some() && api_socket.is_some() {
+        anyhow::bail!(
+            "--profile-interval does not print with --api-socket: ask the API (`exitless remote \
+             --api-socket PATH profile`, vm.profile) instead"
+        );
+    }
     if args.paused && api_socket.is_none() {
         anyhow::bail!("--paused needs --api-socket (vm.resume runs the VM)");
     }
@@ -246,6 +289,9 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
     if let Some(path) = &args.profile_json {
         ensure_writable("--profile-json", path)?;
     }
+    // Taps given by name (not Kata's fds): refused when not a tap, said when created.
+    let named_taps = config.nets.iter().filter(|n| n.tap_fd.is_none());
+    let created_taps = crate::tap_check::to_create(named_taps.map(|n| n.tap.as_str()))?;
     launch::install_signal_handlers()?;
     // Launch errors already include their causes in their messages: keep them one line.
     let (mut vm, api, paused) = match restored {
@@ -259,6 +305,9 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
             (vm, None, false)
         }
     };
+    for tap in &created_taps {
+        eprintln!("{}", crate::tap_check::created_line(tap));
+    }
     if let Some(socket) = api_socket {
         let api = api.unwrap_or_else(|| vmm::api::schema::VmConfig::from_vm_config(&config));
         let served = ServedVm {

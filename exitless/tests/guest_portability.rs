@@ -240,16 +240,17 @@ fn fs_pattern(i: u64) -> u8 {
     ((i * 7 + (i >> 8) * 13 + (i >> 16) * 29 + 3) & 0xff) as u8
 }
 
-/// virtiofsd (the Rust one) serving a directory of its own on a socket; killed and its
+/// virtiofsd (the Rust one or QEMU's C one) serving a directory of its own on a socket; killed and its
 /// directory removed when dropped.
 struct Virtiofsd {
     child: std::process::Child,
+    daemon: vmm::bench::virtiofsd::Daemon,
     dir: std::path::PathBuf,
 }
 
 impl Virtiofsd {
     /// virtiofsd's binary, if this host can run it (as root), else `test` is reported skipped.
-    fn find(test: &str) -> Option<std::path::PathBuf> {
+    fn find(test: &str) -> Option<vmm::bench::virtiofsd::Daemon> {
         // The bench's lookup (root, EXITLESS_VIRTIOFSD, PATH, ~/.cargo/bin, distributions').
         vmm::bench::fs::daemon()
             .map_err(|why| vmm::test_skip::skip(test, &why))
@@ -258,25 +259,23 @@ impl Virtiofsd {
 
     /// Starts `binary` on a fresh directory (`tag` keeps tests apart) holding `files`, and
     /// waits (up to 10 s) for its socket.
-    fn start(binary: &std::path::Path, tag: &str, files: &[(&str, &[u8])]) -> Self {
+    fn start(binary: &vmm::bench::virtiofsd::Daemon, tag: &str, files: &[(&str, &[u8])]) -> Self {
         let dir = std::env::temp_dir().join(format!("exitless-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("share")).unwrap();
         for (name, bytes) in files {
             std::fs::write(dir.join("share").join(name), bytes).unwrap();
         }
-        let child = Command::new(binary)
-            .arg("--socket-path")
-            .arg(dir.join("vfs.sock"))
-            .arg("--shared-dir")
-            .arg(dir.join("share"))
-            .args(["--cache", "auto", "--sandbox", "none"])
+        let cache = vmm::bench::virtiofsd::Cache::Auto;
+        let child = binary
+            .command(&dir.join("vfs.sock"), &dir.join("share"), cache)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let fsd = Virtiofsd { child, dir };
+        let daemon = binary.clone();
+        let fsd = Virtiofsd { child, daemon, dir };
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while !fsd.socket().exists() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
@@ -299,6 +298,7 @@ impl Drop for Virtiofsd {
         // It ends by itself once QEMU goes; kill it in case it did not.
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.daemon.clean_up(&self.socket());
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -53,11 +53,7 @@ fn kata_with_its_shipped_configuration_starts_a_sandbox_and_uses_virtio_fs() {
         };
         let stderr = walk(&bin, &sandbox, &tap_fd);
         assert!(stderr.contains("api: vm.resize -> 204"), "{stderr}");
-        assert!(
-            daemon.wait_log("Client disconnected"),
-            "{}",
-            daemon.log_text()
-        );
+        assert!(daemon.wait_disconnected(), "{}", daemon.log_text());
     }
     let _ = std::fs::remove_file(&kernel);
 }

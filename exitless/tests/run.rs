@@ -198,7 +198,10 @@ fn unparsable_timeout() {
 #[test]
 fn config_file_values_are_validated() {
     let path = std::env::temp_dir().join(format!("exitless-config-{}.json", std::process::id()));
-    std::fs::write(&path, r#"{"kernel": "Cargo.toml", "cpus": 0}"#).unwrap();
+    // A Cloud Hypervisor VmConfig, as vm.create takes it.
+    let body =
+        r#"{"payload": {"kernel": "Cargo.toml"}, "cpus": {"boot_vcpus": 0, "max_vcpus": 1}}"#;
+    std::fs::write(&path, body).unwrap();
     let p = path.to_str().unwrap();
     assert_one_line_error(&["--config", p], &["--cpus must be at least 1"]);
     // The command line overrides the file.
@@ -206,6 +209,9 @@ fn config_file_values_are_validated() {
         &["--config", p, "--cpus", "1", "--memory", "abc"],
         &["Invalid memory size 'abc'"],
     );
+    // exitless's own config (vmm::config::VmConfig) is not what --config takes.
+    std::fs::write(&path, r#"{"kernel": "Cargo.toml", "cpus": 0}"#).unwrap();
+    assert_one_line_error(&["--config", p], &["not a Cloud Hypervisor VmConfig"]);
     let _ = std::fs::remove_file(&path);
     assert_one_line_error(&["--config", p], &["Cannot read config file", p]);
     let out = exitless().args(["--config", p]).output().unwrap();

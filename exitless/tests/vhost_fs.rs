@@ -44,17 +44,9 @@ fn the_guest_reaches_virtiofsd_through_exitless() {
         daemon.socket.display()
     );
     assert!(err.contains(&connected), "{err}");
-    assert!(
-        daemon.wait_log("Client connected, servicing requests"),
-        "{}",
-        daemon.log_text()
-    );
+    assert!(daemon.wait_connected(), "{}", daemon.log_text());
     // exitless ended: the connection closed with it, and virtiofsd saw that.
-    assert!(
-        daemon.wait_log("Client disconnected"),
-        "{}",
-        daemon.log_text()
-    );
+    assert!(daemon.wait_disconnected(), "{}", daemon.log_text());
     // The whole data path: the guest's FUSE driver read the host's file and wrote one.
     assert!(
         out.contains("EXITLESS VIRTIO fs tag=kataShared matches"),
@@ -199,7 +191,7 @@ fn the_api_creates_hot_adds_and_removes_virtio_fs() {
     assert_eq!(status, 204, "{why}");
     let (status, why) = vmm.call("PUT", "vm.boot", None);
     assert_eq!(status, 204, "{why}");
-    assert!(boot_fs.wait_log("Client connected, servicing requests"));
+    assert!(boot_fs.wait_connected());
     let add =
         serde_json::json!({"tag": "second", "socket": hot_fs.socket, "id": "myfs"}).to_string();
     let (status, added) = vmm.call("PUT", "vm.add-fs", Some(&add));
@@ -208,7 +200,7 @@ fn the_api_creates_hot_adds_and_removes_virtio_fs() {
     assert_eq!(added["id"], "myfs");
     let bdf = added["bdf"].as_str().unwrap();
     assert!(bdf.starts_with("0000:00:") && bdf.ends_with(".0"), "{bdf}");
-    assert!(hot_fs.wait_log("Client connected, servicing requests"));
+    assert!(hot_fs.wait_connected());
     let (_, info) = vmm.call("GET", "vm.info", None);
     let info: serde_json::Value = serde_json::from_str(&info).unwrap();
     assert_eq!(info["config"]["memory"]["shared"], true);
@@ -231,16 +223,8 @@ fn the_api_creates_hot_adds_and_removes_virtio_fs() {
     assert!(!info.contains("\"second\""), "{info}");
     // The VMM ends: both connections close with it.
     vmm.shut_down();
-    assert!(
-        boot_fs.wait_log("Client disconnected"),
-        "{}",
-        boot_fs.log_text()
-    );
-    assert!(
-        hot_fs.wait_log("Client disconnected"),
-        "{}",
-        hot_fs.log_text()
-    );
+    assert!(boot_fs.wait_disconnected(), "{}", boot_fs.log_text());
+    assert!(hot_fs.wait_disconnected(), "{}", hot_fs.log_text());
     std::fs::remove_file(&kernel).ok();
 }
 
@@ -324,6 +308,7 @@ struct HostileRun {
     /// Whether virtiofsd had ended by the time the guest was done with its chains.
     daemon_died: bool,
     daemon_log: String,
+    flavour: vmm::bench::virtiofsd::Flavour,
 }
 
 /// A pseudo-terminal: its master (read and typed on by the test) and its slave (exitless's stdin and stdout). On a
@@ -415,11 +400,13 @@ fn hostile_run(guest: &Path, bad: &str) -> Option<HostileRun> {
         devices_woke,
         daemon_died,
         daemon_log: daemon.log_text(),
+        flavour: daemon.flavour(),
     })
 }
 
 /// The guest's malformed FUSE chains reach virtiofsd only: whatever virtiofsd does with them
-/// (answers an error, or dies), exitless makes no exit for them (every userspace exit but the
+/// (answers an error, or dies; the Rust daemon's choice for each is asserted, QEMU's C one's
+/// is its own), exitless makes no exit for them (every userspace exit but the
 /// console's is the same as a run with only the valid request), its devices thread is not
 /// woken by them, the guest ends normally and the VM exits 0. When virtiofsd dies, the
 /// device goes DEVICE_NEEDS_RESET with one line naming it: the one wake-up of the devices
@@ -466,7 +453,12 @@ fn a_guest_s_malformed_fuse_chains_reach_virtiofsd_only() {
         assert!(r.out.contains("EXITLESS DONE"), "{all}");
         assert!(!r.err.contains("panicked"), "{all}");
         assert_eq!(r.exits, baseline.exits, "no exit for a bad chain: {all}");
-        assert_eq!(r.daemon_died, dies, "{all}");
+        // Which chains end the daemon is the daemon's business: the Rust one's are known;
+        // QEMU's C one answers some it dies on. exitless's side holds either way.
+        if r.flavour == vmm::bench::virtiofsd::Flavour::Rust {
+            assert_eq!(r.daemon_died, dies, "{all}");
+        }
+        let dies = r.daemon_died;
         let needs_reset = format!(
             "the vhost-user back end at {} closed its socket; the device needs a reset",
             r.socket.display()
@@ -479,7 +471,8 @@ fn a_guest_s_malformed_fuse_chains_reach_virtiofsd_only() {
             assert!(r.devices_woke <= 1, "woke {} times: {all}", r.devices_woke);
         } else {
             assert!(!r.err.contains("needs a reset"), "{all}");
-            assert!(r.out.contains("chain=len answer_for=len"), "{all}");
+            let answered = format!("chain={bad} answer_for={bad}");
+            assert!(r.out.contains(&answered), "{all}");
             assert!(
                 r.out
                     .contains("chain=valid answer_for=valid used_len=120 error=0"),

@@ -79,7 +79,7 @@ pub enum ConfigError {
     MemoryTooSmall(MemorySize),
     #[error("--memory {0} exceeds the maximum of 1T")]
     MemoryTooLarge(MemorySize),
-    #[error("--cpu-affinity lists {given} host CPUs for {cpus} vCPUs")]
+    #[error("--cpu-affinity lists {given} host CPUs for {cpus} vCPUs: one CPU per vCPU (--cpus {given} for this list, or list {cpus} CPUs)")]
     AffinityLength { given: usize, cpus: u8 },
     #[error("Kernel command line is {0} bytes long; the limit is {MAX_CMDLINE_LEN}")]
     CmdlineTooLong(usize),

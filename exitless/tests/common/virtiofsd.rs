@@ -1,7 +1,8 @@
-//! virtiofsd (the Rust daemon) serving a scratch folder, for the virtio-fs tests.
+//! virtiofsd (the Rust daemon or QEMU's C one) serving a scratch folder, for the virtio-fs
+//! tests.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// The byte the bench guest's `fs_check` expects at offset `i` of its input file.
@@ -12,6 +13,7 @@ pub fn pattern(i: usize) -> u8 {
 /// virtiofsd serving a scratch directory, its log in a file; killed when dropped.
 pub struct Virtiofsd {
     child: Child,
+    daemon: vmm::bench::virtiofsd::Daemon,
     pub dir: PathBuf,
     pub socket: PathBuf,
     log: PathBuf,
@@ -33,18 +35,16 @@ impl Virtiofsd {
         std::fs::create_dir_all(dir.join("shared")).unwrap();
         // The socket where Kata puts it: <sandbox dir>/virtiofsd.sock.
         let (socket, log) = (dir.join("virtiofsd.sock"), dir.join("virtiofsd.log"));
-        let child = Command::new(daemon)
-            .arg("--socket-path")
-            .arg(&socket)
-            .arg("--shared-dir")
-            .arg(dir.join("shared"))
-            .args(["--cache", "auto", "--sandbox", "none"])
+        let cache = vmm::bench::virtiofsd::Cache::Auto;
+        let child = daemon
+            .command(&socket, &dir.join("shared"), cache)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
         let d = Virtiofsd {
             child,
+            daemon,
             dir,
             socket,
             log,
@@ -77,6 +77,27 @@ impl Virtiofsd {
         false
     }
 
+    /// Which daemon this is (their logs and their answers to bad requests differ).
+    pub fn flavour(&self) -> vmm::bench::virtiofsd::Flavour {
+        self.daemon.flavour
+    }
+
+    /// Waits up to 10 s for the daemon to log that a front end connected and is served.
+    pub fn wait_connected(&self) -> bool {
+        self.wait_log(match self.flavour() {
+            vmm::bench::virtiofsd::Flavour::Rust => "Client connected, servicing requests",
+            vmm::bench::virtiofsd::Flavour::C => "Received vhost-user socket connection",
+        })
+    }
+
+    /// Waits up to 10 s for the daemon to log that its front end went.
+    pub fn wait_disconnected(&self) -> bool {
+        self.wait_log(match self.flavour() {
+            vmm::bench::virtiofsd::Flavour::Rust => "Client disconnected",
+            vmm::bench::virtiofsd::Flavour::C => "virtio_loop: Exit",
+        })
+    }
+
     /// Whether the daemon has ended (died or exited).
     pub fn has_ended(&mut self) -> bool {
         self.child.try_wait().unwrap().is_some()
@@ -91,6 +112,7 @@ impl Drop for Virtiofsd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.daemon.clean_up(&self.socket);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

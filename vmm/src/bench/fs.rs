@@ -3,13 +3,14 @@
 //! `exitless compare` starts its virtiofsd the same way ([`Virtiofsd`]).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cases::FsSetup;
 use super::config_run::{ConfigRun, RunError, VirtioFigures};
+use super::virtiofsd::{self, Cache, Daemon};
 use crate::builder::VmBuilder;
 use crate::config::FsConfig;
 use crate::device_manager::Notify;
@@ -25,53 +26,13 @@ pub const FILE: &str = "in.bin";
 const FILE_BYTES: usize = 16 << 20;
 /// Queue size offered to the driver (Kata's; the guest's driver uses at most 128).
 pub const QUEUE_SIZE: u16 = 1024;
-/// Where virtiofsd is looked for when `EXITLESS_VIRTIOFSD` does not name it and it is neither
-/// on PATH nor in ~/.cargo/bin: root's `cargo install` place, then distributions' (Debian's,
-/// Fedora's).
-const DAEMONS: &[&str] = &[
-    "/root/.cargo/bin/virtiofsd",
-    "/usr/libexec/virtiofsd",
-    "/usr/lib/qemu/virtiofsd",
-    "/usr/bin/virtiofsd",
-];
 /// What virtiofsd logs once its socket listens.
 const READY: &str = "Waiting for vhost-user socket connection";
 const READY_WAIT: Duration = Duration::from_secs(10);
 
-/// The virtiofsd to start, or why none can be (said as a skip): it runs as root here
-/// (`--sandbox none` still needs CAP_DAC_READ_SEARCH and friends for its file handles).
-pub fn daemon() -> Result<PathBuf, String> {
-    // SAFETY: geteuid has no preconditions and touches no memory.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("virtiofsd needs root".into());
-    }
-    if let Some(named) = std::env::var_os("EXITLESS_VIRTIOFSD") {
-        let path = PathBuf::from(named);
-        return match path.is_file() {
-            true => Ok(path),
-            false => Err(format!(
-                "EXITLESS_VIRTIOFSD={} is not a file",
-                path.display()
-            )),
-        };
-    }
-    let on_path = std::env::var_os("PATH")
-        .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|dir| dir.join("virtiofsd"));
-    let cargo_home =
-        std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo/bin/virtiofsd"));
-    on_path
-        .chain(cargo_home)
-        .chain(DAEMONS.iter().map(PathBuf::from))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            format!(
-                "virtiofsd is not installed (looked on PATH, in ~/.cargo/bin and in {}; EXITLESS_VIRTIOFSD names another)",
-                DAEMONS.join(", ")
-            )
-        })
+/// The virtiofsd to start, or why none can be (said as a skip): see [`virtiofsd::find`].
+pub fn daemon() -> Result<Daemon, String> {
+    virtiofsd::find()
 }
 
 /// A shared directory holding [`FILE`] (16 MiB, written whole so that it is in the page
@@ -104,35 +65,39 @@ impl Drop for ScratchShare {
     }
 }
 
-/// virtiofsd serving a directory on a socket, its log in a file; killed when dropped
-/// (virtiofsd 1.14 also ends by itself when its front end disconnects).
+/// virtiofsd serving a directory on a socket, its log in a file; killed when dropped, its
+/// socket, pid file and log removed (virtiofsd 1.14 also ends by itself when its front end
+/// disconnects).
 pub struct Virtiofsd {
     child: Child,
+    daemon: Daemon,
     pub socket: PathBuf,
     log: PathBuf,
 }
 
 impl Virtiofsd {
-    /// Starts `daemon` (`--cache auto --sandbox none`, as Kata's configuration and the tests
-    /// do) on `shared`, listening at `socket` (removed first), logging to `log`; returns once
-    /// it listens.
-    pub fn start(daemon: &Path, shared: &Path, socket: &Path, log: &Path) -> Result<Self, String> {
-        let _ = std::fs::remove_file(socket);
+    /// Starts `daemon` (cache auto and no sandbox of its own where it allows, as Kata's
+    /// configuration and the tests do) on `shared`, listening at `socket` (removed first),
+    /// logging to `log`; returns once it listens.
+    pub fn start(
+        daemon: &Daemon,
+        shared: &Path,
+        socket: &Path,
+        log: &Path,
+    ) -> Result<Self, String> {
+        daemon.clean_up(socket);
         let log_file = std::fs::File::create(log)
             .map_err(|e| format!("Cannot create {}: {e}", log.display()))?;
-        let child = Command::new(daemon)
-            .arg("--socket-path")
-            .arg(socket)
-            .arg("--shared-dir")
-            .arg(shared)
-            .args(["--cache", "auto", "--sandbox", "none"])
+        let child = daemon
+            .command(socket, shared, Cache::Auto)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
-            .map_err(|e| format!("Cannot start {}: {e}", daemon.display()))?;
+            .map_err(|e| format!("Cannot start {}: {e}", daemon.path.display()))?;
         let mut d = Virtiofsd {
             child,
+            daemon: daemon.clone(),
             socket: socket.to_path_buf(),
             log: log.to_path_buf(),
         };
@@ -188,7 +153,7 @@ impl Drop for Virtiofsd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.socket);
+        self.daemon.clean_up(&self.socket);
         let _ = std::fs::remove_file(&self.log);
     }
 }
@@ -279,6 +244,80 @@ mod tests {
             panic!("{config} has a file system");
         };
         (run(case, cfg, 20_000.0, 0), setup)
+    }
+
+    /// A stand-in for a virtiofsd of `flavour` in `dir`: it answers --help like that daemon,
+    /// records its arguments in `dir/argv`, makes its socket and the pid file the real one
+    /// would (the C one's only where /run/virtiofsd can be written), logs the ready line and
+    /// waits to be killed.
+    fn stand_in(dir: &Path, flavour: virtiofsd::Flavour) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let (help, socket, pid) = match flavour {
+            virtiofsd::Flavour::Rust => (
+                "Usage: virtiofsd [OPTIONS]\n  --shared-dir <SHARED_DIR>  Shared directory path",
+                r#"s=$2"#,
+                r#"p=$s.pid"#,
+            ),
+            virtiofsd::Flavour::C => (
+                "usage: virtiofsd [options]\n  -o source=PATH  shared directory tree\n  \
+                 --socket-path=PATH  path for the vhost-user socket",
+                r#"s=${1#--socket-path=}"#,
+                r#"mkdir -p /run/virtiofsd 2>/dev/null; p=/run/virtiofsd/$(echo "$s" | tr / .).pid"#,
+            ),
+        };
+        let script = format!(
+            "#!/bin/sh\n[ \"$1\" = --help ] && {{ printf '{help}\\n'; exit 0; }}\n\
+             printf '%s\\n' \"$@\" > {argv}\n{socket}\n{pid}\n: > \"$s\"; : > \"$p\" 2>/dev/null\n\
+             echo 'Waiting for vhost-user socket connection...' >&2\nexec sleep 60\n",
+            argv = dir.join("argv").display()
+        );
+        let path = dir.join("virtiofsd");
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[test]
+    fn each_virtiofsd_flavour_is_started_with_its_flags_and_leaves_nothing_behind() {
+        use virtiofsd::Flavour;
+        for (flavour, want) in [
+            (
+                Flavour::Rust,
+                "--socket-path S --shared-dir D --cache auto --sandbox none",
+            ),
+            (
+                Flavour::C,
+                "--socket-path=S -o source=D -o cache=auto -o sandbox=chroot",
+            ),
+        ] {
+            let dir = std::env::temp_dir().join(format!(
+                "exitless-vfs-stand-in-{flavour:?}-{}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(dir.join("share")).unwrap();
+            let daemon = Daemon::ask(&stand_in(&dir, flavour)).unwrap();
+            assert_eq!(daemon.flavour, flavour);
+            let (share, socket) = (dir.join("share"), dir.join("fs.sock"));
+            let log = dir.join("fs.log");
+            let running = Virtiofsd::start(&daemon, &share, &socket, &log).unwrap();
+            let argv = std::fs::read_to_string(dir.join("argv")).unwrap();
+            let argv = argv.lines().collect::<Vec<_>>().join(" ");
+            let (s, d) = (socket.to_str().unwrap(), share.to_str().unwrap());
+            assert_eq!(argv.replace(s, "S").replace(d, "D"), want);
+            let pid_file = daemon.pid_file(&socket);
+            assert!(socket.exists());
+            drop(running);
+            assert!(
+                !socket.exists() && !log.exists(),
+                "{flavour:?}: socket or log left"
+            );
+            assert!(
+                !pid_file.exists(),
+                "{flavour:?}: {} left",
+                pid_file.display()
+            );
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
     }
 
     #[test]

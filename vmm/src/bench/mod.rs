@@ -19,6 +19,7 @@ pub mod runner;
 pub mod scaling;
 pub mod threads;
 pub mod virtio;
+pub mod virtiofsd;
 pub mod vsock;
 
 #[cfg(test)]
@@ -102,6 +103,11 @@ pub fn run(
                 progress(&format!("{label} ..."));
                 let result = runner::run_config(case, config, iterations, host.tsc_khz);
                 if let Some(line) = results.record(i, result) {
+                    let label = match results.spread_unavailable(case, i) {
+                        None => label,
+                        // One line for configurations skipped for one reason.
+                        Some(names) => format!("[{done}/{total}] {}/{names}", case.name),
+                    };
                     progress(&format!("{label}: {line}"));
                 }
             }
@@ -174,6 +180,25 @@ impl CaseRuns {
     }
 }
 
+impl CaseRuns {
+    /// When configuration `i` turned out unavailable, the configurations of `case` not run yet
+    /// that need the same device (the same reason holds for them: no virtiofsd, no root) are
+    /// too; returns the names of all of them, or None when `i` is available.
+    fn spread_unavailable(&mut self, case: &BenchCase, i: usize) -> Option<String> {
+        let why = self.unavailable[i].clone()?;
+        let need = |c: &cases::CaseConfig| c.virtio.as_ref().map(std::mem::discriminant);
+        let mut names = vec![case.configs[i].name];
+        for (j, config) in case.configs.iter().enumerate().skip(i + 1) {
+            let untried = self.runs[j].is_empty() && self.failed[j].is_none();
+            if need(config).is_some() && need(config) == need(&case.configs[i]) && untried {
+                self.unavailable[j] = Some(why.clone());
+                names.push(config.name);
+            }
+        }
+        Some(names.join(", "))
+    }
+}
+
 /// Keeps each configuration's median run (or its failure) and computes ratios to the baseline.
 fn collect_case(
     case: &'static BenchCase,
@@ -240,5 +265,27 @@ mod tests {
         assert_eq!(c.unavailable[2].as_deref(), Some("Not run: needs root"));
         c.record(0, Err(RunError::NoMarkers));
         assert!(c.failed[0].is_some(), "other errors fail the configuration");
+    }
+
+    #[test]
+    fn configurations_needing_a_missing_device_are_skipped_together_in_one_line() {
+        let fs = CASES.iter().find(|c| c.name == "virtio_fs").unwrap();
+        let mut c = CaseRuns::new(fs.configs.len());
+        let none = Err(RunError::Unavailable("virtiofsd is not installed".into()));
+        assert!(c.record(0, none).is_some());
+        let names: Vec<&str> = fs.configs.iter().map(|c| c.name).collect();
+        assert_eq!(c.spread_unavailable(fs, 0), Some(names.join(", ")));
+        assert!(
+            c.unavailable.iter().all(Option::is_some),
+            "{:?}",
+            c.unavailable
+        );
+        let mut ok = CaseRuns::new(fs.configs.len());
+        ok.record(0, Ok(report::tests::run(0, 0, 1000.0, 0)));
+        assert_eq!(
+            ok.spread_unavailable(fs, 0),
+            None,
+            "an available one spreads nothing"
+        );
     }
 }

@@ -213,8 +213,18 @@ fn render_notes(report: &BenchReport, out: &mut String) {
             d.profiler_work_ns_per_exit
         );
     }
+    // Configurations of a case skipped for one reason share a line.
+    let mut skipped: Vec<(&str, Vec<&str>, &str)> = Vec::new();
     for f in &report.skipped {
-        let _ = writeln!(out, "skipped: {}/{}: {}", f.case, f.config, f.error);
+        match skipped.last_mut() {
+            Some((case, configs, why)) if *case == f.case && *why == f.error => {
+                configs.push(f.config)
+            }
+            _ => skipped.push((f.case, vec![f.config], &f.error)),
+        }
+    }
+    for (case, configs, why) in skipped {
+        let _ = writeln!(out, "skipped: {case}/{}: {why}", configs.join(", "));
     }
     for f in &report.failures {
         let _ = writeln!(out, "ERROR: {}/{}: {}", f.case, f.config, f.error);

@@ -224,7 +224,7 @@ struct Setting<'a> {
 /// What the fs cases share: the virtiofsd program and the directory every VMM's own
 /// virtiofsd serves (the same file for all).
 struct FsHost {
-    daemon: PathBuf,
+    daemon: crate::bench::virtiofsd::Daemon,
     share: ScratchShare,
 }
 

@@ -136,10 +136,13 @@ fn pairs<'a>(
 ) -> Result<Vec<(&'a str, &'a str)>, ConfigError> {
     input
         .split(',')
-        .map(|part| {
-            part.split_once('=')
-                .filter(|(_, v)| !v.is_empty())
-                .ok_or_else(|| bad(format!("'{part}' is not key=value")))
+        .map(|part| match part.split_once('=') {
+            Some(("tap", "")) => Err(bad(
+                "the tap name is empty: tap=NAME names the host's tap (e.g. tap=tap0)".into(),
+            )),
+            Some((key, "")) => Err(bad(format!("'{key}=' has no value"))),
+            Some(pair) => Ok(pair),
+            None => Err(bad(format!("'{part}' is not key=value"))),
         })
         .collect()
 }
@@ -240,6 +243,8 @@ mod tests {
         assert_eq!(n.mac.unwrap().to_string(), "52:54:00:ab:cd:01");
         for (input, why) in [
             ("tap0", "'tap0' is not key=value"),
+            ("tap=", "the tap name is empty: tap=NAME"),
+            ("tap=a,mac=", "'mac=' has no value"),
             ("mac=52:54:00:00:00:01", "tap=NAME is required"),
             ("tap=a,mac=52:54:00:00:00", "six hex pairs"),
             ("tap=a,mac=01:00:5e:00:00:01", "multicast"),

@@ -202,7 +202,8 @@ fn validation_errors() {
         .contains("exceeds the maximum"));
     assert_eq!(
         check(&|c| c.cpus = 3).unwrap(),
-        "--cpu-affinity lists 2 host CPUs for 3 vCPUs"
+        "--cpu-affinity lists 2 host CPUs for 3 vCPUs: one CPU per vCPU (--cpus 2 for this \
+         list, or list 3 CPUs)"
     );
     assert!(check(&|c| c.kernel = PathBuf::new())
         .unwrap()

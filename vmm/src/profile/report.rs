@@ -609,6 +609,14 @@ impl ProfileReport {
     pub fn render_summary(&self) -> String {
         let merged = self.merged_reasons();
         let total = self.exit_count();
+        if total == 0 {
+            // Said, not left out: a quiet interval is a figure too (the guest idles, or
+            // its exits all stay in the kernel).
+            return format!(
+                "0 exits/s (0 in {:.2} s): no userspace exits in this interval",
+                self.wall_seconds
+            );
+        }
         let top = match active_sorted(&merged).first() {
             Some(top) => format!(
                 "{} {:.1}%",

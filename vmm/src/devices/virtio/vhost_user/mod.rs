@@ -9,7 +9,7 @@
 //! socketpair (`tests.rs`):
 //!
 //! ```text
-//!  connect --> SET_OWNER, GET_FEATURES, SET_FEATURES(PROTOCOL_FEATURES),
+//!  connect --> SET_OWNER, GET_FEATURES, SET_FEATURES(PROTOCOL_FEATURES, VERSION_1),
 //!              GET/SET_PROTOCOL_FEATURES, [GET_QUEUE_NUM]                  --> Ready
 //!  Ready --start--> SET_FEATURES, SET_MEM_TABLE, per queue SET_VRING_NUM/ADDR/BASE/CALL/
 //!                   KICK/ENABLE                                            --> Running
@@ -24,7 +24,7 @@ pub mod fs;
 #[cfg(test)]
 mod tests;
 
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::thread::ThreadId;
@@ -40,6 +40,8 @@ use vm_memory::{
     ByteValued, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
 };
 
+use vmm_sys_util::eventfd::EventFd;
+
 use crate::devices::virtio::VIRTIO_F_VERSION_1;
 use crate::memory;
 pub use connection::Connection;
@@ -52,8 +54,6 @@ pub const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
 pub const WANTED_PROTOCOL_FEATURES: VhostUserProtocolFeatures = VhostUserProtocolFeatures::MQ
     .union(VhostUserProtocolFeatures::REPLY_ACK)
     .union(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS);
-/// SET_VRING_CALL's "no file descriptor" flag: the driver polls that queue.
-const VRING_NOFD: u64 = 0x100;
 
 /// Errors talking to a vhost-user back end.
 #[derive(Debug, Error)]
@@ -107,6 +107,8 @@ pub enum VhostUserError {
     Socket(std::io::Error),
     #[error("The queues' interrupts cannot be handed to the back end: {0}")]
     NoIrqfd(std::io::Error),
+    #[error("Cannot make the eventfd a polled queue's back end signals: {0}")]
+    PolledCall(std::io::Error),
 }
 
 /// One queue as the back end gets it.
@@ -121,7 +123,8 @@ pub struct Vring {
     pub base: u16,
     /// The eventfd KVM signals on the guest's notify.
     pub kick: RawFd,
-    /// The irqfd of the queue's vector; None when the driver polls the queue.
+    /// The irqfd of the queue's vector; None when the driver polls the queue (the back end
+    /// then signals an eventfd nobody reads).
     pub call: Option<RawFd>,
 }
 
@@ -182,8 +185,14 @@ impl Frontend {
             return Err(VhostUserError::Missing("VHOST_USER_F_PROTOCOL_FEATURES"));
         }
         f.offered = offered & !protocol_bit & !VhostUserVirtioFeatures::LOG_ALL.bits();
-        f.conn
-            .send_u64(FrontendReq::SET_FEATURES, protocol_bit, &[])?;
+        // VERSION_1 too: QEMU's C virtiofsd (libvhost-user) ends the connection on a
+        // SET_FEATURES without it ("virtio legacy devices aren't supported"). The driver's
+        // features replace these when the device starts.
+        f.conn.send_u64(
+            FrontendReq::SET_FEATURES,
+            protocol_bit | VIRTIO_F_VERSION_1,
+            &[],
+        )?;
         let theirs = f
             .conn
             .ask::<VhostUserU64>(FrontendReq::GET_PROTOCOL_FEATURES, &[])?
@@ -293,11 +302,17 @@ impl Frontend {
         )?;
         match v.call {
             Some(fd) => c.send_u64(FrontendReq::SET_VRING_CALL, index.into(), &[fd])?,
-            None => c.send_u64(
-                FrontendReq::SET_VRING_CALL,
-                u64::from(index) | VRING_NOFD,
-                &[],
-            )?,
+            None => {
+                // A polled queue still gets an eventfd (one nobody reads; the back end holds
+                // the only copy once sent), as QEMU gives: QEMU's C virtiofsd (libvhost-user)
+                // ends the connection when it has a completion to signal and no call fd.
+                let sink = EventFd::new(libc::EFD_NONBLOCK).map_err(VhostUserError::PolledCall)?;
+                c.send_u64(
+                    FrontendReq::SET_VRING_CALL,
+                    index.into(),
+                    &[sink.as_raw_fd()],
+                )?
+            }
         }
         c.send_u64(FrontendReq::SET_VRING_KICK, index.into(), &[v.kick])?;
         c.send(FrontendReq::SET_VRING_ENABLE, state(1).as_slice(), &[])
