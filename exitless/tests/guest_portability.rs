@@ -251,7 +251,7 @@ impl Virtiofsd {
     /// virtiofsd's binary, if this host can run it (as root), else `test` is reported skipped.
     fn find(test: &str) -> Option<std::path::PathBuf> {
         // The bench's lookup (root, EXITLESS_VIRTIOFSD, PATH, ~/.cargo/bin, distributions').
-        vmm::bench::fs::daemon()
+        exitless_lab::bench::fs::daemon()
             .map_err(|why| vmm::test_skip::skip(test, &why))
             .ok()
     }

@@ -10,8 +10,8 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{exitless, export_guest, kvm_available};
+use exitless_control::api::client::{ApiClient, Reply};
 use serde_json::Value;
-use vmm::api::client::{ApiClient, Reply};
 
 const MIB: u64 = 1 << 20;
 

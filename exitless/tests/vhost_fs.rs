@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::virtiofsd::{pattern, Virtiofsd};
 use common::{exitless, export_guest, kvm_available};
-use vmm::api::client::ApiClient;
+use exitless_control::api::client::ApiClient;
 
 #[test]
 fn the_guest_reaches_virtiofsd_through_exitless() {

@@ -1,6 +1,7 @@
-//! The embedded bench guest and the addresses it uses (mirrors guest/layout.h).
+//! The bench guest, embedded, and the addresses it uses (mirrors layout.h): what the lab runs
+//! and the core's tests boot. The lowest crate of the workspace: it imports nothing of ours.
 
-/// The bench guest ELF (PVH note, loads at 1 MiB), built from guest/ by build.rs.
+/// The bench guest ELF (PVH note, loads at 1 MiB), built from this crate's C by build.rs.
 pub const BENCH_GUEST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bench-guest.elf"));
 
 pub const COM1_PORT: u64 = 0x3f8;

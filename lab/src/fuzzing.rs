@@ -12,16 +12,16 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::bus::{BusBuilder, BusDevice, Buses, MutBusDevice};
-use crate::devices::i8042::{I8042, I8042_LEN};
-use crate::devices::pci::root::{PciConfigPorts, PciEcam, PciRoot};
-use crate::devices::pci::PciDevice;
-use crate::devices::serial::{SerialDevice, SerialOutput};
-use crate::devices::virtio::blk::request::{self, DiskShape};
-use crate::devices::virtio::rng::Rng;
-use crate::devices::virtio::transport::VirtioPciDevice;
-use crate::event_loop::EventLoop;
-use crate::kvm::ring::CoalescedWrite;
+use vmm::bus::{BusBuilder, BusDevice, Buses, MutBusDevice};
+use vmm::devices::i8042::{I8042, I8042_LEN};
+use vmm::devices::pci::root::{PciConfigPorts, PciEcam, PciRoot};
+use vmm::devices::pci::PciDevice;
+use vmm::devices::serial::{SerialDevice, SerialOutput};
+use vmm::devices::virtio::blk::request::{self, DiskShape};
+use vmm::devices::virtio::rng::Rng;
+use vmm::devices::virtio::transport::VirtioPciDevice;
+use vmm::event_loop::EventLoop;
+use vmm::kvm::ring::CoalescedWrite;
 
 mod snapshot_state;
 mod virtio_status;
@@ -122,13 +122,13 @@ pub fn i8042(data: &[u8]) {
 fn rng_function(mem: &GuestMemoryMmap) -> Option<(Arc<VirtioPciDevice>, EventLoop)> {
     // A fuzzing process is not a VMM: its sanitizer runtime makes calls the device thread's
     // filter does not list.
-    crate::seccomp::disable();
+    vmm::seccomp::disable();
     let event_loop = EventLoop::start().ok()?;
     let dev = VirtioPciDevice::new(
         "virtio-rng",
         Box::new(Rng::new()),
         0xc000_0000,
-        crate::devices::virtio::SharedGuestMemory::new(mem.clone()),
+        vmm::devices::virtio::SharedGuestMemory::new(mem.clone()),
         event_loop.handle(),
     )
     .ok()?;
@@ -177,9 +177,9 @@ impl BusDevice for BarAccess {
     fn read(&self, offset: u64, data: &mut [u8]) {
         self.0.bar_read(0, offset, data);
     }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<crate::bus::DeviceEvent> {
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<vmm::bus::DeviceEvent> {
         self.0.bar_write(0, offset, data);
-        Ok(crate::bus::DeviceEvent::None)
+        Ok(vmm::bus::DeviceEvent::None)
     }
 }
 
@@ -245,9 +245,9 @@ fn queue_from(data: &[u8]) -> Option<(GuestMemoryMmap, Queue)> {
 /// virtio-net chains from arbitrary memory, taken as transmit frames (gathered: at most a
 /// frame's size) and as receive buffers (filled: never past their room, never outside memory).
 pub fn net_chains(data: &[u8]) {
-    use crate::devices::virtio::net::tap::VNET_HDR_LEN;
-    use crate::devices::virtio::net::worker::{gather, MAX_FRAME};
-    use crate::devices::virtio::WritableChain;
+    use vmm::devices::virtio::net::tap::VNET_HDR_LEN;
+    use vmm::devices::virtio::net::worker::{gather, MAX_FRAME};
+    use vmm::devices::virtio::WritableChain;
     let Some((mem, mut queue)) = queue_from(data) else {
         return;
     };
@@ -274,9 +274,9 @@ pub fn net_chains(data: &[u8]) {
 /// virtio-balloon chains from arbitrary memory, taken in turn as reports, inflates and
 /// deflates: never a panic, and the device writes nothing back (used length 0).
 pub fn balloon_chains(data: &[u8]) {
-    use crate::devices::virtio::balloon::{take_chain, BalloonStats, Role};
-    use crate::devices::virtio::transport::MsixInterrupt;
-    use crate::devices::virtio::DeviceHealth;
+    use vmm::devices::virtio::balloon::{take_chain, BalloonStats, Role};
+    use vmm::devices::virtio::transport::MsixInterrupt;
+    use vmm::devices::virtio::DeviceHealth;
     let Some((mem, mut queue)) = queue_from(data) else {
         return;
     };
@@ -299,9 +299,9 @@ pub fn balloon_chains(data: &[u8]) {
 /// port listening, its answers taken or not as the input says: never a panic, and the state
 /// it holds stays within its bounds.
 pub fn vsock_packets(data: &[u8]) {
-    use crate::devices::virtio::vsock::muxer::{Muxer, MAX_CONNECTIONS, MAX_CONTROL};
-    use crate::devices::virtio::vsock::packet::{Header, HDR_LEN, HOST_CID};
     use std::sync::atomic::{AtomicU64, Ordering};
+    use vmm::devices::virtio::vsock::muxer::{Muxer, MAX_CONNECTIONS, MAX_CONTROL};
+    use vmm::devices::virtio::vsock::packet::{Header, HDR_LEN, HOST_CID};
     static RUN: AtomicU64 = AtomicU64::new(0);
     let n = RUN.fetch_add(1, Ordering::Relaxed);
     let base = std::env::temp_dir().join(format!("exitless-fuzz-vsock-{}-{n}", std::process::id()));
@@ -361,8 +361,8 @@ pub fn coalesced_ring(data: &[u8]) {
         fn read(&mut self, _: u64, data: &mut [u8]) {
             data.fill(0);
         }
-        fn write(&mut self, _: u64, _: &[u8]) -> std::io::Result<crate::bus::DeviceEvent> {
-            Ok(crate::bus::DeviceEvent::None)
+        fn write(&mut self, _: u64, _: &[u8]) -> std::io::Result<vmm::bus::DeviceEvent> {
+            Ok(vmm::bus::DeviceEvent::None)
         }
     }
     let mut pio = BusBuilder::new();
@@ -389,7 +389,7 @@ pub fn coalesced_ring(data: &[u8]) {
         entry.__bindgen_anon_1.pio = u32::from(input.u8() & 1);
         writes.push(CoalescedWrite::from_entry(&entry));
     }
-    let _ = crate::vcpu::exit::dispatch(&buses, writes.into_iter(), None, |_, _| {});
+    let _ = vmm::vcpu::exit::dispatch(&buses, writes.into_iter(), None, |_, _| {});
 }
 
 /// The bench result-line parser, on any console line.
@@ -403,7 +403,7 @@ pub fn bench_line(data: &[u8]) {
 /// does), each routed to its typed request. Each request takes at least one byte, no more
 /// than there are.
 pub fn api_http(data: &[u8]) {
-    use crate::api::http::{parse, Parsed};
+    use exitless_control::api::http::{parse, Parsed};
     let mut rest = data;
     while let Ok(Parsed::Complete(req, used)) = parse(rest) {
         assert!(
@@ -411,7 +411,7 @@ pub fn api_http(data: &[u8]) {
             "a request took {used} of {} bytes",
             rest.len()
         );
-        let _ = crate::api::route(&req, Vec::new());
+        let _ = exitless_control::api::route(&req, Vec::new());
         rest = &rest[used..];
     }
 }
@@ -419,7 +419,7 @@ pub fn api_http(data: &[u8]) {
 /// The API's bodies: a `vm.create` (and the device bodies) as JSON, checked and converted to
 /// exitless's config, and written back for `vm.info`.
 pub fn api_config(data: &[u8]) {
-    use crate::api::schema::{DiskConfig, NetConfig, VmConfig, VsockConfig};
+    use exitless_control::api::schema::{DiskConfig, NetConfig, VmConfig, VsockConfig};
     if let Ok(c) = serde_json::from_slice::<VmConfig>(data) {
         let _ = c.to_vm_config();
         let _ = serde_json::to_string(&c);

@@ -1,9 +1,9 @@
 //! KVM integration tests: bench configurations run with small iteration counts and their exit
 //! counts and profiles are checked exactly. Skipped (with a printed reason) without /dev/kvm.
 
-use vmm::bench::cases::{self, CaseConfig};
-use vmm::bench::config_run::ConfigRun;
-use vmm::bench::runner::run_config;
+use exitless_lab::bench::cases::{self, CaseConfig};
+use exitless_lab::bench::config_run::ConfigRun;
+use exitless_lab::bench::runner::run_config;
 use vmm::profile::ExitReason;
 
 const ITERS: u64 = 200;
@@ -165,7 +165,7 @@ fn scaling_runs_every_vm_of_a_point_and_pins_vm_i_to_allowed_cpu_i() {
     if !kvm_available() {
         return;
     }
-    use vmm::bench::scaling::run_scaling;
+    use exitless_lab::bench::scaling::run_scaling;
     let case = cases::find("pio_out").unwrap();
     let report = run_scaling(&[case], ITERS, 2, |_| {}).expect("scaling runs");
     assert!(report.failures.is_empty(), "{:?}", report.failures);
@@ -235,7 +235,7 @@ fn virtio_net_frames_take_no_userspace_exit_with_ioeventfd_and_msix() {
     }
     let (c, config) = config("virtio_net", "64B");
     let r = match run_config(c, &config, ITERS, 2_000_000) {
-        Err(e @ vmm::bench::config_run::RunError::Unavailable(_)) => {
+        Err(e @ exitless_lab::bench::config_run::RunError::Unavailable(_)) => {
             return vmm::test_skip::skip("bench_virtio_net", &e.to_string());
         }
         r => r.expect("configuration runs"),

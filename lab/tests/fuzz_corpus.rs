@@ -1,4 +1,4 @@
-//! A short run of every fuzz target (vmm::fuzzing): each file of its checked-in corpus
+//! A short run of every fuzz target (exitless_lab::fuzzing): each file of its checked-in corpus
 //! (fuzz/corpus/NAME, seeds and regressions), then mutations of them for a second, from a
 //! fixed seed so a failure repeats. A panic here is a bug a guest could trigger; the input is
 //! printed so it can become a regression file. `cargo +nightly fuzz run NAME` runs one for
@@ -74,7 +74,7 @@ fn run_one(target: &str, f: fn(&[u8]), input: &[u8]) {
 
 #[test]
 fn every_fuzz_target_survives_its_corpus_and_a_second_of_mutations() {
-    for &(target, f) in vmm::fuzzing::TARGETS {
+    for &(target, f) in exitless_lab::fuzzing::TARGETS {
         let seeds = corpus(target);
         assert!(!seeds.is_empty(), "fuzz/corpus/{target} has no seed");
         for input in &seeds {

@@ -13,13 +13,14 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 mod balloon;
+pub mod head_start;
 mod hotplug;
 mod memory_hotplug;
 mod restore;
 mod snapshot;
 mod start_up_memory;
 pub use hotplug::HotplugDevice;
-pub use restore::{moment as restore_moment, restore, RestoreOptions};
+pub use restore::{restore, RestoreOptions};
 pub use snapshot::SnapshotSummary;
 pub use start_up_memory::release_unused_stack;
 
@@ -39,7 +40,7 @@ use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::devices::virtio::vhost_user::fs::Fs;
 use crate::devices::virtio::vsock::{SocketFile, Vsock};
 use crate::event_loop::EventLoop;
-use crate::kvm::head_start::CreatedVm;
+use crate::kvm::CreatedVm;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
 use crate::memory::hotplug::HotplugRam;
 use crate::memory::Backing;
@@ -306,7 +307,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
 /// KVM, and the head start's empty VM if `main` began one (the first launch only), else
 /// KVM opened here.
 fn kvm_and_head_start() -> Result<(kvm_ioctls::Kvm, Option<CreatedVm>), LaunchError> {
-    Ok(match kvm::head_start::take_vm() {
+    Ok(match head_start::take_vm() {
         Some(head) => (head.kvm, Some(head.vm)),
         None => (kvm::open()?, None),
     })
@@ -595,7 +596,7 @@ impl LaunchedVm {
     /// Lets the vCPUs run again after [`LaunchedVm::pause`].
     pub fn resume(&self) -> Result<(), LaunchError> {
         self.running()?.resume();
-        startup::mark(restore_moment::RESUMED);
+        startup::mark(startup::restore_moment::RESUMED);
         Ok(())
     }
 

@@ -1,24 +1,17 @@
-//! exitless: a KVM virtual machine monitor built around the cost of VM exits.
+//! exitless's core: a KVM virtual machine monitor built around the cost of VM exits (KVM,
+//! memory, boot, the bus, devices, the device manager, vCPUs, the builder, the launch,
+//! snapshots). The layers above it are crates of their own (docs/architecture.md): the
+//! control plane (`exitless-control`) and the exit lab (`exitless-lab`) import from this crate,
+//! never the other way round.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod api;
-/// The exit lab (`exitless bench`): a layer on the core, left out without the `lab` feature.
-#[cfg(feature = "lab")]
-pub mod bench;
 pub mod boot;
 pub mod builder;
 pub mod bus;
-/// `exitless compare`: exitless beside the peer VMMs (part of the lab).
-#[cfg(feature = "lab")]
-pub mod compare;
 pub mod config;
-pub mod control;
 pub mod device_manager;
 pub mod devices;
 pub mod event_loop;
-/// Fuzz targets' bodies (they include the lab's result-line parser).
-#[cfg(feature = "lab")]
-pub mod fuzzing;
 pub mod kvm;
 pub mod launch;
 pub mod memory;

@@ -14,7 +14,7 @@ use vmm_sys_util::signal::Killable;
 
 use crate::config::IrqchipMode;
 use crate::devices::virtio::SharedGuestMemory;
-use crate::kvm::head_start::CreatedVm;
+use crate::kvm::CreatedVm;
 use crate::kvm::{self, Capabilities, KvmError, StatsFd, SupportedCpuid};
 use crate::memory::{self, MemoryError};
 use crate::vcpu::{Vcpu, VcpuError, VcpuOutcome, VcpuTask, VmControl, VmEnd};

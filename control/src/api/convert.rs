@@ -13,7 +13,7 @@ use super::schema::{
     MemoryZoneConfig, NetConfig, PayloadConfig, VmConfig, VsockConfig,
 };
 use super::ApiError;
-use crate::config::{self, MemorySize, SerialOutputMode, TapFd};
+use vmm::config::{self, MemorySize, SerialOutputMode, TapFd};
 
 fn refuse(message: String) -> ApiError {
     ApiError {
@@ -351,7 +351,7 @@ fn hotplug_memory(memory: &MemoryConfig) -> Result<Option<MemorySize>, ApiError>
 }
 
 fn hugepage_size(bytes: u64) -> Result<MemorySize, ApiError> {
-    if bytes != crate::memory::HUGEPAGE_2M && bytes != crate::memory::HUGEPAGE_1G {
+    if bytes != vmm::memory::HUGEPAGE_2M && bytes != vmm::memory::HUGEPAGE_1G {
         return Err(refuse(format!(
             "memory.hugepage_size {bytes} is not supported: use 2097152 (2M) or 1073741824 (1G)"
         )));
@@ -647,7 +647,7 @@ mod tests {
         let vm = parse(body).to_vm_config().unwrap();
         assert!(vm.shared_memory && vm.hugepages);
         let backing = vm.memory_backing();
-        assert_eq!(backing.hugepage_size, Some(crate::memory::HUGEPAGE_2M));
+        assert_eq!(backing.hugepage_size, Some(vmm::memory::HUGEPAGE_2M));
         let back = serde_json::to_value(VmConfig::from_vm_config(&vm)).unwrap();
         assert_eq!(back["memory"]["shared"], true);
         assert_eq!(back["memory"]["hugepages"], true);

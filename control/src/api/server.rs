@@ -99,14 +99,14 @@ impl ApiServer {
         let thread = thread::Builder::new()
             .name("api".into())
             .spawn(move || {
-                if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Api) {
+                if let Err(e) = vmm::seccomp::apply(vmm::seccomp::ThreadKind::Api) {
                     eprintln!("exitless: {e}; the API is not served");
                 } else {
                     accept_loop(&listener, &calls, &flag, &replies);
                 }
                 // The main loop learns that requests can no longer come.
                 drop(calls);
-                crate::wake::wake();
+                vmm::wake::wake();
             })
             .map_err(ApiServerError::Thread)?;
         Ok(ApiServer {
@@ -237,7 +237,7 @@ impl Connection {
                     return gone;
                 }
                 // The main loop sleeps until woken (control::serve).
-                crate::wake::wake();
+                vmm::wake::wake();
                 match answer.recv() {
                     Ok(ApiResponse::NoContent) => (204, Body::None),
                     Ok(ApiResponse::Json(j)) => (200, Body::Json(j)),

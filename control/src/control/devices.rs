@@ -8,8 +8,8 @@ use std::os::fd::OwnedFd;
 use super::{ControlError, VmSlot, VmState, Vmm};
 use crate::api::schema::{self, PciDeviceInfo};
 use crate::api::{ApiError, ApiResponse};
-use crate::config::VmConfig;
-use crate::launch::HotplugDevice;
+use vmm::config::VmConfig;
+use vmm::launch::HotplugDevice;
 
 /// The ids of a VM's devices: given by the client or assigned as Cloud Hypervisor does
 /// (`_disk0`, `_net1`, ...).

@@ -6,8 +6,8 @@
 //! changes nothing: memory is never taken back in ACPI mode.
 
 use super::{ControlError, VmSlot};
-use crate::config::{MemorySize, MAX_VCPUS};
-use crate::launch::LaunchError;
+use vmm::config::{MemorySize, MAX_VCPUS};
+use vmm::launch::LaunchError;
 
 impl VmSlot {
     pub(super) fn resize_memory(&mut self, desired: u64) -> Result<(), ControlError> {

@@ -23,10 +23,10 @@ use thiserror::Error;
 
 use crate::api::schema;
 use crate::api::{ApiError, ApiRequest, ApiResponse};
-use crate::config::{ConfigError, VmConfig};
-use crate::launch::{self, LaunchError, LaunchOptions, LaunchedVm};
-use crate::vcpu::VmEnd;
 use devices::DeviceIds;
+use vmm::config::{ConfigError, VmConfig};
+use vmm::launch::{self, LaunchError, LaunchOptions, LaunchedVm};
+use vmm::vcpu::VmEnd;
 
 /// The VM's state as `vm.info` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -115,7 +115,7 @@ struct VmSlot {
     /// vCPUs the guest was asked to eject and has not yet.
     pending_removal: Vec<u8>,
     /// The exit profile of the VM that ran last (kept once it stops).
-    last_report: Option<crate::profile::ProfileReport>,
+    last_report: Option<vmm::profile::ProfileReport>,
 }
 
 /// Why the VMM's serve loop should end, with the process's exit code.
@@ -197,7 +197,7 @@ impl Vmm {
     }
 
     /// The exit profile of the running VM, or of the last one that ran.
-    pub fn report(&self) -> Option<crate::profile::ProfileReport> {
+    pub fn report(&self) -> Option<vmm::profile::ProfileReport> {
         let slot = self.slot.as_ref()?;
         match &slot.booted {
             Some(vm) => Some(vm.report()),

@@ -1,7 +1,7 @@
 //! The VMM's main loop: requests from the API server's channel, handled one at a time by the
 //! thread that owns the VM, between them the guest's end and the process's stop signals.
 //!
-//! Between events the loop sleeps ([`crate::wake`]): the API server wakes it after queueing a
+//! Between events the loop sleeps ([`vmm::wake`]): the API server wakes it after queueing a
 //! request, a vCPU thread as it ends, the ACPI controllers when the guest ejects a device or a
 //! CPU, the signal handlers on SIGINT/SIGTERM. An idle or paused VM's main thread then makes
 //! no wake-ups at all (it polled every 10 ms before: 100 wake-ups a second per VMM).
@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use super::{Vmm, VmmExit};
 use crate::api::{ApiCall, ApiRequest, ApiResponse};
-use crate::wake;
+use vmm::wake;
 
 /// Exit code when a stop signal (SIGINT, SIGTERM) ended the VMM, as `exitless run` gives.
 pub const EXIT_SIGNAL: i32 = 130;

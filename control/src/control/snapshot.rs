@@ -7,8 +7,8 @@ use std::os::fd::OwnedFd;
 use super::devices::DeviceIds;
 use super::{ControlError, VmSlot, VmState, Vmm};
 use crate::api::schema;
-use crate::launch::{self, LaunchError, RestoreOptions};
-use crate::snapshot::{self, SnapshotError};
+use vmm::launch::{self, LaunchError, RestoreOptions};
+use vmm::snapshot::{self, SnapshotError};
 
 fn snapshot_error(e: impl Into<LaunchError>) -> ControlError {
     ControlError::Snapshot("vm.snapshot", e.into())
@@ -63,7 +63,7 @@ impl Vmm {
             ));
         }
         if self.verbose {
-            crate::startup::enable();
+            vmm::startup::enable();
         }
         let dir = snapshot::dir_from_url(&r.source_url).map_err(restore_error)?;
         let (config, state) = snapshot::read(&dir).map_err(restore_error)?;
@@ -90,7 +90,7 @@ impl Vmm {
             slot.state = VmState::Running;
         }
         self.slot = Some(slot);
-        if let Some(t) = crate::startup::timeline().filter(|_| self.verbose) {
+        if let Some(t) = vmm::startup::timeline().filter(|_| self.verbose) {
             eprint!("exitless: vm.restore {}", t.render());
         }
         Ok(())
@@ -153,7 +153,7 @@ fn restored_taps(
 fn restored_config(
     api: &schema::VmConfig,
     taps: Vec<(usize, OwnedFd)>,
-) -> Result<crate::config::VmConfig, ControlError> {
+) -> Result<vmm::config::VmConfig, ControlError> {
     let config_error = |message| restore_error(SnapshotError::Config(message));
     // A card on an fd has no tap name; the conversion wants one, and the fd replaces it.
     let mut named = api.clone();

@@ -172,7 +172,7 @@ fn balloon_resize_needs_a_balloon_that_fits_and_the_balloon_stays() {
 fn bench_kernel(test: &str) -> PathBuf {
     let name = format!("exitless-control-{test}-{}.elf", std::process::id());
     let path = std::env::temp_dir().join(name);
-    std::fs::write(&path, crate::bench::guest::BENCH_GUEST).unwrap();
+    std::fs::write(&path, exitless_guest::BENCH_GUEST).unwrap();
     path
 }
 
@@ -206,7 +206,7 @@ fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
 #[test]
 fn a_vm_boots_pauses_resumes_shuts_down_and_boots_again() {
     if std::fs::metadata("/dev/kvm").is_err() {
-        crate::test_skip::skip("control_lifecycle", "/dev/kvm is missing on this host");
+        vmm::test_skip::skip("control_lifecycle", "/dev/kvm is missing on this host");
         return;
     }
     let kernel = bench_kernel("lifecycle");
@@ -258,7 +258,7 @@ fn device_counter(vmm: &mut Vmm, id: &str, name: &str) -> u64 {
 #[test]
 fn a_balloon_target_set_by_resize_reaches_the_running_guest_and_back() {
     if std::fs::metadata("/dev/kvm").is_err() {
-        crate::test_skip::skip("control_balloon", "/dev/kvm is missing on this host");
+        vmm::test_skip::skip("control_balloon", "/dev/kvm is missing on this host");
         return;
     }
     let kernel = bench_kernel("balloon");
@@ -305,7 +305,7 @@ fn a_balloon_target_set_by_resize_reaches_the_running_guest_and_back() {
 #[test]
 fn a_guest_reset_reboots_the_vm() {
     if std::fs::metadata("/dev/kvm").is_err() {
-        crate::test_skip::skip("control_reset", "/dev/kvm is missing on this host");
+        vmm::test_skip::skip("control_reset", "/dev/kvm is missing on this host");
         return;
     }
     let kernel = bench_kernel("reset");
@@ -356,7 +356,7 @@ impl Drop for Scratch {
 #[test]
 fn files_and_fds_a_client_names_wrongly_are_refused_400_with_the_reason() {
     if std::fs::metadata("/dev/kvm").is_err() {
-        crate::test_skip::skip("control_bad_files", "/dev/kvm is missing on this host");
+        vmm::test_skip::skip("control_bad_files", "/dev/kvm is missing on this host");
         return;
     }
     let kernel = bench_kernel("bad-files");

@@ -21,7 +21,7 @@ impl Virtiofsd {
     /// None (the test reported skipped) unless virtiofsd is installed and this is root.
     pub fn start(test: &str) -> Option<Self> {
         // The bench's lookup (root, EXITLESS_VIRTIOFSD, PATH, ~/.cargo/bin, distributions').
-        let daemon = match vmm::bench::fs::daemon() {
+        let daemon = match exitless_lab::bench::fs::daemon() {
             Ok(daemon) => daemon,
             Err(why) => {
                 vmm::test_skip::skip(test, &why);

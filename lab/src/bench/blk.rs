@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use super::cases::BlkSetup;
 use super::config_run::{ConfigRun, RunError, VirtioFigures};
-use crate::builder::VmBuilder;
-use crate::config::DiskConfig;
-use crate::device_manager::Notify;
-use crate::devices::virtio::blk::{Block, WriteThrough};
-use crate::devices::virtio::transport::VirtioPciDevice;
+use vmm::builder::VmBuilder;
+use vmm::config::DiskConfig;
+use vmm::device_manager::Notify;
+use vmm::devices::virtio::blk::{Block, WriteThrough};
+use vmm::devices::virtio::transport::VirtioPciDevice;
 
 /// Data bytes of each request the guest makes.
 pub const BYTES_PER_REQUEST: u64 = 4096;

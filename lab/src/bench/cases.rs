@@ -3,8 +3,8 @@
 use serde::Serialize;
 
 use super::observer::RegsMode;
-use crate::config::IrqchipMode;
-use crate::device_manager::Notify;
+use vmm::config::IrqchipMode;
+use vmm::device_manager::Notify;
 
 /// What KVM is told about the bench target (port 0x7e0 / MMIO 0xd0000000) before the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -478,7 +478,7 @@ mod tests {
 
     #[test]
     fn guest_cases_exist_in_the_guest_source() {
-        let src = include_str!("../../guest/bench.c");
+        let src = include_str!("../../../guest/bench.c");
         for c in CASES.iter().flat_map(|c| c.configs) {
             assert!(
                 src.contains(&format!("{{\"{}\",", c.guest_case)),

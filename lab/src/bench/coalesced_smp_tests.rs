@@ -11,11 +11,11 @@ use kvm_ioctls::IoEventAddress;
 use super::guest;
 use super::runner::add_bench_ports;
 use crate::bench::console::LineCapture;
-use crate::builder::{KernelImage, VcpuOptions, VmBuilder, VmSpec};
-use crate::bus::{BusDevice, DeviceEvent};
-use crate::config::IrqchipMode;
-use crate::device_manager::BusKind;
-use crate::kvm;
+use vmm::builder::{KernelImage, VcpuOptions, VmBuilder, VmSpec};
+use vmm::bus::{BusDevice, DeviceEvent};
+use vmm::config::IrqchipMode;
+use vmm::device_manager::BusKind;
+use vmm::kvm;
 
 /// The device behind the zone: records every value written, in delivery order.
 #[derive(Default)]
@@ -39,7 +39,7 @@ fn writes_of_several_vcpus_through_one_coalesced_ring_arrive_once_and_in_order()
     const CPUS: u8 = 2;
     const WRITES: u32 = 3000;
     if std::fs::metadata("/dev/kvm").is_err() {
-        crate::test_skip::skip("coalesced_smp", "/dev/kvm is missing on this host");
+        vmm::test_skip::skip("coalesced_smp", "/dev/kvm is missing on this host");
         return;
     }
     let spec = VmSpec {
@@ -47,7 +47,7 @@ fn writes_of_several_vcpus_through_one_coalesced_ring_arrive_once_and_in_order()
         initrd: None,
         cmdline: format!("smp={CPUS} coalesced={WRITES}"),
         memory: 64 << 20,
-        memory_backing: crate::memory::Backing::default(),
+        memory_backing: vmm::memory::Backing::default(),
         cpus: CPUS,
         max_cpus: CPUS,
         irqchip: IrqchipMode::Kernel,

@@ -8,12 +8,12 @@ use thiserror::Error;
 use super::cases::CaseConfig;
 use super::result::ParseError;
 use super::threads::ThreadsCpu;
-use crate::builder::BuildError;
-use crate::device_manager::DeviceManagerError;
-use crate::kvm::KvmError;
-use crate::profile::VcpuProfileSnapshot;
-use crate::vcpu::VcpuError;
-use crate::vm::VmError;
+use vmm::builder::BuildError;
+use vmm::device_manager::DeviceManagerError;
+use vmm::kvm::KvmError;
+use vmm::profile::VcpuProfileSnapshot;
+use vmm::vcpu::VcpuError;
+use vmm::vm::VmError;
 
 /// Errors running a configuration.
 #[derive(Debug, Error)]

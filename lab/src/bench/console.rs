@@ -131,8 +131,8 @@ impl Write for LineCapture {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bus::{DeviceEvent, MutBusDevice};
-    use crate::devices::serial::{SerialDevice, SerialOutput};
+    use vmm::bus::{DeviceEvent, MutBusDevice};
+    use vmm::devices::serial::{SerialDevice, SerialOutput};
     use vmm_sys_util::eventfd::EventFd;
 
     #[test]

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use super::cases::FsSetup;
 use super::config_run::{ConfigRun, RunError, VirtioFigures};
-use crate::builder::VmBuilder;
-use crate::config::FsConfig;
-use crate::device_manager::Notify;
-use crate::devices::virtio::transport::VirtioPciDevice;
-use crate::devices::virtio::vhost_user::fs::Fs;
+use vmm::builder::VmBuilder;
+use vmm::config::FsConfig;
+use vmm::device_manager::Notify;
+use vmm::devices::virtio::transport::VirtioPciDevice;
+use vmm::devices::virtio::vhost_user::fs::Fs;
 
 /// Data bytes of each READ the guest makes.
 pub const BYTES_PER_REQUEST: u64 = 4096;

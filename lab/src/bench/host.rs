@@ -4,9 +4,9 @@ use std::fs;
 
 use serde::Serialize;
 
-use crate::boot::cpuid::kvm_pv_features;
-use crate::kvm::{self, Capabilities, KvmError};
-use crate::profile;
+use vmm::boot::cpuid::kvm_pv_features;
+use vmm::kvm::{self, Capabilities, KvmError};
+use vmm::profile;
 
 /// Host metadata written with every bench result.
 #[derive(Debug, Clone, Serialize)]
@@ -54,7 +54,7 @@ pub fn probe() -> Result<HostInfo, KvmError> {
         Ok(khz) if khz > 0 => u64::from(khz),
         _ => profile::estimate_tsc_khz(std::time::Duration::from_millis(100)),
     };
-    let pvm = crate::kvm::is_pvm_host();
+    let pvm = vmm::kvm::is_pvm_host();
     Ok(HostInfo {
         hostname: read_trimmed("/proc/sys/kernel/hostname"),
         kernel: read_trimmed("/proc/sys/kernel/osrelease"),

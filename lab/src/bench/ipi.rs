@@ -23,11 +23,11 @@ use super::host::{self, HostInfo};
 use super::observer::{self, Marker, MarkerLog, RegsMode};
 use super::result::{parse_line, GuestLine, GuestResult, ParseError};
 use super::runner::add_bench_ports;
-use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
-use crate::config::IrqchipMode;
-use crate::kvm::{self, KvmError, StatsSchema};
-use crate::vcpu::affinity;
-use crate::vm::VmError;
+use vmm::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
+use vmm::config::IrqchipMode;
+use vmm::kvm::{self, KvmError, StatsSchema};
+use vmm::vcpu::affinity;
+use vmm::vm::VmError;
 
 /// Value of the `"schema"` key of the IPI family's JSON document.
 pub const IPI_SCHEMA: &str = "exitless.ipi/1";
@@ -356,7 +356,7 @@ pub fn run_point(
         initrd: None,
         cmdline: format!("case={} iters={iterations} smp={vcpus}", case.name),
         memory: GUEST_MEMORY,
-        memory_backing: crate::memory::Backing::default(),
+        memory_backing: vmm::memory::Backing::default(),
         cpus: n,
         max_cpus: n,
         irqchip: IrqchipMode::Kernel,
@@ -412,7 +412,7 @@ pub fn run_point(
 /// pinned (vCPU i to `pinned[i % len]`) is sampled only once it is: it starts where its parent
 /// ran.
 fn run_sampled(
-    running: crate::vm::RunningVm,
+    running: vmm::vm::RunningVm,
     vcpus: usize,
     pinned: Option<&[usize]>,
     timeout: Duration,

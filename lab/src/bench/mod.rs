@@ -6,7 +6,8 @@ pub mod cases;
 pub mod config_run;
 pub mod console;
 pub mod fs;
-pub mod guest;
+/// The bench guest: a crate of its own (`exitless-guest`), which the core's tests boot too.
+pub use exitless_guest as guest;
 pub mod host;
 pub mod ipi;
 pub mod ipi_table;
@@ -49,7 +50,7 @@ pub enum BenchError {
     #[error("Cannot read the host CPUs this process may use: {0}")]
     Affinity(std::io::Error),
     #[error(transparent)]
-    Kvm(#[from] crate::kvm::KvmError),
+    Kvm(#[from] vmm::kvm::KvmError),
 }
 
 /// All case names, comma-separated.

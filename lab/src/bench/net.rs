@@ -8,10 +8,10 @@ use std::thread::JoinHandle;
 
 use super::cases::NetSetup;
 use super::config_run::{ConfigRun, RunError, VirtioFigures};
-use crate::builder::VmBuilder;
-use crate::devices::virtio::net::private_net::{PacketSocket, PrivateNet};
-use crate::devices::virtio::net::{default_mac, Net};
-use crate::devices::virtio::transport::VirtioPciDevice;
+use vmm::builder::VmBuilder;
+use vmm::devices::virtio::net::private_net::{PacketSocket, PrivateNet};
+use vmm::devices::virtio::net::{default_mac, Net};
+use vmm::devices::virtio::transport::VirtioPciDevice;
 
 const TAP: &str = "exl-bench0";
 /// The ethertype of the frames the host floods the guest with (local experimental).

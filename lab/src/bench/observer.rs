@@ -8,9 +8,9 @@ use kvm_ioctls::VcpuFd;
 use serde::Serialize;
 
 use super::threads::{ThreadSampler, ThreadsSample};
-use crate::kvm::{StatsFd, StatsSchema, StatsSnapshot};
-use crate::profile::{self, VcpuProfileSnapshot};
-use crate::vcpu::{ExitObserver, ObservedVcpu, RegsAccess, Vcpu, VcpuError};
+use vmm::kvm::{StatsFd, StatsSchema, StatsSnapshot};
+use vmm::profile::{self, VcpuProfileSnapshot};
+use vmm::vcpu::{ExitObserver, ObservedVcpu, RegsAccess, Vcpu, VcpuError};
 
 /// A moment the guest marked (bench begin/end): the vCPU's counters then.
 #[derive(Debug, Clone)]
@@ -156,12 +156,12 @@ mod tests {
     use crate::bench::console::LineCapture;
     use crate::bench::guest;
     use crate::bench::ports::ExitPort;
-    use crate::builder::{KernelImage, VcpuOptions, VmBuilder, VmSpec};
-    use crate::bus::{BusDevice, DeviceEvent};
-    use crate::config::IrqchipMode;
-    use crate::device_manager::BusKind;
-    use crate::devices::serial::SerialOutput;
-    use crate::kvm;
+    use vmm::builder::{KernelImage, VcpuOptions, VmBuilder, VmSpec};
+    use vmm::bus::{BusDevice, DeviceEvent};
+    use vmm::config::IrqchipMode;
+    use vmm::device_manager::BusKind;
+    use vmm::devices::serial::SerialOutput;
+    use vmm::kvm;
 
     /// Values the guest wrote to it, each emitted as an event to observe.
     #[derive(Default)]
@@ -202,7 +202,7 @@ mod tests {
     fn an_observer_sees_only_the_exits_devices_ask_for_and_hooks_every_exit() {
         const ITERS: u64 = 50;
         if std::fs::metadata("/dev/kvm").is_err() {
-            crate::test_skip::skip("observer_hook", "/dev/kvm is missing on this host");
+            vmm::test_skip::skip("observer_hook", "/dev/kvm is missing on this host");
             return;
         }
         let spec = VmSpec {
@@ -210,7 +210,7 @@ mod tests {
             initrd: None,
             cmdline: format!("case=pio_out iters={ITERS}"),
             memory: 64 << 20,
-            memory_backing: crate::memory::Backing::default(),
+            memory_backing: vmm::memory::Backing::default(),
             cpus: 1,
             max_cpus: 1,
             irqchip: IrqchipMode::Kernel,

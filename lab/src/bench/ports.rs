@@ -3,7 +3,7 @@
 
 use std::io;
 
-use crate::bus::{BusDevice, DeviceEvent};
+use vmm::bus::{BusDevice, DeviceEvent};
 
 fn le_value(data: &[u8]) -> u32 {
     let mut b = [0u8; 4];

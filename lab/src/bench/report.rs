@@ -9,7 +9,7 @@ use super::config_run::ConfigRun;
 use super::fs;
 use super::host::HostInfo;
 use super::threads::ThreadsCpu;
-use crate::profile::{KvmStatDelta, ProfileReport};
+use vmm::profile::{KvmStatDelta, ProfileReport};
 
 /// Schema name of the JSON document.
 pub const BENCH_SCHEMA: &str = "exitless.bench/1";
@@ -111,7 +111,7 @@ pub fn derive(rows: &[BenchRow], tsc_khz: u64) -> Derived {
         })
         .unwrap_or_default();
     diffs.sort_by(f64::total_cmp);
-    let work = crate::profile::per_exit_work_ns(1_000_000);
+    let work = vmm::profile::per_exit_work_ns(1_000_000);
     Derived {
         vmm_overhead_ns_per_exit: vmm,
         profiler_overhead_percent: diffs.get(diffs.len() / 2).copied(),
@@ -286,7 +286,7 @@ pub(crate) mod tests {
             ipis: 0,
             uds: 0,
             io_devices: vec!["com1".into()],
-            profile: crate::profile::VcpuProfile::new(0, 1, 0).snapshot(),
+            profile: vmm::profile::VcpuProfile::new(0, 1, 0).snapshot(),
             guest_output: String::new(),
             virtio: None,
             threads: None,
@@ -379,8 +379,8 @@ pub(crate) mod tests {
         }
     }
 
-    fn caps() -> crate::kvm::Capabilities {
-        crate::kvm::Capabilities {
+    fn caps() -> vmm::kvm::Capabilities {
+        vmm::kvm::Capabilities {
             sync_regs: 7,
             ioeventfd: true,
             ioeventfd_any_length: true,

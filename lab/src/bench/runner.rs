@@ -16,12 +16,12 @@ use super::ports::{ExitPort, MarkerPort};
 use super::result::{parse_line, GuestLine, GuestResult};
 use super::threads::{self, ThreadSampler};
 use super::virtio::{self, AttachedVirtio};
-use crate::builder::{KernelImage, VcpuOptions, VmBuilder, VmSpec};
-use crate::device_manager::{BusKind, DeviceManager};
-use crate::devices::serial::SerialOutput;
-use crate::kvm::{self, IoEvent};
-use crate::vcpu::Vcpu;
-use crate::vm::Vm;
+use vmm::builder::{KernelImage, VcpuOptions, VmBuilder, VmSpec};
+use vmm::device_manager::{BusKind, DeviceManager};
+use vmm::devices::serial::SerialOutput;
+use vmm::kvm::{self, IoEvent};
+use vmm::vcpu::Vcpu;
+use vmm::vm::Vm;
 
 const GUEST_MEMORY: u64 = 64 << 20;
 
@@ -33,7 +33,7 @@ struct Prepared {
     ioeventfd: Option<EventFd>,
     /// Serves the virtio queues while the VM runs. Dropped (stopped) before the devices' host
     /// sides: a vhost-user back end that ends is then nothing the loop reports.
-    _event_loop: crate::event_loop::EventLoop,
+    _event_loop: vmm::event_loop::EventLoop,
     virtio: Option<AttachedVirtio>,
     /// Samples every thread at the markers (a vhost-user back end's configurations).
     sampler: Option<ThreadSampler>,
@@ -78,9 +78,9 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
                 .unwrap_or_default()
         ),
         memory: GUEST_MEMORY,
-        memory_backing: crate::memory::Backing {
+        memory_backing: vmm::memory::Backing {
             shared: config.virtio.is_some_and(|v| v.shares_memory()),
-            ..crate::memory::Backing::default()
+            ..vmm::memory::Backing::default()
         },
         cpus: 1,
         max_cpus: 1,
@@ -381,7 +381,7 @@ mod tests {
             value,
             host_tsc: 0,
             user_exits,
-            profile: crate::profile::VcpuProfile::new(0, 1, 0).snapshot(),
+            profile: vmm::profile::VcpuProfile::new(0, 1, 0).snapshot(),
             kvm_stats: None,
             threads: None,
         }
@@ -415,7 +415,7 @@ mod tests {
             .iter()
             .position(|c| c.name == "coalesced-mmio")
             .unwrap();
-        let profile = crate::profile::VcpuProfile::new(0, 1, 0);
+        let profile = vmm::profile::VcpuProfile::new(0, 1, 0);
         let mut r = run(case, cfg, 3000.0, 1);
         r.profile = profile.snapshot();
         check(&mut r, &CASES[case].configs[cfg]);

@@ -16,7 +16,7 @@ use super::host::{self, HostInfo};
 use super::report::BenchFailure;
 use super::runner::{run_config_placed, Placement};
 use super::BenchError;
-use crate::vcpu::affinity;
+use vmm::vcpu::affinity;
 
 /// Value of the `"schema"` key of the scaling JSON document.
 pub const SCALING_SCHEMA: &str = "exitless.scaling/1";

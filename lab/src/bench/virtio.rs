@@ -9,9 +9,9 @@ use super::cases::VirtioSetup;
 use super::config_run::{ConfigRun, RunError, VirtioFigures};
 use super::result::GuestResult;
 use super::{blk, fs, net, vsock};
-use crate::builder::VmBuilder;
-use crate::devices::virtio::transport::VirtioPciDevice;
-use crate::devices::virtio::QueueCounters;
+use vmm::builder::VmBuilder;
+use vmm::devices::virtio::transport::VirtioPciDevice;
+use vmm::devices::virtio::QueueCounters;
 
 /// A device attached for one run, with what it needs on the host.
 pub enum Attached {

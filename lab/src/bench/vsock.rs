@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use super::cases::VsockSetup;
 use super::config_run::{ConfigRun, RunError, VirtioFigures};
-use crate::builder::VmBuilder;
-use crate::config::VsockConfig;
-use crate::devices::virtio::transport::VirtioPciDevice;
-use crate::devices::virtio::vsock::{SocketFile, Vsock};
+use vmm::builder::VmBuilder;
+use vmm::config::VsockConfig;
+use vmm::devices::virtio::transport::VirtioPciDevice;
+use vmm::devices::virtio::vsock::{SocketFile, Vsock};
 
 /// The host port the guest connects to.
 const PORT: u32 = 1234;

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::peer::Vmm;
 use super::vmm_kind::VmmKind;
-use crate::api::client::ApiClient;
+use exitless_control::api::client::ApiClient;
 
 /// One start, in milliseconds from the process's spawn (requests in microseconds; none for
 /// the floor VMM).

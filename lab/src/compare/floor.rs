@@ -80,7 +80,7 @@ mod tests {
     #[test]
     fn the_floor_runs_the_bench_guest_and_ends_with_its_status() {
         if std::fs::metadata("/dev/kvm").is_err() {
-            crate::test_skip::skip("floor_runs_the_guest", "/dev/kvm is missing on this host");
+            vmm::test_skip::skip("floor_runs_the_guest", "/dev/kvm is missing on this host");
             return;
         }
         for (args, tag) in [(&[][..], "cpuid"), (&["--small-cpuid"][..], "small")] {

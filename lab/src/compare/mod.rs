@@ -20,11 +20,11 @@ use thiserror::Error;
 
 use crate::bench::fs::{ScratchShare, Virtiofsd};
 use crate::bench::threads;
-use crate::devices::virtio::net::private_net::PrivateNet;
 use kvm_stats::ExitsSource;
 use peer::{Device, Launch, Vmm};
 use process::{Moment, RunSample};
 use turnaround::{Traced, Tracer};
+use vmm::devices::virtio::net::private_net::PrivateNet;
 use vmm_kind::VmmKind;
 
 /// The tap net cases (and `*_devices` cases) attach, in a network namespace of the
@@ -346,7 +346,7 @@ pub fn run(
         }
     }
     let tsc_khz = tracer.as_ref().map_or_else(
-        |_| crate::profile::estimate_tsc_khz(Duration::from_millis(100)),
+        |_| vmm::profile::estimate_tsc_khz(Duration::from_millis(100)),
         |t| t.tsc_khz(),
     );
     let debugfs = setting.debugfs;
@@ -567,7 +567,7 @@ fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareErr
                 // Counted from the guest's first line: firmware exits (QEMU's SeaBIOS makes
                 // thousands) stay out of the turnarounds (the trace clock is the TSC).
                 Moment::FirstLine => {
-                    first_line_tsc = crate::profile::rdtsc();
+                    first_line_tsc = vmm::profile::rdtsc();
                     backend_cpu_ns.0 = backend_cpu();
                 }
                 Moment::Done => {

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::CompareError;
 use crate::bench::result::{parse_line, GuestLine, GuestResult};
-use crate::devices::virtio::net::private_net::PrivateNet;
+use vmm::devices::virtio::net::private_net::PrivateNet;
 
 /// What one run measured.
 #[derive(Clone, Debug, Serialize)]

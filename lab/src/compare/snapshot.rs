@@ -20,7 +20,7 @@ use super::peer::Vmm;
 use super::process::memory_of;
 use super::vmm_kind::VmmKind;
 use super::Spread;
-use crate::api::client::ApiClient;
+use exitless_control::api::client::ApiClient;
 
 /// The case's name in `--cases`.
 pub const CASE: &str = "snapshot";

@@ -72,7 +72,7 @@ impl Tracer {
         std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let tracer = Tracer {
             dir,
-            tsc_khz: crate::profile::estimate_tsc_khz(std::time::Duration::from_millis(100)),
+            tsc_khz: vmm::profile::estimate_tsc_khz(std::time::Duration::from_millis(100)),
         };
         tracer.set("tracing_on", "0")?;
         tracer.set("trace_clock", TRACE_CLOCK)?;

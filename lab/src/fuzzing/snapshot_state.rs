@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::devices::acpi::cpu_hotplug::CpuHotplug;
-use crate::devices::acpi::ged::Ged;
-use crate::devices::acpi::memory_hotplug::MemoryHotplug;
-use crate::devices::acpi::pci_hotplug::PciHotplug;
-use crate::devices::i8042::I8042;
-use crate::devices::pci::root::{PciConfigPorts, PciRoot};
-use crate::devices::serial::{SerialDevice, SerialOutput};
-use crate::snapshot::{SnapshotState, Snapshottable};
+use vmm::devices::acpi::cpu_hotplug::CpuHotplug;
+use vmm::devices::acpi::ged::Ged;
+use vmm::devices::acpi::memory_hotplug::MemoryHotplug;
+use vmm::devices::acpi::pci_hotplug::PciHotplug;
+use vmm::devices::i8042::I8042;
+use vmm::devices::pci::root::{PciConfigPorts, PciRoot};
+use vmm::devices::serial::{SerialDevice, SerialOutput};
+use vmm::snapshot::{SnapshotState, Snapshottable};
 
 /// A device of `kind` as a restore makes it (virtio devices need a VM: not here).
 fn device(kind: &str) -> Option<Arc<dyn Snapshottable>> {

@@ -11,16 +11,16 @@ use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::{small_memory, Input};
-use crate::config::disk::DiskConfig;
-use crate::devices::pci::PciDevice;
-use crate::devices::virtio::blk::Block;
-use crate::devices::virtio::rng::Rng;
-use crate::devices::virtio::transport::common::{
+use vmm::config::disk::DiskConfig;
+use vmm::devices::pci::PciDevice;
+use vmm::devices::virtio::blk::Block;
+use vmm::devices::virtio::rng::Rng;
+use vmm::devices::virtio::transport::common::{
     STATUS_ACKNOWLEDGE, STATUS_DRIVER, STATUS_DRIVER_OK, STATUS_FEATURES_OK, STATUS_NEEDS_RESET,
 };
-use crate::devices::virtio::transport::VirtioPciDevice;
-use crate::devices::virtio::VirtioDevice;
-use crate::event_loop::EventLoop;
+use vmm::devices::virtio::transport::VirtioPciDevice;
+use vmm::devices::virtio::VirtioDevice;
+use vmm::event_loop::EventLoop;
 
 const STATUS: u64 = 0x14;
 const QUEUE_SELECT: u64 = 0x16;
@@ -52,14 +52,14 @@ fn function(
     blk: bool,
 ) -> Option<(Arc<VirtioPciDevice>, EventLoop, &'static str)> {
     // A fuzzing process is not a VMM (see `rng_function`).
-    crate::seccomp::disable();
+    vmm::seccomp::disable();
     let (device, name): (Box<dyn VirtioDevice>, _) = if blk {
         (blk_device()?, "virtio-blk0")
     } else {
         (Box::new(Rng::new()), "virtio-rng")
     };
     let event_loop = EventLoop::start().ok()?;
-    let shared = crate::devices::virtio::SharedGuestMemory::new(mem.clone());
+    let shared = vmm::devices::virtio::SharedGuestMemory::new(mem.clone());
     let dev = VirtioPciDevice::new(name, device, 0xc000_0000, shared, event_loop.handle()).ok()?;
     Some((dev, event_loop, name))
 }

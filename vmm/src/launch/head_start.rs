@@ -2,9 +2,10 @@
 //! (`run`, or `--api-socket` waiting for `vm.create`), which readies what does not depend on
 //! the VM's description while the main thread parses the command line (~0.3 ms with clap) or
 //! waits for requests: /dev/kvm opened, for the API server KVM's CPUID entries asked (first,
-//! while nothing else talks to KVM: see [`super::SupportedCpuid::fetch_task`]), an empty VM
+//! while nothing else talks to KVM: see [`kvm::SupportedCpuid::fetch_task`]), an empty VM
 //! created and KVM's capabilities probed; then the DSDT's PCI slots, the same for every VM
-//! ([`crate::devices::acpi::aml::prepare_pci_slots`]).
+//! ([`crate::devices::acpi::aml::prepare_pci_slots`]). Part of the launch, which stands on
+//! both KVM and the devices: the KVM layer holds only the VM it creates ([`CreatedVm`]).
 //!
 //! Only speculation: the first launch takes the VM ([`take_vm`]); a step that fails on the
 //! thread is left to the launch, which takes it as without a head start (so with the same
@@ -14,24 +15,10 @@ use std::io;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Mutex;
 
-use kvm_ioctls::{Kvm, VmFd};
+use kvm_ioctls::Kvm;
 
-use super::Capabilities;
-
-/// A VM created before its description was known: no memory, no irqchip yet.
-pub struct CreatedVm {
-    pub fd: VmFd,
-    pub caps: Capabilities,
-}
-
-impl CreatedVm {
-    /// Creates an empty VM on `kvm` and probes its capabilities.
-    pub fn create(kvm: &Kvm) -> Result<Self, super::KvmError> {
-        let fd = kvm.create_vm().map_err(super::KvmError::CreateVm)?;
-        let caps = Capabilities::probe(kvm);
-        Ok(CreatedVm { fd, caps })
-    }
-}
+use crate::devices::acpi::aml::prepare_pci_slots;
+use crate::kvm::{self, CreatedVm};
 
 /// What the head start hands the first launch.
 pub struct HeadStart {
@@ -71,14 +58,14 @@ pub fn begin(lead: Lead) -> io::Result<()> {
 }
 
 fn run(lead: Lead, ready: SyncSender<HeadStart>) {
-    if let Ok(kvm) = super::open() {
+    if let Ok(kvm) = kvm::open() {
         if lead == Lead::Long {
-            super::supported_cpuid::ask_for_next_vm(&kvm);
+            kvm::ask_for_next_vm(&kvm);
         }
         if let Ok(vm) = CreatedVm::create(&kvm) {
             if lead == Lead::Long {
                 // Not beside the boot's own work: the API server is idle now.
-                crate::devices::acpi::aml::prepare_pci_slots();
+                prepare_pci_slots();
             }
             let _ = ready.send(HeadStart { kvm, vm });
         }
@@ -86,7 +73,7 @@ fn run(lead: Lead, ready: SyncSender<HeadStart>) {
     // The launch waits no longer: it goes on alone if nothing was sent. A VM never taken
     // (the API server never asked to boot one) keeps this thread asleep until the end.
     drop(ready);
-    crate::devices::acpi::aml::prepare_pci_slots();
+    prepare_pci_slots();
 }
 
 /// The head start's KVM and VM, once the thread has them: for the first launch of the
@@ -100,22 +87,4 @@ fn lock() -> std::sync::MutexGuard<'static, Option<Receiver<HeadStart>>> {
     READY
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_created_vm_takes_kvm_s_capabilities() {
-        let Ok(kvm) = super::super::open() else {
-            crate::test_skip::skip("a_created_vm_takes_kvm_s_capabilities", "no /dev/kvm");
-            return;
-        };
-        let vm = CreatedVm::create(&kvm).expect("create a VM");
-        assert_eq!(vm.caps.max_vcpus, kvm.get_max_vcpus());
-        assert!(vm.caps.irqchip, "x86 KVM has an in-kernel irqchip");
-        // The VM is usable: a memory-less vCPU can be created on it.
-        vm.fd.create_vcpu(0).expect("a vCPU on the created VM");
-    }
 }

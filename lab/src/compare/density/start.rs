@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::super::api_start::{speaks_api, vm_create_body};
 use super::super::kvm_stats::ExitsSource;
 use super::super::peer::{Launch, Vmm};
-use crate::api::client::ApiClient;
+use exitless_control::api::client::ApiClient;
 
 /// The guest's command line: up, then idle for good.
 pub const IDLE_CMDLINE: &str = "case=idle";
