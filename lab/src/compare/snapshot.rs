@@ -22,8 +22,8 @@ use super::vmm_kind::VmmKind;
 use super::Spread;
 use exitless_control::api::client::ApiClient;
 
-/// The case's name in `--cases`.
-pub const CASE: &str = "snapshot";
+/// The case's name in `--cases` (with the peers, which say which of them sit it out).
+pub use super::peer::SNAPSHOT_CASE as CASE;
 
 /// The guest: 10 MiB written, then a tick line every few ms for as long as the VM runs.
 const CMDLINE: &str = "case=snapshot ticks=100000000 iters=20 touch_mib=10";
@@ -45,15 +45,6 @@ pub fn takes_part(kind: VmmKind) -> bool {
         kind,
         VmmKind::Exitless | VmmKind::Firecracker | VmmKind::CloudHypervisor
     )
-}
-
-/// Why a VMM sits the case out.
-pub fn why_not(kind: VmmKind) -> Option<&'static str> {
-    match kind {
-        VmmKind::Qemu => Some("its snapshots (migrate to a file over QMP) are not driven here"),
-        VmmKind::Floor => Some("it has no snapshot"),
-        _ => None,
-    }
 }
 
 /// One round of one VMM.
@@ -504,6 +495,7 @@ mod tests {
 
     #[test]
     fn the_peers_that_snapshot_take_part_and_the_others_say_why_not() {
+        use super::super::peer::snapshot_why_not as why_not;
         for kind in [
             VmmKind::Exitless,
             VmmKind::Firecracker,
