@@ -8,10 +8,8 @@ use std::path::Path;
 
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
-use super::{
-    add_virtio_devices, attach_idle_flush, attach_stdin, console_output, HostParts, LaunchError,
-    LaunchedVm,
-};
+use super::console::{attach_idle_flush, attach_stdin, console_output};
+use super::{add_virtio_devices, HostParts, LaunchError, LaunchedVm};
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use crate::config::{IrqchipMode, VmConfig, MAX_VCPUS};
 use crate::kvm;
