@@ -3,6 +3,21 @@
 //! snapshots). The layers above it are crates of their own (docs/architecture.md): the
 //! control plane (`exitless-control`) and the exit lab (`exitless-lab`) import from this crate,
 //! never the other way round.
+//!
+//! # The lab's entry points
+//!
+//! Beyond what the binary and the control plane use (`launch`, `config`, `snapshot`,
+//! `profile`'s reports, `startup`, `seccomp`), the lab builds and runs VMs itself. What it
+//! reaches, each item's documentation saying so: the builder ([`builder::VmBuilder`], and
+//! [`builder::KernelImage::Embedded`] under the `embedded` feature) and the VM it yields
+//! ([`vm::Vm`]); the exit path's observer ([`vcpu::ExitObserver`]) and dispatch
+//! ([`vcpu::exit::dispatch`]); the buses ([`bus::BusBuilder`], [`bus::Buses`]), the device
+//! manager ([`device_manager::DeviceManager`]) and the devices event loop
+//! ([`event_loop::EventLoop`]); the device models themselves (`devices`: the bench's virtio
+//! cases and the fuzz targets build them); the coalesced ring's entries
+//! ([`kvm::ring::CoalescedWrite`]); the clocks ([`profile::rdtsc`],
+//! [`profile::estimate_tsc_khz`], [`profile::per_exit_work_ns`]); the host's PV features
+//! ([`boot::cpuid::kvm_pv_features`]). A change to these is a change to the lab's API.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod boot;

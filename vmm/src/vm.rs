@@ -54,6 +54,8 @@ pub enum VmError {
 pub const STOP_GRACE: Duration = Duration::from_millis(500);
 
 /// A created VM with its memory registered.
+///
+/// One of the lab's entry points: the bench runs its VMs' vCPUs itself.
 pub struct Vm {
     /// Shared with the thread that asks KVM's CPUID entries ahead.
     pub kvm: Arc<Kvm>,
