@@ -129,7 +129,7 @@ enum BootEntry {
 /// A VM being built: devices may still be added.
 ///
 /// The lab's entry point for building VMs (the bench's and the fuzz targets' VMs, with
-/// [`KernelImage::Embedded`] under the `embedded` feature), as it is `launch`'s.
+/// `KernelImage::Embedded` under the `embedded` feature), as it is `launch`'s.
 pub struct VmBuilder {
     spec: VmSpec,
     vm: Vm,

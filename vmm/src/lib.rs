@@ -9,7 +9,7 @@
 //! Beyond what the binary and the control plane use (`launch`, `config`, `snapshot`,
 //! `profile`'s reports, `startup`, `seccomp`), the lab builds and runs VMs itself. What it
 //! reaches, each item's documentation saying so: the builder ([`builder::VmBuilder`], and
-//! [`builder::KernelImage::Embedded`] under the `embedded` feature) and the VM it yields
+//! `builder::KernelImage::Embedded` under the `embedded` feature) and the VM it yields
 //! ([`vm::Vm`]); the exit path's observer ([`vcpu::ExitObserver`]) and dispatch
 //! ([`vcpu::exit::dispatch`]); the buses ([`bus::BusBuilder`], [`bus::Buses`]), the device
 //! manager ([`device_manager::DeviceManager`]) and the devices event loop
