@@ -3,7 +3,7 @@
 //! parser promises more (a request's buffers lie inside guest memory and inside the disk),
 //! the target asserts it. `fuzz/` runs them under libFuzzer (`cargo +nightly fuzz run NAME`);
 //! the test suite runs each over its checked-in corpus and a few thousand mutations of it
-//! (`vmm/tests/fuzz_corpus.rs`). docs/fuzzing.md says how to run them for hours.
+//! (`lab/tests/fuzz_corpus.rs`). docs/fuzzing.md says how to run them for hours.
 
 use std::sync::{Arc, Mutex};
 

@@ -1,4 +1,4 @@
-//! The floor VMM (vmm/floor/floor.c): a freestanding C program that does the least a KVM VMM
+//! The floor VMM (lab/floor/floor.c): a freestanding C program that does the least a KVM VMM
 //! must do to run the bench guest (see docs/performance.md, "The floor"). Built by build.rs,
 //! embedded here, and written out by `compare` into its folder to run as one more VMM.
 

@@ -10,7 +10,7 @@ pub enum VmmKind {
     Qemu,
     Firecracker,
     CloudHypervisor,
-    /// The floor VMM (vmm/floor/floor.c, embedded): the least a KVM VMM must do to run the
+    /// The floor VMM (lab/floor/floor.c, embedded): the least a KVM VMM must do to run the
     /// bench guest, the physical-limit row.
     Floor,
 }
