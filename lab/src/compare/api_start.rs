@@ -4,14 +4,13 @@
 //! and for the floor VMM, which has no API: spawned with the guest, its first line is the
 //! limit every start is a ratio to.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::mpsc::channel;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::console_watch;
 use super::peer::Vmm;
 use super::vmm_kind::VmmKind;
 use exitless_control::api::client::ApiClient;
@@ -72,21 +71,7 @@ pub fn measure(
         cmd.arg("--api-socket").arg(&socket);
     }
     let start = Instant::now();
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", vmm.path.display()))?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let (lines, first) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.starts_with("EXITLESS") && lines.send(Instant::now()).is_err() {
-                return;
-            }
-        }
-    });
+    let (mut child, first) = console_watch::spawn(&mut cmd, &vmm.path, "EXITLESS")?;
     let started = match floor {
         true => Ok(ApiStart {
             ready_ms: None,

@@ -3,6 +3,7 @@
 //! runs at two iteration counts so that start-up cancels out of the per-exit figures.
 
 pub mod api_start;
+mod console_watch;
 pub mod density;
 mod figures;
 pub mod floor;

@@ -7,15 +7,15 @@
 //! `PATCH /vm`, `/snapshot/create` of a `Full` snapshot, `/snapshot/load` from a `File`).
 //! A VMM that cannot snapshot the guest here is reported with the error it answered.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::process::{Child, Command};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::api_start::vm_create_body;
+use super::console_watch;
 use super::peer::Vmm;
 use super::process::memory_of;
 use super::vmm_kind::VmmKind;
@@ -261,13 +261,7 @@ impl RunningVmm {
         if dialect == Dialect::Firecracker {
             cmd.args(["--level", "Error"]);
         }
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", vmm.path.display()))?;
-        let ticks = read_ticks(&mut child)?;
+        let (mut child, ticks) = console_watch::spawn(&mut cmd, &vmm.path, "EXITLESS TICK")?;
         let client = match connect(socket, &mut child) {
             Ok(c) => c,
             Err(e) => {
@@ -406,20 +400,6 @@ fn one_line(body: &str) -> String {
         None => body.to_string(),
     };
     text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// A thread that sends the moment of each of the guest's tick lines.
-fn read_ticks(child: &mut Child) -> Result<Receiver<Instant>, String> {
-    let stdout = child.stdout.take().ok_or("the VMM has no stdout")?;
-    let (sender, ticks) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.starts_with("EXITLESS TICK") && sender.send(Instant::now()).is_err() {
-                return;
-            }
-        }
-    });
-    Ok(ticks)
 }
 
 /// A client of the API on `socket`, once `child` accepts connections there.
