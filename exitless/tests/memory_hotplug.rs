@@ -1,6 +1,6 @@
 //! Memory hotplug through the API, as Kata Containers asks it of Cloud Hypervisor
 //! (`vm.resize {"desired_ram": N}` with `hotplug_method` Acpi): the bench guest's own driver
-//! (guest/memory_hotplug.c) finds the new memory through the ACPI memory hotplug
+//! (bench-guest/memory_hotplug.c) finds the new memory through the ACPI memory hotplug
 //! controller, maps it and writes and reads back every byte of it.
 
 mod common;

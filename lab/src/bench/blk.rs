@@ -66,7 +66,7 @@ pub fn attach(
     Ok((device, disk))
 }
 
-/// The guest command line's part for `setup` but event idx (see guest/virtio_cases.c).
+/// The guest command line's part for `setup` but event idx (see bench-guest/virtio_cases.c).
 pub fn guest_args(setup: &BlkSetup) -> String {
     let mut args = format!(" qd={}", setup.queue_depth);
     if !setup.msix {

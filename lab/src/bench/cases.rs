@@ -104,7 +104,7 @@ impl VirtioSetup {
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct CaseConfig {
     pub name: &'static str,
-    /// The guest loop (guest/bench.c) this configuration runs.
+    /// The guest loop (bench-guest/bench.c) this configuration runs.
     pub guest_case: &'static str,
     pub irqchip: IrqchipMode,
     pub target: Target,
@@ -478,7 +478,7 @@ mod tests {
 
     #[test]
     fn guest_cases_exist_in_the_guest_source() {
-        let src = include_str!("../../../guest/bench.c");
+        let src = include_str!("../../../bench-guest/bench.c");
         for c in CASES.iter().flat_map(|c| c.configs) {
             assert!(
                 src.contains(&format!("{{\"{}\",", c.guest_case)),

@@ -227,7 +227,7 @@ pub fn attach(builder: &mut VmBuilder) -> Result<(Arc<VirtioPciDevice>, HostFs),
     Ok((device, host))
 }
 
-/// The guest command line's part for `setup` but event idx (see guest/virtio_fs.c).
+/// The guest command line's part for `setup` but event idx (see bench-guest/virtio_fs.c).
 pub fn guest_args(setup: &FsSetup) -> String {
     let mut args = format!(" qd={}", setup.queue_depth);
     if !setup.msix {

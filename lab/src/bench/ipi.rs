@@ -42,7 +42,7 @@ const GUEST_MEMORY: u64 = 64 << 20;
 /// One kind of operation the family measures.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct IpiCase {
-    /// The guest case (guest/ipi.c) and the family's name for it.
+    /// The guest case (bench-guest/ipi.c) and the family's name for it.
     pub name: &'static str,
     pub what: &'static str,
     /// What one operation is ("IPI" or "shootdown").

@@ -86,7 +86,7 @@ fn vcpu_counts_double_up_to_the_limit_of_four_per_host_cpu() {
 
 #[test]
 fn guest_cases_exist_in_the_guest_source() {
-    let src = include_str!("../../../guest/ipi.c");
+    let src = include_str!("../../../bench-guest/ipi.c");
     for c in IPI_CASES {
         assert!(src.contains(&format!("{{\"{}\",", c.name)), "{}", c.name);
     }

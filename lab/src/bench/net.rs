@@ -48,7 +48,7 @@ fn flood(socket: PacketSocket, frame: u16, stop: Arc<AtomicBool>) {
     }
 }
 
-/// The guest command line's part for `setup` but event idx (see guest/virtio_net.c).
+/// The guest command line's part for `setup` but event idx (see bench-guest/virtio_net.c).
 pub fn guest_args(setup: &NetSetup) -> String {
     let dir = if setup.rx { " dir=rx" } else { "" };
     format!(" frame={} qd={}{dir}", setup.frame, setup.queue_depth)

@@ -65,7 +65,7 @@ pub fn attach(builder: &mut VmBuilder, setup: VirtioSetup) -> Result<AttachedVir
     })
 }
 
-/// The guest command line's part for `setup` (see guest/virtio_*.c).
+/// The guest command line's part for `setup` (see bench-guest/virtio_*.c).
 pub fn guest_args(setup: &VirtioSetup) -> String {
     let (notify_args, event_idx) = match setup {
         VirtioSetup::Blk(s) => (blk::guest_args(s), s.event_idx),

@@ -111,7 +111,7 @@ pub fn attach(
     Ok((device, program))
 }
 
-/// The guest command line's part for `setup` but event idx (see guest/virtio_vsock.c).
+/// The guest command line's part for `setup` but event idx (see bench-guest/virtio_vsock.c).
 pub fn guest_args(setup: &VsockSetup) -> String {
     let mode = if setup.stream { "stream" } else { "rr" };
     format!(" port={PORT} mode={mode}")
