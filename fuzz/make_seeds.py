@@ -9,7 +9,7 @@ LEN = {1: 0, 2: 1, 4: 2, 8: 3, 3: 5, 0: 6}
 
 
 def access(write, offset, length, value=0):
-    """One step of vmm::fuzzing's access stream: op, offset (u16), length code, value (u64)."""
+    """One step of exitless_lab::fuzzing's access stream: op, offset (u16), length code, value (u64)."""
     return struct.pack("<BHBQ", 1 if write else 0, offset, LEN[length], value)
 
 
@@ -67,7 +67,7 @@ def virtio_transport():
 
 
 def virtio_status():
-    """vmm::fuzzing::virtio_status: a device byte (0 rng, 1 blk), then ops (op % 10 and its
+    """exitless_lab::fuzzing::virtio_status: a device byte (0 rng, 1 blk), then ops (op % 10 and its
     bytes): 9 init, 8 settle, 0 any status, 2 reset, 7 notify, 1 set one more bit."""
     toggle = [9, 0, 4, 8, 7, 0, 8, 0, 0x0b, 8, 1, 2, 8, 2, 8]
     for device, name in ((0, "seed-toggles-rng"), (1, "seed-toggles-blk")):
@@ -86,7 +86,7 @@ NEXT, WRITE, INDIRECT = 1, 2, 4
 
 
 def image(descs, heads, extra):
-    """Guest memory as vmm::fuzzing's queue targets read it: descriptors at 0, avail at 0x100."""
+    """Guest memory as exitless_lab::fuzzing's queue targets read it: descriptors at 0, avail at 0x100."""
     mem = bytearray(0x4000)
     table = b"".join(descs)
     mem[0:len(table)] = table

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use vmm::api::server::ApiServer;
-use vmm::control::{serve, Vmm};
+use exitless_control::api::server::ApiServer;
+use exitless_control::control::{serve, Vmm};
 use vmm::launch;
 
 pub fn main(socket: &Path, verbose: bool) -> anyhow::Result<i32> {

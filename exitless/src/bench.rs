@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use vmm::bench::{self, guest::BENCH_GUEST, ipi, ipi_table, report, scaling};
+use exitless_lab::bench::{self, guest::BENCH_GUEST, ipi, ipi_table, report, scaling};
 
 use crate::output_file::{ensure_writable, write_json};
 
@@ -72,7 +72,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
         return Ok(0);
     }
     if let Some(dir) = &args.export_floor {
-        let path = vmm::compare::floor::write_into(dir)
+        let path = exitless_lab::compare::floor::write_into(dir)
             .with_context(|| format!("Cannot write the floor VMM into {}", dir.display()))?;
         eprintln!("exitless: wrote the floor VMM to {}", path.display());
         return Ok(0);
@@ -142,7 +142,7 @@ fn ipi_family(args: &BenchArgs, vcpus: usize) -> anyhow::Result<i32> {
 }
 
 fn print_cases() {
-    for case in vmm::bench::cases::CASES {
+    for case in exitless_lab::bench::cases::CASES {
         let configs: Vec<&str> = case.configs.iter().map(|c| c.name).collect();
         println!(
             "{:<11} {}\n{:<11} configs: {}",

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use vmm::bench::guest::BENCH_GUEST;
-use vmm::compare::peer::Vmm;
-use vmm::compare::vmm_kind::VmmKind;
-use vmm::compare::{self, CompareReport, Plan, Spread};
+use exitless_lab::bench::guest::BENCH_GUEST;
+use exitless_lab::compare::peer::Vmm;
+use exitless_lab::compare::vmm_kind::VmmKind;
+use exitless_lab::compare::{self, CompareReport, Plan, Spread};
 
 use crate::output_file::{ensure_writable, write_json};
 

@@ -4,9 +4,9 @@
 
 use std::path::Path;
 
-use vmm::compare::api_start::{self, ApiStart};
-use vmm::compare::peer::Vmm;
-use vmm::compare::Spread;
+use exitless_lab::compare::api_start::{self, ApiStart};
+use exitless_lab::compare::peer::Vmm;
+use exitless_lab::compare::Spread;
 
 /// One VMM's starts.
 #[derive(serde::Serialize)]

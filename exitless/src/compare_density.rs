@@ -1,10 +1,10 @@
 //! `exitless compare --density N[,N...]`: many VMs of each VMM at once (see
-//! vmm::compare::density), the table and how the figures stand against exitless's goals.
+//! exitless_lab::compare::density), the table and how the figures stand against exitless's goals.
 
 use std::time::Duration;
 
-use vmm::compare::density::{self, DensityPlan, DensityReport, DensityRun};
-use vmm::compare::{CompareError, Plan};
+use exitless_lab::compare::density::{self, DensityPlan, DensityReport, DensityRun};
+use exitless_lab::compare::{CompareError, Plan};
 
 /// The density plan for the VMMs, guest and folder of `plan`.
 pub fn plan(plan: &Plan, counts: &[usize], idle_secs: u64) -> DensityPlan {

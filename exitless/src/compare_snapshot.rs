@@ -1,9 +1,9 @@
-//! The `snapshot` case's table (vmm::compare::snapshot): per VMM, snapshot create, restore
+//! The `snapshot` case's table (exitless_lab::compare::snapshot): per VMM, snapshot create, restore
 //! and resume, spawn to the guest's next line, private dirty memory per clone and the
 //! snapshot's size on disk, or the error that stopped the VMM.
 
-use vmm::compare::snapshot::{SnapshotRow, CLONES};
-use vmm::compare::Spread;
+use exitless_lab::compare::snapshot::{SnapshotRow, CLONES};
+use exitless_lab::compare::Spread;
 
 fn spread(s: &Spread, digits: usize) -> String {
     format!("{:.d$} ({:.d$}-{:.d$})", s.median, s.min, s.max, d = digits)

@@ -20,7 +20,7 @@ mod tap_check;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use options::{Seccomp, ServerOptions, VmOptions};
-use vmm::kvm::head_start::Lead;
+use vmm::launch::head_start::Lead;
 
 /// A KVM virtual machine monitor built around the cost of VM exits.
 #[derive(Parser)]
@@ -83,7 +83,7 @@ fn parse_args() -> Cli {
 
 /// Whether these arguments boot a VM in this process (`run` without `--restore`, or the API
 /// server, which waits for `vm.create`), judged from the words before clap parses them, and
-/// how long the VM's head start (vmm::kvm::head_start) has then. Only speculation: a wrong
+/// how long the VM's head start (vmm::launch::head_start) has then. Only speculation: a wrong
 /// guess costs a thread and an unused empty VM, or the head start.
 fn boots_a_vm(args: impl Iterator<Item = std::ffi::OsString>) -> Option<Lead> {
     let args: Vec<_> = args.collect();
@@ -192,7 +192,7 @@ fn main() {
     vmm::seccomp::prepare_malloc();
     if let Some(lead) = boots_a_vm(std::env::args_os().skip(1)) {
         // Failing to start the thread only costs the head start.
-        let _ = vmm::kvm::head_start::begin(lead);
+        let _ = vmm::launch::head_start::begin(lead);
     }
     let mut cli = parse_args();
     let (vm, server) = options_for(&mut cli);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use vmm::api::client::ApiClient;
+use exitless_control::api::client::ApiClient;
 use vmm::config::{BalloonConfig, DiskConfig, MemorySize, NetConfig, VsockConfig};
 
 /// Options of `exitless remote`.

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use vmm::api::server::ApiServer;
+use exitless_control::api::server::ApiServer;
+use exitless_control::control::{serve, Vmm};
 use vmm::config::{ConfigError, VmConfig, VmConfigOverrides, MAX_VCPUS};
-use vmm::control::{serve, Vmm};
 use vmm::launch::{self, LaunchEnd, LaunchOptions, LaunchedVm};
 use vmm::profile::ProfileReport;
 use vmm::terminal::RawTerminal;
@@ -197,7 +197,7 @@ fn config_file(path: &Path, kernel: Option<&Path>) -> anyhow::Result<VmConfig> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("Cannot read config file {}", path.display()))?;
     let fail = |why: &dyn std::fmt::Display| anyhow::anyhow!("--config {}: {why}", path.display());
-    let mut api: vmm::api::schema::VmConfig = serde_json::from_str(&text)
+    let mut api: exitless_control::api::schema::VmConfig = serde_json::from_str(&text)
         .map_err(|e| fail(&format!("not a Cloud Hypervisor VmConfig: {e}")))?;
     if api.payload.kernel.is_none() {
         let Some(kernel) = kernel else {
@@ -281,7 +281,7 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
             let mut config = vm_config(&args)?;
             if api_socket.is_some() {
                 // Named as vm.info shows them: the API and a snapshot find each by that name.
-                vmm::api::convert::name_devices_as_the_api_does(&mut config);
+                exitless_control::api::convert::name_devices_as_the_api_does(&mut config);
             }
             config
         }
@@ -309,7 +309,8 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
         eprintln!("{}", crate::tap_check::created_line(tap));
     }
     if let Some(socket) = api_socket {
-        let api = api.unwrap_or_else(|| vmm::api::schema::VmConfig::from_vm_config(&config));
+        let api =
+            api.unwrap_or_else(|| exitless_control::api::schema::VmConfig::from_vm_config(&config));
         let served = ServedVm {
             api,
             config,
@@ -354,7 +355,7 @@ fn shaping_options(args: &RunOptions) -> Vec<&'static str> {
 }
 
 type Restored = (
-    vmm::api::schema::VmConfig,
+    exitless_control::api::schema::VmConfig,
     VmConfig,
     vmm::snapshot::SnapshotState,
 );
@@ -367,7 +368,7 @@ fn restored_config(args: &RunOptions, dir: &Path) -> anyhow::Result<Restored> {
     }
     let fail = |e: &dyn std::fmt::Display| anyhow::anyhow!("--restore {}: {e}", dir.display());
     let (json, state) = vmm::snapshot::read(dir).map_err(|e| fail(&e))?;
-    let api: vmm::api::schema::VmConfig =
+    let api: exitless_control::api::schema::VmConfig =
         serde_json::from_value(json).map_err(|e| fail(&format!("config.json: {e}")))?;
     let mut config = api.to_vm_config().map_err(|e| fail(&e.message))?;
     config.serial_output = vmm::config::SerialOutputMode::Stdout;
@@ -396,7 +397,7 @@ fn restore_vm(
 
 /// The VM `run` started or restored, to serve through the API.
 struct ServedVm {
-    api: vmm::api::schema::VmConfig,
+    api: exitless_control::api::schema::VmConfig,
     config: VmConfig,
     vm: LaunchedVm,
     paused: bool,

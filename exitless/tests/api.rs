@@ -1,5 +1,5 @@
 //! `exitless --api-socket`: the process Kata Containers starts, driven over its socket as Kata
-//! drives it (vmm/src/api/fixtures/kata_clh_sandbox.json), and hotplug proven with the bench guest's
+//! drives it (control/src/api/fixtures/kata_clh_sandbox.json), and hotplug proven with the bench guest's
 //! own driver (a disk added, used and ejected; a CPU added and started).
 
 mod common;
@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::api_vmm::{json, kvm_or_skip, ok, Vmm};
 use common::{exitless, export_guest};
+use exitless_control::api::client::ApiClient;
 use serde_json::Value;
-use vmm::api::client::ApiClient;
 
 fn info(c: &mut ApiClient) -> Value {
     json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"))
@@ -192,7 +192,7 @@ fn the_kata_request_sequence_is_answered_as_kata_expects() {
     let kernel = export_guest("api-kata");
     let dir = std::env::temp_dir().join(format!("exitless-kata-{}", std::process::id()));
     let sandbox = common::kata::Sandbox {
-        fixture: include_str!("../../vmm/src/api/fixtures/kata_clh_sandbox.json"),
+        fixture: include_str!("../../control/src/api/fixtures/kata_clh_sandbox.json"),
         dir: &dir,
         kernel: &kernel,
         before_stop: None,

@@ -6,8 +6,8 @@ mod common;
 use std::path::Path;
 
 use common::{exitless, qemu};
-use vmm::compare::peer::Vmm;
-use vmm::compare::vmm_kind::VmmKind;
+use exitless_lab::compare::peer::Vmm;
+use exitless_lab::compare::vmm_kind::VmmKind;
 
 const INSTANCES: &str = "/sys/kernel/tracing/instances";
 
@@ -496,7 +496,7 @@ fn the_fs_cases_give_each_vmm_its_own_virtiofsd_and_count_its_cpu() {
         vmm::test_skip::skip("compare_fs", "/dev/kvm is missing on this host");
         return;
     }
-    if let Err(why) = vmm::bench::fs::daemon() {
+    if let Err(why) = exitless_lab::bench::fs::daemon() {
         vmm::test_skip::skip("compare_fs", &why);
         return;
     }

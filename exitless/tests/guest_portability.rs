@@ -244,29 +244,29 @@ fn fs_pattern(i: u64) -> u8 {
 /// directory removed when dropped.
 struct Virtiofsd {
     child: std::process::Child,
-    daemon: vmm::bench::virtiofsd::Daemon,
+    daemon: vmm::devices::virtio::vhost_user::virtiofsd::Daemon,
     dir: std::path::PathBuf,
 }
 
 impl Virtiofsd {
     /// virtiofsd's binary, if this host can run it (as root), else `test` is reported skipped.
-    fn find(test: &str) -> Option<vmm::bench::virtiofsd::Daemon> {
+    fn find(test: &str) -> Option<vmm::devices::virtio::vhost_user::virtiofsd::Daemon> {
         // The bench's lookup (root, EXITLESS_VIRTIOFSD, PATH, ~/.cargo/bin, distributions').
-        vmm::bench::fs::daemon()
+        exitless_lab::bench::fs::daemon()
             .map_err(|why| vmm::test_skip::skip(test, &why))
             .ok()
     }
 
     /// Starts `binary` on a fresh directory (`tag` keeps tests apart) holding `files`, and
     /// waits (up to 10 s) for its socket.
-    fn start(binary: &vmm::bench::virtiofsd::Daemon, tag: &str, files: &[(&str, &[u8])]) -> Self {
+    fn start(binary: &vmm::devices::virtio::vhost_user::virtiofsd::Daemon, tag: &str, files: &[(&str, &[u8])]) -> Self {
         let dir = std::env::temp_dir().join(format!("exitless-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("share")).unwrap();
         for (name, bytes) in files {
             std::fs::write(dir.join("share").join(name), bytes).unwrap();
         }
-        let cache = vmm::bench::virtiofsd::Cache::Auto;
+        let cache = vmm::devices::virtio::vhost_user::virtiofsd::Cache::Auto;
         let child = binary
             .command(&dir.join("vfs.sock"), &dir.join("share"), cache)
             .stdin(Stdio::null())

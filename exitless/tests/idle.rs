@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::api_vmm::{kvm_or_skip, ok, Vmm};
 use common::{exitless, export_guest, Stream};
-use vmm::compare::density::threads::{activity, sample};
+use exitless_lab::compare::density::threads::{activity, sample};
 
 const WINDOW: Duration = Duration::from_secs(2);
 

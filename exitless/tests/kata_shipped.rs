@@ -1,6 +1,6 @@
 //! Kata Containers as shipped (configuration-clh.toml: `shared_fs = "virtio-fs"`,
 //! `reclaim_guest_freed_memory = true`, containers with memory limits): the request sequence
-//! of vmm/src/api/fixtures/kata_clh_virtiofs.json against the release builds, with a real
+//! of control/src/api/fixtures/kata_clh_virtiofs.json against the release builds, with a real
 //! virtiofsd where Kata puts it. The guest (the bench guest's FUSE driver, case fs_check)
 //! reads a file the host wrote through the `kataShared` tag and writes one back, while Kata's
 //! requests grow its memory, hot-add a disk and vCPUs, pause and resume it.
@@ -46,7 +46,7 @@ fn kata_with_its_shipped_configuration_starts_a_sandbox_and_uses_virtio_fs() {
             }
         };
         let sandbox = Sandbox {
-            fixture: include_str!("../../vmm/src/api/fixtures/kata_clh_virtiofs.json"),
+            fixture: include_str!("../../control/src/api/fixtures/kata_clh_virtiofs.json"),
             dir: &daemon.dir,
             kernel: &kernel,
             before_stop: Some(&guest_wrote),

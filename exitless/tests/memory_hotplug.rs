@@ -1,6 +1,6 @@
 //! Memory hotplug through the API, as Kata Containers asks it of Cloud Hypervisor
 //! (`vm.resize {"desired_ram": N}` with `hotplug_method` Acpi): the bench guest's own driver
-//! (vmm/guest/memory_hotplug.c) finds the new memory through the ACPI memory hotplug
+//! (bench-guest/memory_hotplug.c) finds the new memory through the ACPI memory hotplug
 //! controller, maps it and writes and reads back every byte of it.
 
 mod common;
@@ -10,8 +10,8 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{exitless, export_guest, kvm_available};
+use exitless_control::api::client::{ApiClient, Reply};
 use serde_json::Value;
-use vmm::api::client::{ApiClient, Reply};
 
 const MIB: u64 = 1 << 20;
 

@@ -148,7 +148,8 @@ fn snapshot_of_a_run(guest: &Path, socket: &Path, dir: &Path) -> u64 {
         "{}",
         out.text
     );
-    let mut c = vmm::api::client::ApiClient::connect(socket, Duration::from_secs(30)).unwrap();
+    let mut c =
+        exitless_control::api::client::ApiClient::connect(socket, Duration::from_secs(30)).unwrap();
     ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
     // The command line's disk runs under the id vm.info shows (the snapshot keys its state
     // by the name the device runs under, and a restore makes it from config.json's id).
@@ -283,7 +284,8 @@ fn a_restored_vm_is_snapshotted_again_and_goes_on_from_there() {
         "{}",
         out.text
     );
-    let mut c = vmm::api::client::ApiClient::connect(&socket, Duration::from_secs(30)).unwrap();
+    let mut c = exitless_control::api::client::ApiClient::connect(&socket, Duration::from_secs(30))
+        .unwrap();
     ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
     let url = serde_json::json!({ "destination_url": format!("file://{}", second.display()) });
     ok(
@@ -668,7 +670,11 @@ fn restore_takes_the_vm_from_the_snapshot_and_paused_needs_the_api() {
 }
 
 /// An API VM booted from `body`, paused in its second round; its VMM and client.
-fn paused_api_vm(tag: &str, body: &Value, serial: &Path) -> (Vmm, vmm::api::client::ApiClient) {
+fn paused_api_vm(
+    tag: &str,
+    body: &Value,
+    serial: &Path,
+) -> (Vmm, exitless_control::api::client::ApiClient) {
     let vmm = Vmm::start(tag);
     let mut c = vmm.client();
     let r = c.request("PUT", "vm.create", Some(&body.to_string()));
@@ -680,7 +686,7 @@ fn paused_api_vm(tag: &str, body: &Value, serial: &Path) -> (Vmm, vmm::api::clie
 }
 
 /// vm.snapshot into `dir`: its status and body.
-fn try_snapshot(c: &mut vmm::api::client::ApiClient, dir: &Path) -> (u16, String) {
+fn try_snapshot(c: &mut exitless_control::api::client::ApiClient, dir: &Path) -> (u16, String) {
     let url = serde_json::json!({ "destination_url": format!("file://{}", dir.display()) });
     let r = c.request("PUT", "vm.snapshot", Some(&url.to_string()));
     let r = r.unwrap();

@@ -269,7 +269,7 @@ fn a_guest_using_its_network_card_and_vsock_goes_on_with_both_once_restored() {
 }
 
 /// A 400 of one line holding `what`.
-fn refused_in_one_line(r: std::io::Result<vmm::api::client::Reply>, what: &str) {
+fn refused_in_one_line(r: std::io::Result<exitless_control::api::client::Reply>, what: &str) {
     let r = r.unwrap();
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(r.body.trim().lines().count(), 1, "{}", r.body);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::virtiofsd::{pattern, Virtiofsd};
 use common::{exitless, export_guest, kvm_available};
-use vmm::api::client::ApiClient;
+use exitless_control::api::client::ApiClient;
 
 #[test]
 fn the_guest_reaches_virtiofsd_through_exitless() {
@@ -308,7 +308,7 @@ struct HostileRun {
     /// Whether virtiofsd had ended by the time the guest was done with its chains.
     daemon_died: bool,
     daemon_log: String,
-    flavour: vmm::bench::virtiofsd::Flavour,
+    flavour: vmm::devices::virtio::vhost_user::virtiofsd::Flavour,
 }
 
 /// A pseudo-terminal: its master (read and typed on by the test) and its slave (exitless's stdin and stdout). On a
@@ -455,7 +455,7 @@ fn a_guest_s_malformed_fuse_chains_reach_virtiofsd_only() {
         assert_eq!(r.exits, baseline.exits, "no exit for a bad chain: {all}");
         // Which chains end the daemon is the daemon's business: the Rust one's are known;
         // QEMU's C one answers some it dies on. exitless's side holds either way.
-        if r.flavour == vmm::bench::virtiofsd::Flavour::Rust {
+        if r.flavour == vmm::devices::virtio::vhost_user::virtiofsd::Flavour::Rust {
             assert_eq!(r.daemon_died, dies, "{all}");
         }
         let dies = r.daemon_died;

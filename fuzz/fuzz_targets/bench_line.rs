@@ -1,4 +1,4 @@
 #![no_main]
 //! `cargo +nightly fuzz run bench_line`: see docs/fuzzing.md.
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| vmm::fuzzing::bench_line(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| exitless_lab::fuzzing::bench_line(data));

@@ -1,4 +1,4 @@
 #![no_main]
 //! `cargo +nightly fuzz run coalesced_ring`: see docs/fuzzing.md.
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| vmm::fuzzing::coalesced_ring(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| exitless_lab::fuzzing::coalesced_ring(data));

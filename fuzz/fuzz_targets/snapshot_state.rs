@@ -1,4 +1,4 @@
 #![no_main]
 //! `cargo +nightly fuzz run snapshot_state`: see docs/fuzzing.md.
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| vmm::fuzzing::snapshot_state(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| exitless_lab::fuzzing::snapshot_state(data));

@@ -26,8 +26,8 @@ use crate::devices::serial::{self, SerialDevice, SerialOutput};
 use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::devices::virtio::VirtioDevice;
 use crate::event_loop::{EventLoop, EventLoopError};
-use crate::kvm::head_start::CreatedVm;
 use crate::kvm::ring::CoalescedRing;
+use crate::kvm::CreatedVm;
 use crate::kvm::{self, KvmError};
 use crate::profile::{self, VcpuProfile};
 use crate::startup::{self, moment};
@@ -72,7 +72,7 @@ pub enum KernelImage {
     File(PathBuf),
     /// A PVH ELF held in memory (the bench guest): loaded, command line and PVH start info
     /// with the memory map, nothing else.
-    #[cfg(feature = "lab")]
+    #[cfg(any(test, feature = "embedded"))]
     Embedded(&'static [u8]),
 }
 
@@ -119,7 +119,7 @@ impl Default for VcpuOptions {
 /// Where vCPU 0 starts.
 enum BootEntry {
     Linux(Box<LinuxBoot>),
-    #[cfg_attr(not(feature = "lab"), allow(dead_code))]
+    #[cfg_attr(not(any(test, feature = "embedded")), allow(dead_code))]
     Pvh {
         entry: u64,
         start_info: u64,
@@ -127,6 +127,9 @@ enum BootEntry {
 }
 
 /// A VM being built: devices may still be added.
+///
+/// The lab's entry point for building VMs (the bench's and the fuzz targets' VMs, with
+/// `KernelImage::Embedded` under the `embedded` feature), as it is `launch`'s.
 pub struct VmBuilder {
     spec: VmSpec,
     vm: Vm,
@@ -608,14 +611,14 @@ fn load_kernel(
             }
             Ok(BootEntry::Linux(Box::new(boot)))
         }
-        #[cfg(feature = "lab")]
+        #[cfg(any(test, feature = "embedded"))]
         KernelImage::Embedded(image) => load_embedded(&mem, spec, image),
     }
 }
 
 /// Loads a PVH ELF held in memory (the bench guest): command line and PVH start info with
 /// the memory map, nothing else.
-#[cfg(feature = "lab")]
+#[cfg(any(test, feature = "embedded"))]
 fn load_embedded(
     mem: &vm_memory::GuestMemoryMmap,
     spec: &VmSpec,

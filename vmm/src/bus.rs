@@ -100,6 +100,8 @@ impl BusRange {
 }
 
 /// A bus being set up (or rebuilt from a [`Bus`] to change its layout).
+///
+/// One of the lab's entry points: the bench's own devices and the fuzz targets' buses.
 #[derive(Default)]
 pub struct BusBuilder {
     ranges: Vec<BusRange>,
@@ -275,6 +277,8 @@ impl Bus {
 }
 
 /// A VM's two buses.
+///
+/// One of the lab's entry points (the fuzz targets' buses).
 #[derive(Clone, Default)]
 pub struct Buses {
     pub pio: Bus,

@@ -37,6 +37,8 @@ impl From<event_manager::Error> for EventLoopError {
 
 /// Adds and removes subscribers from outside the loop's thread. Never call it from a
 /// subscriber's own callback (that is the loop's thread: it would wait for itself).
+///
+/// One of the lab's entry points (the bench's virtio cases run their devices on it).
 #[derive(Clone)]
 pub struct EventLoopHandle {
     endpoint: RemoteEndpoint<Subscriber>,

@@ -2,24 +2,25 @@
 //! kernel and initrd, COM1 (fed from stdin on the device event loop) and the i8042, one thread
 //! per vCPU, and the exit profile.
 
-use std::fs::File;
-use std::io::IsTerminal;
-use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
 mod balloon;
+mod console;
+pub mod head_start;
 mod hotplug;
 mod memory_hotplug;
 mod restore;
+mod signals;
 mod snapshot;
 mod start_up_memory;
+use console::{attach_idle_flush, attach_stdin, console_output};
 pub use hotplug::HotplugDevice;
-pub use restore::{moment as restore_moment, restore, RestoreOptions};
+pub use restore::{restore, RestoreOptions};
+pub use signals::{install_signal_handlers, stop_signal, take_report_request};
 pub use snapshot::SnapshotSummary;
 pub use start_up_memory::release_unused_stack;
 
@@ -27,11 +28,9 @@ use crate::boot::BootError;
 use crate::builder::{
     BuildError, BuiltVm, KernelImage, VcpuOptions, VcpuTemplate, VmBuilder, VmSpec,
 };
-use crate::config::{ConfigError, DiskConfig, SerialOutputMode, VmConfig, MAX_VCPUS};
+use crate::config::{ConfigError, DiskConfig, VmConfig, MAX_VCPUS};
 use crate::device_manager::{DeviceManager, Notify};
-use crate::devices::console_input::ConsoleInput;
-use crate::devices::serial::{FlushPolicy, SerialDevice, SerialError, SerialOutput};
-use crate::devices::serial_idle_flush::SerialIdleFlush;
+use crate::devices::serial::{SerialDevice, SerialError};
 use crate::devices::virtio::blk::Block;
 use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
@@ -39,7 +38,7 @@ use crate::devices::virtio::transport::VirtioPciDevice;
 use crate::devices::virtio::vhost_user::fs::Fs;
 use crate::devices::virtio::vsock::{SocketFile, Vsock};
 use crate::event_loop::EventLoop;
-use crate::kvm::head_start::CreatedVm;
+use crate::kvm::CreatedVm;
 use crate::kvm::{self, KvmError, StatsFd, StatsSnapshot};
 use crate::memory::hotplug::HotplugRam;
 use crate::memory::Backing;
@@ -306,7 +305,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
 /// KVM, and the head start's empty VM if `main` began one (the first launch only), else
 /// KVM opened here.
 fn kvm_and_head_start() -> Result<(kvm_ioctls::Kvm, Option<CreatedVm>), LaunchError> {
-    Ok(match kvm::head_start::take_vm() {
+    Ok(match head_start::take_vm() {
         Some(head) => (head.kvm, Some(head.vm)),
         None => (kvm::open()?, None),
     })
@@ -397,81 +396,6 @@ fn kernel_outside_memory(e: &BootError) -> bool {
             ..
         }
     )
-}
-
-/// The console: stdout, nothing or a file (the API's serial mode), and the serial log. An
-/// interactive console needs every byte at once; a pipe or file gets whole lines, which saves
-/// a write syscall on most console exits.
-fn console_output(config: &VmConfig) -> Result<SerialOutput, LaunchError> {
-    let mut out = match &config.serial_output {
-        SerialOutputMode::Stdout => {
-            let policy = if std::io::stdout().is_terminal() {
-                FlushPolicy::EveryWrite
-            } else {
-                FlushPolicy::Newline
-            };
-            SerialOutput::stdout().with_flush_policy(policy)
-        }
-        SerialOutputMode::Discard => SerialOutput::discard(),
-        SerialOutputMode::File(path) => {
-            // Appended: a reboot keeps what the guest wrote before it.
-            let file = File::options().create(true).append(true).open(path);
-            let file = file.map_err(|error| LaunchError::SerialFile {
-                path: path.clone(),
-                error,
-            })?;
-            SerialOutput::new(Box::new(file)).with_flush_policy(FlushPolicy::Newline)
-        }
-    };
-    if let Some(path) = &config.serial_log {
-        out = out.with_log_file(path)?;
-    }
-    Ok(out)
-}
-
-/// Flushes partial console lines on a timer when the console takes whole lines.
-fn attach_idle_flush(events: &EventLoop, serial: &Arc<Mutex<SerialDevice>>) {
-    let holds = serial
-        .lock()
-        .map(|s| s.output().holds_partial_lines())
-        .unwrap_or(false);
-    if !holds {
-        return;
-    }
-    let added = SerialIdleFlush::new(serial.clone())
-        .map_err(|e| e.to_string())
-        .and_then(|(flush, watch)| {
-            let flush = Arc::new(Mutex::new(flush));
-            events.handle().add(flush).map_err(|e| e.to_string())?;
-            if let Ok(mut serial) = serial.lock() {
-                serial.output_mut().set_partial_watch(watch);
-            }
-            Ok(())
-        });
-    if let Err(e) = added {
-        eprintln!("exitless: partial console lines wait for their newline: {e}");
-    }
-}
-
-/// Feeds stdin to COM1 from the device event loop until stdin ends (the VM keeps running).
-fn attach_stdin(events: &EventLoop, serial: Arc<Mutex<SerialDevice>>) {
-    // A duplicate of fd 0 without std's buffer in front of it, which epoll could not see.
-    let attached = std::io::stdin()
-        .as_fd()
-        .try_clone_to_owned()
-        .map(File::from)
-        .and_then(|stdin| ConsoleInput::new(stdin, serial))
-        .map_err(|e| e.to_string())
-        .and_then(|input| {
-            events
-                .handle()
-                .add(Arc::new(Mutex::new(input)))
-                .map_err(|e| e.to_string())
-        });
-    // Without console input the VM still runs.
-    if let Err(e) = attached {
-        eprintln!("exitless: no console input: {e}");
-    }
 }
 
 impl LaunchedVm {
@@ -597,7 +521,7 @@ impl LaunchedVm {
     /// Lets the vCPUs run again after [`LaunchedVm::pause`].
     pub fn resume(&self) -> Result<(), LaunchError> {
         self.running()?.resume();
-        startup::mark(restore_moment::RESUMED);
+        startup::mark(startup::restore_moment::RESUMED);
         Ok(())
     }
 
@@ -721,43 +645,6 @@ impl LaunchedVm {
         )
         .with_console(console)
     }
-}
-
-static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
-static REPORT_REQUESTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop_signal(num: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    STOP_SIGNAL.store(num, Ordering::SeqCst);
-    wake::wake();
-}
-
-extern "C" fn on_report_signal(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    REPORT_REQUESTED.store(true, Ordering::SeqCst);
-    wake::wake();
-}
-
-/// Installs handlers that only set flags and wake the main thread ([`crate::wake`], both
-/// async-signal-safe): SIGINT and SIGTERM ask to stop
-/// ([`stop_signal`]), SIGUSR1 asks for a profile report ([`take_report_request`]).
-pub fn install_signal_handlers() -> Result<(), LaunchError> {
-    use vmm_sys_util::signal::register_signal_handler;
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        register_signal_handler(sig, on_stop_signal).map_err(LaunchError::Signal)?;
-    }
-    register_signal_handler(libc::SIGUSR1, on_report_signal).map_err(LaunchError::Signal)
-}
-
-/// The stop signal received, if any.
-pub fn stop_signal() -> Option<i32> {
-    match STOP_SIGNAL.load(Ordering::SeqCst) {
-        0 => None,
-        n => Some(n),
-    }
-}
-
-/// Whether SIGUSR1 arrived since the last call.
-pub fn take_report_request() -> bool {
-    REPORT_REQUESTED.swap(false, Ordering::SeqCst)
 }
 
 #[cfg(test)]

@@ -1,24 +1,32 @@
-//! exitless: a KVM virtual machine monitor built around the cost of VM exits.
+//! exitless's core: a KVM virtual machine monitor built around the cost of VM exits (KVM,
+//! memory, boot, the bus, devices, the device manager, vCPUs, the builder, the launch,
+//! snapshots). The layers above it are crates of their own (docs/architecture.md): the
+//! control plane (`exitless-control`) and the exit lab (`exitless-lab`) import from this crate,
+//! never the other way round.
+//!
+//! # The lab's entry points
+//!
+//! Beyond what the binary and the control plane use (`launch`, `config`, `snapshot`,
+//! `profile`'s reports, `startup`, `seccomp`), the lab builds and runs VMs itself. What it
+//! reaches, each item's documentation saying so: the builder ([`builder::VmBuilder`], and
+//! `builder::KernelImage::Embedded` under the `embedded` feature) and the VM it yields
+//! ([`vm::Vm`]); the exit path's observer ([`vcpu::ExitObserver`]) and dispatch
+//! ([`vcpu::exit::dispatch`]); the buses ([`bus::BusBuilder`], [`bus::Buses`]), the device
+//! manager ([`device_manager::DeviceManager`]) and the devices event loop
+//! ([`event_loop::EventLoop`]); the device models themselves (`devices`: the bench's virtio
+//! cases and the fuzz targets build them); the coalesced ring's entries
+//! ([`kvm::ring::CoalescedWrite`]); the clocks ([`profile::rdtsc`],
+//! [`profile::estimate_tsc_khz`], [`profile::per_exit_work_ns`]); the host's PV features
+//! ([`boot::cpuid::kvm_pv_features`]). A change to these is a change to the lab's API.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod api;
-/// The exit lab (`exitless bench`): a layer on the core, left out without the `lab` feature.
-#[cfg(feature = "lab")]
-pub mod bench;
 pub mod boot;
 pub mod builder;
 pub mod bus;
-/// `exitless compare`: exitless beside the peer VMMs (part of the lab).
-#[cfg(feature = "lab")]
-pub mod compare;
 pub mod config;
-pub mod control;
 pub mod device_manager;
 pub mod devices;
 pub mod event_loop;
-/// Fuzz targets' bodies (they include the lab's result-line parser).
-#[cfg(feature = "lab")]
-pub mod fuzzing;
 pub mod kvm;
 pub mod launch;
 pub mod memory;

@@ -136,6 +136,22 @@ pub mod moment {
     pub const FIRST_LINE: &str = "guest's first serial line written";
 }
 
+/// The moments of a restore (`run --restore --timing`, `vm.restore` with `-v`).
+pub mod restore_moment {
+    pub const ASKED: &str = "restore: asked (the snapshot's folder given)";
+    pub const READ: &str = "restore: state.json and config.json read and checked";
+    pub const KVM_OPEN: &str = "restore: /dev/kvm opened";
+    pub const THREADS_AHEAD: &str = "restore: vCPU threads started ahead";
+    pub const DECODED: &str = "restore: saved KVM state decoded";
+    pub const MEMORY: &str = "restore: guest memory mapped";
+    pub const VM: &str = "restore: VM, memory slots, irqchip (PIT on its own thread)";
+    pub const DEVICES: &str = "restore: devices added";
+    pub const VCPUS: &str = "restore: vCPUs created, host CPU checked, VM and vCPU state set";
+    pub const DEVICE_STATE: &str = "restore: device state put back";
+    pub const PARKED: &str = "restore: vCPUs handed to their threads, parked";
+    pub const RESUMED: &str = "resume: vCPUs let go";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

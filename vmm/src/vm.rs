@@ -14,7 +14,7 @@ use vmm_sys_util::signal::Killable;
 
 use crate::config::IrqchipMode;
 use crate::devices::virtio::SharedGuestMemory;
-use crate::kvm::head_start::CreatedVm;
+use crate::kvm::CreatedVm;
 use crate::kvm::{self, Capabilities, KvmError, StatsFd, SupportedCpuid};
 use crate::memory::{self, MemoryError};
 use crate::vcpu::{Vcpu, VcpuError, VcpuOutcome, VcpuTask, VmControl, VmEnd};
@@ -54,6 +54,8 @@ pub enum VmError {
 pub const STOP_GRACE: Duration = Duration::from_millis(500);
 
 /// A created VM with its memory registered.
+///
+/// One of the lab's entry points: the bench runs its VMs' vCPUs itself.
 pub struct Vm {
     /// Shared with the thread that asks KVM's CPUID entries ahead.
     pub kvm: Arc<Kvm>,

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use exitless_control::api::client::{ApiClient, Reply};
 use serde_json::Value;
-use vmm::api::client::{ApiClient, Reply};
 
 use super::Stream;
 

@@ -1,4 +1,4 @@
-//! Kata Containers' request sequences (vmm/src/api/fixtures/kata_clh_*.json) replayed
+//! Kata Containers' request sequences (control/src/api/fixtures/kata_clh_*.json) replayed
 //! against `exitless --api-socket` as Kata's clh driver sends them, tap fd included.
 
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -13,7 +13,7 @@ pub fn pattern(i: usize) -> u8 {
 /// virtiofsd serving a scratch directory, its log in a file; killed when dropped.
 pub struct Virtiofsd {
     child: Child,
-    daemon: vmm::bench::virtiofsd::Daemon,
+    daemon: vmm::devices::virtio::vhost_user::virtiofsd::Daemon,
     pub dir: PathBuf,
     pub socket: PathBuf,
     log: PathBuf,
@@ -23,7 +23,7 @@ impl Virtiofsd {
     /// None (the test reported skipped) unless virtiofsd is installed and this is root.
     pub fn start(test: &str) -> Option<Self> {
         // The bench's lookup (root, EXITLESS_VIRTIOFSD, PATH, ~/.cargo/bin, distributions').
-        let daemon = match vmm::bench::fs::daemon() {
+        let daemon = match exitless_lab::bench::fs::daemon() {
             Ok(daemon) => daemon,
             Err(why) => {
                 vmm::test_skip::skip(test, &why);
@@ -35,7 +35,7 @@ impl Virtiofsd {
         std::fs::create_dir_all(dir.join("shared")).unwrap();
         // The socket where Kata puts it: <sandbox dir>/virtiofsd.sock.
         let (socket, log) = (dir.join("virtiofsd.sock"), dir.join("virtiofsd.log"));
-        let cache = vmm::bench::virtiofsd::Cache::Auto;
+        let cache = vmm::devices::virtio::vhost_user::virtiofsd::Cache::Auto;
         let child = daemon
             .command(&socket, &dir.join("shared"), cache)
             .stdout(Stdio::null())
@@ -78,23 +78,23 @@ impl Virtiofsd {
     }
 
     /// Which daemon this is (their logs and their answers to bad requests differ).
-    pub fn flavour(&self) -> vmm::bench::virtiofsd::Flavour {
+    pub fn flavour(&self) -> vmm::devices::virtio::vhost_user::virtiofsd::Flavour {
         self.daemon.flavour
     }
 
     /// Waits up to 10 s for the daemon to log that a front end connected and is served.
     pub fn wait_connected(&self) -> bool {
         self.wait_log(match self.flavour() {
-            vmm::bench::virtiofsd::Flavour::Rust => "Client connected, servicing requests",
-            vmm::bench::virtiofsd::Flavour::C => "Received vhost-user socket connection",
+            vmm::devices::virtio::vhost_user::virtiofsd::Flavour::Rust => "Client connected, servicing requests",
+            vmm::devices::virtio::vhost_user::virtiofsd::Flavour::C => "Received vhost-user socket connection",
         })
     }
 
     /// Waits up to 10 s for the daemon to log that its front end went.
     pub fn wait_disconnected(&self) -> bool {
         self.wait_log(match self.flavour() {
-            vmm::bench::virtiofsd::Flavour::Rust => "Client disconnected",
-            vmm::bench::virtiofsd::Flavour::C => "virtio_loop: Exit",
+            vmm::devices::virtio::vhost_user::virtiofsd::Flavour::Rust => "Client disconnected",
+            vmm::devices::virtio::vhost_user::virtiofsd::Flavour::C => "virtio_loop: Exit",
         })
     }
 

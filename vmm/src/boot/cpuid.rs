@@ -134,6 +134,8 @@ pub fn kvm_cpuid_base(cpuid: &CpuId) -> Option<u32> {
 }
 
 /// Names of the KVM paravirtual features set in `cpuid` (empty without KVM's leaves).
+///
+/// One of the lab's entry points (the bench reports the host's PV features).
 pub fn kvm_pv_features(cpuid: &CpuId) -> Vec<&'static str> {
     let Some(base) = kvm_cpuid_base(cpuid) else {
         return Vec::new();

@@ -94,6 +94,8 @@ pub struct PlacedVirtio {
 }
 
 /// The device manager.
+///
+/// One of the lab's entry points (the bench adds its devices through it).
 pub struct DeviceManager {
     vm: Arc<VmFd>,
     irqchip: IrqchipMode,

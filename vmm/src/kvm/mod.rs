@@ -1,13 +1,14 @@
 //! The KVM layer: opening /dev/kvm, capabilities, memory slots, quirks and binary stats.
 //! This is the only module with `unsafe` KVM calls.
 
-pub mod head_start;
+mod created_vm;
 pub mod kick;
 pub mod ring;
 pub mod state;
 pub mod stats;
 mod supported_cpuid;
-pub use supported_cpuid::SupportedCpuid;
+pub use created_vm::CreatedVm;
+pub use supported_cpuid::{ask_for_next_vm, SupportedCpuid};
 
 use kvm_bindings::{
     kvm_enable_cap, kvm_userspace_memory_region, KVM_CAP_DISABLE_QUIRKS2, KVM_CAP_SPLIT_IRQCHIP,

@@ -13,6 +13,8 @@ use kvm_ioctls::VcpuFd;
 use super::KvmError;
 
 /// One write the guest made into a coalesced zone, as the ring recorded it.
+///
+/// One of the lab's entry points (the coalesced ring's fuzz target).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CoalescedWrite {
     /// A port write (KVM_CAP_COALESCED_PIO) rather than MMIO.

@@ -3,7 +3,7 @@
 //! leaf, each trapping to the hypervisor below), the largest single step of creating a vCPU,
 //! so the builder hands [`SupportedCpuid::fetch_task`] to its set-up thread (the one that
 //! created the PIT) while the main thread writes the ACPI tables and loads the kernel. When
-//! `main` gave the VM a head start ([`super::head_start`]), its thread asked already, while
+//! `main` gave the VM a head start (`launch::head_start`), its thread asked already, while
 //! nothing else talked to KVM ([`ask_for_next_vm`]).
 
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -41,7 +41,7 @@ impl Ahead {
 /// Asks `kvm`'s entries on this thread for the next VM this process creates
 /// ([`SupportedCpuid::for_new_vm`]), which waits for the answer from the start of the call.
 /// Not while a VM is being created (see [`SupportedCpuid::fetch_task`]).
-pub(super) fn ask_for_next_vm(kvm: &Kvm) {
+pub fn ask_for_next_vm(kvm: &Kvm) {
     AHEAD.ask(kvm);
 }
 

@@ -56,7 +56,7 @@ impl LaunchedVm {
     }
 }
 
-#[cfg(all(test, feature = "lab"))]
+#[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
 
@@ -94,7 +94,7 @@ mod tests {
             return crate::test_skip::skip("memory_region_added", "/dev/kvm is missing");
         }
         let spec = VmSpec {
-            kernel: KernelImage::Embedded(crate::bench::guest::BENCH_GUEST),
+            kernel: KernelImage::Embedded(exitless_guest::BENCH_GUEST),
             initrd: None,
             cmdline: String::new(),
             memory: 256 << 20,

@@ -8,10 +8,8 @@ use std::path::Path;
 
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
-use super::{
-    add_virtio_devices, attach_idle_flush, attach_stdin, console_output, HostParts, LaunchError,
-    LaunchedVm,
-};
+use super::console::{attach_idle_flush, attach_stdin, console_output};
+use super::{add_virtio_devices, HostParts, LaunchError, LaunchedVm};
 use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use crate::config::{IrqchipMode, VmConfig, MAX_VCPUS};
 use crate::kvm;
@@ -20,24 +18,8 @@ use crate::memory::{self, Backing};
 use crate::snapshot::format::{RegionSource, RegionState, SnapshotState};
 use crate::snapshot::memory_file;
 use crate::snapshot::{cpu_features, SnapshotError, MEMORY_FILE};
-use crate::startup::mark;
+use crate::startup::{mark, restore_moment as moment};
 use crate::vm::VcpuThreadsAhead;
-
-/// The moments of a restore (`run --restore --timing`, `vm.restore` with `-v`).
-pub mod moment {
-    pub const ASKED: &str = "restore: asked (the snapshot's folder given)";
-    pub const READ: &str = "restore: state.json and config.json read and checked";
-    pub const KVM_OPEN: &str = "restore: /dev/kvm opened";
-    pub const THREADS_AHEAD: &str = "restore: vCPU threads started ahead";
-    pub const DECODED: &str = "restore: saved KVM state decoded";
-    pub const MEMORY: &str = "restore: guest memory mapped";
-    pub const VM: &str = "restore: VM, memory slots, irqchip (PIT on its own thread)";
-    pub const DEVICES: &str = "restore: devices added";
-    pub const VCPUS: &str = "restore: vCPUs created, host CPU checked, VM and vCPU state set";
-    pub const DEVICE_STATE: &str = "restore: device state put back";
-    pub const PARKED: &str = "restore: vCPUs handed to their threads, parked";
-    pub const RESUMED: &str = "resume: vCPUs let go";
-}
 
 /// Restore choices that are not part of the snapshot (the console goes where the config's
 /// `serial_output` and `serial_log` say).

@@ -121,6 +121,8 @@ impl std::fmt::Display for ExitReason {
 }
 
 /// Reads the time-stamp counter.
+///
+/// One of the lab's entry points: the bench's host-side clock.
 #[inline]
 pub fn rdtsc() -> u64 {
     // SAFETY: RDTSC has no memory effects and is available on every x86_64
@@ -139,6 +141,8 @@ pub fn current_cpu() -> Option<usize> {
 
 /// Estimates the TSC frequency in kHz by timing `rdtsc` against the
 /// monotonic clock for `duration` (prefer `KVM_GET_TSC_KHZ` when available).
+///
+/// One of the lab's entry points (the bench and compare convert cycles with it).
 pub fn estimate_tsc_khz(duration: std::time::Duration) -> u64 {
     let start_instant = Instant::now();
     let start_tsc = rdtsc();
@@ -178,6 +182,8 @@ pub fn record_cost_ns(iterations: u64) -> f64 {
 
 /// Measures everything the vCPU loop adds per exit when profiling is on, in nanoseconds (mean
 /// over `iterations`): two `rdtsc`, `sched_getcpu`, and the three record calls.
+///
+/// One of the lab's entry points (the bench's VMM overhead per exit).
 pub fn per_exit_work_ns(iterations: u64) -> f64 {
     let profile = VcpuProfile::new(0, 4, 0);
     let start = Instant::now();

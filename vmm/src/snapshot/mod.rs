@@ -166,7 +166,7 @@ pub fn check_dir(dir: &Path) -> Result<(), SnapshotError> {
 /// Reads a snapshot's two small files: `config.json` (as JSON, for the caller to convert)
 /// and `state.json` (checked).
 pub fn read(dir: &Path) -> Result<(serde_json::Value, SnapshotState), SnapshotError> {
-    crate::startup::mark(crate::launch::restore_moment::ASKED);
+    crate::startup::mark(crate::startup::restore_moment::ASKED);
     check_dir(dir)?;
     let state_path = dir.join(STATE_FILE);
     let bytes = read_bounded(&state_path)?;
@@ -175,7 +175,7 @@ pub fn read(dir: &Path) -> Result<(serde_json::Value, SnapshotState), SnapshotEr
     let text = read_bounded(&config_path)?;
     let config = serde_json::from_slice(&text)
         .map_err(|e| SnapshotError::Config(format!("{e} in {}", config_path.display())))?;
-    crate::startup::mark(crate::launch::restore_moment::READ);
+    crate::startup::mark(crate::startup::restore_moment::READ);
     Ok((config, state))
 }
 

@@ -209,6 +209,8 @@ pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
 /// the index of the device that took it. A queued write that ends the VM (a power-off or reset
 /// register behind a coalesced zone) decides the action, since the guest made it first. The
 /// vCPU loop calls it whenever a ring is mapped.
+///
+/// One of the lab's entry points: the fuzz targets drive the exit dispatch with it.
 #[link_section = ".text.hot.exitless_exit_path"]
 pub fn dispatch(
     buses: &Buses,

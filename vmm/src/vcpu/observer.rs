@@ -11,6 +11,8 @@ use super::VcpuError;
 use crate::profile::VcpuProfile;
 
 /// What an observer sees of the vCPU at an observed exit.
+///
+/// Part of the lab's entry point into the exit path ([`ExitObserver`]).
 pub struct ObservedVcpu<'a> {
     pub id: usize,
     /// Userspace exits so far, this one included (counted whether or not profiling is on).
@@ -24,6 +26,8 @@ pub struct ObservedVcpu<'a> {
 /// Watches the exits of one vCPU, on that vCPU's thread. The vCPU's profile does not count the
 /// time spent in [`ExitObserver::observe`]; it counts [`ExitObserver::every_exit`] as the
 /// VMM's handling of the exit.
+///
+/// The lab's entry point into the exit path: the bench watches each exit through it.
 pub trait ExitObserver: Send {
     /// A device asked for this exit to be shown, with `value` (what the guest wrote).
     fn observe(&mut self, value: u32, vcpu: &ObservedVcpu<'_>);

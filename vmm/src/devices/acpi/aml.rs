@@ -124,7 +124,8 @@ fn slot_name(slot: usize) -> String {
 }
 
 /// The slots' part of the DSDT, the same for every VM: built once per process (0.10-0.13 ms
-/// on this host), by the head start's thread if there is one ([`crate::kvm::head_start`]).
+/// on this host), by the head start's thread if there is one (`launch::head_start` calls
+/// this).
 static PCI_SLOTS: OnceLock<Vec<u8>> = OnceLock::new();
 
 /// Builds the slots' part now, for the VMs to come.

@@ -21,6 +21,7 @@
 
 pub mod connection;
 pub mod fs;
+pub mod virtiofsd;
 #[cfg(test)]
 mod tests;
 

@@ -526,8 +526,8 @@ fn a_back_end_that_dies_puts_the_device_in_needs_reset_alone() {
 }
 
 /// virtiofsd, if installed and this process is root (it needs to be): the bench's lookup.
-fn virtiofsd(test: &str) -> Option<crate::bench::virtiofsd::Daemon> {
-    crate::bench::virtiofsd::find()
+fn virtiofsd(test: &str) -> Option<super::virtiofsd::Daemon> {
+    super::virtiofsd::find()
         .map_err(|why| crate::test_skip::skip(test, &why))
         .ok()
 }
@@ -555,7 +555,7 @@ fn virtiofsd_answers_fuse_init_through_the_handed_over_queue() {
     let dir = std::env::temp_dir().join(format!("exitless-vfs-unit-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("shared")).unwrap();
     let socket = dir.join("fs.sock");
-    let cache = crate::bench::virtiofsd::Cache::Never;
+    let cache = super::virtiofsd::Cache::Never;
     let mut child = daemon
         .command(&socket, &dir.join("shared"), cache)
         .stderr(std::process::Stdio::null())

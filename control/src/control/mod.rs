@@ -1,0 +1,435 @@
+//! The VMM's control side: one VM's lifecycle as a state machine driven by API requests.
+//!
+//! ```text
+//!   (none) --create--> Created --boot--> Running <--pause/resume--> Paused
+//!                         ^                 |                          |
+//!                         |              shutdown                  shutdown
+//!                       delete              v                          v
+//!                                       Shutdown --boot--> Running ...
+//! ```
+//!
+//! Only the thread that owns [`Vmm`] touches the VM: API connection threads parse and validate
+//! requests and wait for the answer on their own channel ([`serve`]). A request in the wrong
+//! state is refused with the state named; nothing is left half done.
+
+mod devices;
+mod memory;
+pub mod serve;
+mod snapshot;
+
+use std::collections::BTreeMap;
+
+use thiserror::Error;
+
+use crate::api::schema;
+use crate::api::{ApiError, ApiRequest, ApiResponse};
+use devices::DeviceIds;
+use vmm::config::{ConfigError, VmConfig};
+use vmm::launch::{self, LaunchError, LaunchOptions, LaunchedVm};
+use vmm::vcpu::VmEnd;
+
+/// The VM's state as `vm.info` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum VmState {
+    Created,
+    Running,
+    Paused,
+    Shutdown,
+}
+
+impl std::fmt::Display for VmState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Why a request was refused.
+#[derive(Debug, Error)]
+pub enum ControlError {
+    #[error("No VM is created (vm.create first)")]
+    NotCreated,
+    #[error("A VM is already created (vm.delete first)")]
+    AlreadyCreated,
+    #[error("The VM is {state}: {action} needs it {needs}")]
+    WrongState {
+        state: VmState,
+        action: &'static str,
+        needs: &'static str,
+    },
+    #[error("Invalid VM config: {0}")]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("No device has id '{0}'")]
+    UnknownDevice(String),
+    #[error("Device id '{0}' is already in use")]
+    DuplicateId(String),
+    #[error("A vCPU removal is still pending; try again")]
+    ResizePending,
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    Launch(#[from] LaunchError),
+    /// A snapshot or restore that failed: the request's name, then why.
+    #[error("{0}: {1}")]
+    Snapshot(&'static str, LaunchError),
+}
+
+impl ControlError {
+    /// The HTTP status: Cloud Hypervisor's where it has one (404 for a missing VM or device,
+    /// 400 for a bad config, 409 for a duplicate id, 429 for a pending resize), 405 for a
+    /// request the VM's state does not allow; 400 when a file, tap or socket the client named
+    /// cannot be used, 500 when the host failed.
+    pub fn status(&self) -> u16 {
+        match self {
+            ControlError::NotCreated | ControlError::UnknownDevice(_) => 404,
+            ControlError::Config(_) | ControlError::Invalid(_) | ControlError::Unsupported(_) => {
+                400
+            }
+            ControlError::AlreadyCreated | ControlError::WrongState { .. } => 405,
+            ControlError::DuplicateId(_) => 409,
+            ControlError::ResizePending => 429,
+            ControlError::Launch(e) | ControlError::Snapshot(_, e) if e.is_input_fault() => 400,
+            ControlError::Launch(_) | ControlError::Snapshot(..) => 500,
+        }
+    }
+}
+
+impl From<ControlError> for ApiResponse {
+    fn from(e: ControlError) -> Self {
+        ApiResponse::Error(ApiError {
+            status: e.status(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// A created VM: its configuration as the API sees it and as exitless runs it, and the
+/// running VM once booted.
+struct VmSlot {
+    api: schema::VmConfig,
+    config: VmConfig,
+    state: VmState,
+    ids: DeviceIds,
+    booted: Option<LaunchedVm>,
+    /// vCPUs the guest was asked to eject and has not yet.
+    pending_removal: Vec<u8>,
+    /// The exit profile of the VM that ran last (kept once it stops).
+    last_report: Option<vmm::profile::ProfileReport>,
+}
+
+/// Why the VMM's serve loop should end, with the process's exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmmExit(pub i32);
+
+/// The VMM: at most one VM, driven by requests.
+#[derive(Default)]
+pub struct Vmm {
+    slot: Option<VmSlot>,
+    exit: Option<VmmExit>,
+    /// Reboots the guest asked for (a reset).
+    reboots: u64,
+    /// Progress of long work (a snapshot's memory) on stderr.
+    verbose: bool,
+}
+
+fn json<T: serde::Serialize>(value: &T) -> ApiResponse {
+    match serde_json::to_string(value) {
+        Ok(body) => ApiResponse::Json(body),
+        Err(e) => ApiResponse::Error(ApiError {
+            status: 500,
+            message: format!("Cannot encode the reply: {e}"),
+        }),
+    }
+}
+
+fn done(r: Result<(), ControlError>) -> ApiResponse {
+    r.map_or_else(ApiResponse::from, |()| ApiResponse::NoContent)
+}
+
+impl Vmm {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A VMM whose VM was started from the command line (`exitless run --api-socket`).
+    pub fn with_running(api: schema::VmConfig, config: VmConfig, vm: LaunchedVm) -> Self {
+        Self::with_vm(api, config, vm, false)
+    }
+
+    /// A VMM whose VM was started or restored from the command line, Paused if `paused`
+    /// (`exitless run --restore DIR --paused --api-socket`).
+    pub fn with_vm(api: schema::VmConfig, config: VmConfig, vm: LaunchedVm, paused: bool) -> Self {
+        let ids = DeviceIds::from_config(&config);
+        let state = match paused {
+            true => VmState::Paused,
+            false => VmState::Running,
+        };
+        Vmm {
+            slot: Some(VmSlot {
+                api,
+                config,
+                state,
+                ids,
+                booted: Some(vm),
+                pending_removal: Vec::new(),
+                last_report: None,
+            }),
+            exit: None,
+            reboots: 0,
+            verbose: false,
+        }
+    }
+
+    /// Says how long work progresses, on stderr (`-v`).
+    pub fn set_verbose(&mut self, verbose: bool) {
+        self.verbose = verbose;
+    }
+
+    /// Set once the VMM should end (vmm.shutdown, or the guest powered off).
+    pub fn exit(&self) -> Option<VmmExit> {
+        self.exit
+    }
+
+    /// How many times the guest reset the VM (each a reboot).
+    pub fn reboots(&self) -> u64 {
+        self.reboots
+    }
+
+    /// The exit profile of the running VM, or of the last one that ran.
+    pub fn report(&self) -> Option<vmm::profile::ProfileReport> {
+        let slot = self.slot.as_ref()?;
+        match &slot.booted {
+            Some(vm) => Some(vm.report()),
+            None => slot.last_report.clone(),
+        }
+    }
+
+    /// Carries out one request.
+    pub fn handle(&mut self, request: ApiRequest) -> ApiResponse {
+        match request {
+            ApiRequest::VmCreate(config) => done(self.create(*config)),
+            ApiRequest::VmBoot => done(self.boot()),
+            ApiRequest::VmShutdown => done(self.shutdown_vm()),
+            ApiRequest::VmReboot => done(self.reboot()),
+            ApiRequest::VmDelete => done(self.delete()),
+            ApiRequest::VmPause => done(self.pause()),
+            ApiRequest::VmResume => done(self.resume()),
+            ApiRequest::VmInfo => self.info().map_or_else(ApiResponse::from, |i| json(&i)),
+            ApiRequest::VmCounters => self.counters().map_or_else(ApiResponse::from, |c| json(&c)),
+            ApiRequest::VmProfile => self.profile(),
+            ApiRequest::VmAddDisk(disk) => self.add_disk(disk).into(),
+            ApiRequest::VmAddNet(net, fds) => self.add_net(net, fds).into(),
+            ApiRequest::VmAddVsock(vsock) => self.add_vsock(vsock).into(),
+            ApiRequest::VmAddFs(fs) => self.add_fs(fs).into(),
+            ApiRequest::VmRemoveDevice(r) => done(self.remove_device(r)),
+            ApiRequest::VmResize(r) => done(self.resize(r)),
+            ApiRequest::VmSnapshot(s) => done(self.snapshot(&s.destination_url)),
+            ApiRequest::VmRestore(r, fds) => done(self.restore(r, fds)),
+            ApiRequest::VmmShutdown => {
+                let r = self.delete();
+                self.exit = Some(VmmExit(0));
+                done(r)
+            }
+        }
+    }
+
+    fn slot(&mut self) -> Result<&mut VmSlot, ControlError> {
+        self.slot.as_mut().ok_or(ControlError::NotCreated)
+    }
+
+    fn create(&mut self, api: schema::VmConfig) -> Result<(), ControlError> {
+        if self.slot.is_some() {
+            return Err(ControlError::AlreadyCreated);
+        }
+        let mut api = api;
+        let mut ids = DeviceIds::default();
+        ids.assign_all(&mut api)?;
+        let config = devices::vm_config(&api)?;
+        self.slot = Some(VmSlot {
+            api,
+            config,
+            state: VmState::Created,
+            ids,
+            booted: None,
+            pending_removal: Vec::new(),
+            last_report: None,
+        });
+        Ok(())
+    }
+
+    fn boot(&mut self) -> Result<(), ControlError> {
+        let slot = self.slot()?;
+        if !matches!(slot.state, VmState::Created | VmState::Shutdown) {
+            return Err(slot.wrong("vm.boot", "Created or Shutdown"));
+        }
+        let opts = LaunchOptions {
+            stdin_to_serial: false,
+        };
+        let vm = launch::launch(&slot.config, opts)?;
+        launch::release_unused_stack();
+        slot.booted = Some(vm);
+        slot.state = VmState::Running;
+        slot.pending_removal.clear();
+        Ok(())
+    }
+
+    fn shutdown_vm(&mut self) -> Result<(), ControlError> {
+        let slot = self.slot()?;
+        if slot.booted.is_none() {
+            return Err(slot.wrong("vm.shutdown", "Running or Paused"));
+        }
+        slot.stop();
+        Ok(())
+    }
+
+    fn reboot(&mut self) -> Result<(), ControlError> {
+        let slot = self.slot()?;
+        if slot.booted.is_none() {
+            return Err(slot.wrong("vm.reboot", "Running or Paused"));
+        }
+        slot.stop();
+        self.boot()
+    }
+
+    fn delete(&mut self) -> Result<(), ControlError> {
+        if let Some(mut slot) = self.slot.take() {
+            slot.stop();
+        }
+        Ok(())
+    }
+
+    fn pause(&mut self) -> Result<(), ControlError> {
+        let slot = self.slot()?;
+        if slot.state != VmState::Running {
+            return Err(slot.wrong("vm.pause", "Running"));
+        }
+        slot.running()?.pause()?;
+        slot.state = VmState::Paused;
+        Ok(())
+    }
+
+    fn resume(&mut self) -> Result<(), ControlError> {
+        let slot = self.slot()?;
+        if slot.state != VmState::Paused {
+            return Err(slot.wrong("vm.resume", "Paused"));
+        }
+        slot.running()?.resume()?;
+        slot.state = VmState::Running;
+        Ok(())
+    }
+
+    fn info(&mut self) -> Result<schema::VmInfo, ControlError> {
+        let slot = self.slot()?;
+        // What the guest can use: its memory less what it put in the balloon.
+        let ballooned = slot
+            .booted
+            .as_ref()
+            .and_then(|vm| vm.balloon_actual_bytes());
+        Ok(schema::VmInfo {
+            config: slot.api.clone(),
+            state: slot.state.to_string(),
+            memory_actual_size: slot
+                .config
+                .memory
+                .bytes()
+                .saturating_sub(ballooned.unwrap_or(0)),
+            device_tree: Default::default(),
+        })
+    }
+
+    fn counters(&mut self) -> Result<BTreeMap<String, BTreeMap<String, u64>>, ControlError> {
+        let slot = self.slot()?;
+        Ok(slot
+            .booted
+            .as_ref()
+            .map(|vm| vm.device_counters())
+            .unwrap_or_default())
+    }
+
+    fn profile(&mut self) -> ApiResponse {
+        let slot = match self.slot() {
+            Ok(s) => s,
+            Err(e) => return e.into(),
+        };
+        match &slot.booted {
+            Some(vm) => json(&vm.report()),
+            None => slot.wrong("vm.profile", "Running or Paused").into(),
+        }
+    }
+
+    /// Work that does not come from a request: a guest that ended its VM (power-off ends the
+    /// VMM, as Cloud Hypervisor does; a reset reboots it), vCPUs the guest ejected.
+    pub fn poll(&mut self) {
+        let Some(slot) = self.slot.as_mut() else {
+            return;
+        };
+        slot.complete_ejects();
+        let Some(end) = slot.booted.as_mut().and_then(|vm| vm.guest_end()) else {
+            return;
+        };
+        slot.stop();
+        match end {
+            VmEnd::Reset => {
+                self.reboots += 1;
+                if let Err(e) = self.boot() {
+                    eprintln!("exitless: the guest rebooted and the VM could not start again: {e}");
+                    self.exit = Some(VmmExit(1));
+                }
+            }
+            VmEnd::PowerOff(_) | VmEnd::Stopped => self.exit = Some(VmmExit(0)),
+            other => {
+                eprintln!("exitless: the VM ended: {other:?}");
+                self.exit = Some(VmmExit(exit_code(other)));
+            }
+        }
+    }
+
+    /// Stops the VM, if one runs (the VMM is ending).
+    pub fn stop(&mut self) {
+        if let Some(slot) = self.slot.as_mut() {
+            slot.stop();
+        }
+    }
+}
+
+/// The exit code `exitless run` gives the same end (see its --help).
+fn exit_code(end: VmEnd) -> i32 {
+    match end {
+        VmEnd::PowerOff(_) | VmEnd::Reset | VmEnd::Stopped => 0,
+        VmEnd::TripleFault => 3,
+        VmEnd::KvmFailure(_) => 4,
+        VmEnd::SystemEvent(_) => 5,
+    }
+}
+
+impl VmSlot {
+    fn wrong(&self, action: &'static str, needs: &'static str) -> ControlError {
+        ControlError::WrongState {
+            state: self.state,
+            action,
+            needs,
+        }
+    }
+
+    fn running(&mut self) -> Result<&mut LaunchedVm, ControlError> {
+        let state = self.state;
+        self.booted.as_mut().ok_or(ControlError::WrongState {
+            state,
+            action: "this request",
+            needs: "Running or Paused",
+        })
+    }
+
+    /// Stops a booted VM and collects its threads; the config stays (state Shutdown).
+    fn stop(&mut self) {
+        if let Some(mut vm) = self.booted.take() {
+            vm.shut_down();
+            self.last_report = Some(vm.report());
+            self.state = VmState::Shutdown;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
