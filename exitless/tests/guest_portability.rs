@@ -259,7 +259,11 @@ impl Virtiofsd {
 
     /// Starts `binary` on a fresh directory (`tag` keeps tests apart) holding `files`, and
     /// waits (up to 10 s) for its socket.
-    fn start(binary: &vmm::devices::virtio::vhost_user::virtiofsd::Daemon, tag: &str, files: &[(&str, &[u8])]) -> Self {
+    fn start(
+        binary: &vmm::devices::virtio::vhost_user::virtiofsd::Daemon,
+        tag: &str,
+        files: &[(&str, &[u8])],
+    ) -> Self {
         let dir = std::env::temp_dir().join(format!("exitless-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("share")).unwrap();

@@ -85,8 +85,12 @@ impl Virtiofsd {
     /// Waits up to 10 s for the daemon to log that a front end connected and is served.
     pub fn wait_connected(&self) -> bool {
         self.wait_log(match self.flavour() {
-            vmm::devices::virtio::vhost_user::virtiofsd::Flavour::Rust => "Client connected, servicing requests",
-            vmm::devices::virtio::vhost_user::virtiofsd::Flavour::C => "Received vhost-user socket connection",
+            vmm::devices::virtio::vhost_user::virtiofsd::Flavour::Rust => {
+                "Client connected, servicing requests"
+            }
+            vmm::devices::virtio::vhost_user::virtiofsd::Flavour::C => {
+                "Received vhost-user socket connection"
+            }
         })
     }
 

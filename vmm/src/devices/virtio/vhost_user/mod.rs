@@ -21,9 +21,9 @@
 
 pub mod connection;
 pub mod fs;
-pub mod virtiofsd;
 #[cfg(test)]
 mod tests;
+pub mod virtiofsd;
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
