@@ -235,7 +235,7 @@ fn the_bench_guest_runs_every_case_under_run_and_ends() {
 }
 
 /// What fs_check expects in the host file it reads and writes to the one it creates (see
-/// guest/virtio_fs.c): byte `i` of the file.
+/// bench-guest/virtio_fs.c): byte `i` of the file.
 fn fs_pattern(i: u64) -> u8 {
     ((i * 7 + (i >> 8) * 13 + (i >> 16) * 29 + 3) & 0xff) as u8
 }

@@ -1,4 +1,4 @@
-//! A hostile guest driver (the bench guest's guest/virtio_hostile.c, issue 24) against
+//! A hostile guest driver (the bench guest's bench-guest/virtio_hostile.c, issue 24) against
 //! exitless's virtio devices:
 //! - a vsock receive ring that announces more buffers than it holds (or lies at guest address
 //!   0) while a host program sends to the guest: the device gives up on the ring (NEEDS_RESET,

@@ -114,7 +114,7 @@ pub fn kvm_available(test: &str) -> bool {
     ok
 }
 
-/// What the guest's disk drivers (guest/virtio_cases.c, guest/virtio_hostile.c) write to
+/// What the guest's disk drivers (guest/virtio_cases.c, bench-guest/virtio_hostile.c) write to
 /// byte `i` of 4 KiB block `block`.
 pub fn guest_pattern(seed: u64, block: u64, i: u64) -> u8 {
     ((seed * 131 + block * 31 + i * 7 + (i >> 9)) & 0xff) as u8
