@@ -17,11 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::api_vmm::{ok, Vmm};
+use common::private_tap;
 use common::snapshot::{
     assert_saved_running, boot_to_second_round, last_tick, pause_and_snapshot, restored_in,
-    saved_state, shutdown, wait_file, Scratch,
+    saved_state, shutdown, wait_file, SnapTest,
 };
-use common::{export_guest, kvm_available, private_tap};
 use serde_json::Value;
 use vmm::devices::virtio::net::private_net::{PacketSocket, PrivateNet, KATA_TAP_FLAGS};
 use vmm::snapshot::SnapshotState;
@@ -171,21 +171,18 @@ fn snapshot_of_a_vm(net: &PrivateNet, guest: &Path, echo: &VsockEcho, dir: &Path
 #[test]
 fn a_guest_using_its_network_card_and_vsock_goes_on_with_both_once_restored() {
     let test = "a_guest_using_its_network_card_and_vsock";
-    if !kvm_available(test) {
+    let Some(t) = SnapTest::start(test, "net") else {
         return;
-    }
+    };
     let Some(net) = private_tap(test, TAP) else {
         return;
     };
-    let scratch = Scratch::new("net");
-    let dir = scratch.join("snap");
-    std::fs::create_dir(&dir).unwrap();
+    let (scratch, guest, dir) = (&t.scratch, &t.guest, &t.dir);
     let (_frames, echoed) = echo_frames(&net);
     let echo = VsockEcho::start(&dir.with_extension("v.sock"));
     let accepted = echo.accepted.clone();
-    let guest = export_guest("snap-net");
-    let last = snapshot_of_a_vm(&net, &guest, &echo, &dir);
-    let state = saved_state(&dir);
+    let last = snapshot_of_a_vm(&net, guest, &echo, dir);
+    let state = saved_state(dir);
     assert_saved_running(
         &state,
         &[("_net0", "virtio-net"), ("_vsock0", "virtio-vsock")],
@@ -201,7 +198,7 @@ fn a_guest_using_its_network_card_and_vsock_goes_on_with_both_once_restored() {
     let mut c: Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
     c["serial"]["file"] = serde_json::json!(scratch.join("restored.log"));
     std::fs::write(&config, c.to_string()).unwrap();
-    let vmm = restored_in(vmm_in(&net, "snap-net-2"), &dir);
+    let vmm = restored_in(vmm_in(&net, "snap-net-2"), dir);
     check_goes_on(
         &wait_file(&scratch.join("restored.log"), "EXITLESS DONE"),
         last,
@@ -219,12 +216,11 @@ fn a_guest_using_its_network_card_and_vsock_goes_on_with_both_once_restored() {
     c["net"][0].as_object_mut().unwrap().remove("tap");
     c["serial"]["file"] = serde_json::json!(scratch.join("again.log"));
     std::fs::write(&config, c.to_string()).unwrap();
-    let _vmm = restore_on_tap_fds(&net, &dir);
+    let _vmm = restore_on_tap_fds(&net, dir);
     check_goes_on(
         &wait_file(&scratch.join("again.log"), "EXITLESS DONE"),
         last,
     );
-    let _ = std::fs::remove_file(&guest);
 }
 
 /// A 400 of one line holding `what`.

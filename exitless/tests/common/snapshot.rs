@@ -33,6 +33,40 @@ impl Drop for Scratch {
     }
 }
 
+/// A snapshot test's start: its scratch directory with an empty `snap` directory in it, and
+/// the bench guest exported (removed when the test ends).
+pub struct SnapTest {
+    pub scratch: Scratch,
+    /// `snap` in the scratch directory, made empty.
+    pub dir: PathBuf,
+    pub guest: PathBuf,
+}
+
+impl SnapTest {
+    /// None (reported skipped as `test`) without /dev/kvm. `tag` names the scratch directory,
+    /// and the guest as `snap-{tag}`.
+    pub fn start(test: &str, tag: &str) -> Option<SnapTest> {
+        if !super::kvm_available(test) {
+            return None;
+        }
+        let scratch = Scratch::new(tag);
+        let dir = scratch.join("snap");
+        std::fs::create_dir(&dir).unwrap();
+        let guest = super::export_guest(&format!("snap-{tag}"));
+        Some(SnapTest {
+            scratch,
+            dir,
+            guest,
+        })
+    }
+}
+
+impl Drop for SnapTest {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.guest);
+    }
+}
+
 /// A child process killed if the test ends early.
 pub struct Proc(pub Child);
 
