@@ -9,12 +9,17 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use common::api_vmm::{json, kvm_or_skip, ok, Vmm};
-use common::{builds, exitless_path, export_guest, Stream};
+use common::api_vmm::{ok, Vmm};
+use common::snapshot::{
+    assert_saved_running, boot_to_second_round, last_tick, pause_and_snapshot, restore_and_resume,
+    restored_in, saved_state, shutdown, spawn_console, try_snapshot, wait_file, ApiRun, Proc,
+    SnapTest,
+};
+use common::{builds, exitless_path, Stream};
 use serde_json::Value;
 use vmm::snapshot::SnapshotState;
 
@@ -25,46 +30,6 @@ const TICKS: u64 = 5;
 const CMDLINE: &str = "case=snapshot ticks=5 iters=20000 touch_mib=8 bridge=1";
 /// Through the API the guest halts once done: its reset would reboot the VM.
 const API_CMDLINE: &str = "case=snapshot ticks=5 iters=20000 touch_mib=8 bridge=1 hold";
-
-/// A directory removed with everything in it when the test ends.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("exitless-snap-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A child process killed if the test ends early.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The last round a guest printed, from its console text.
-fn last_tick(text: &str) -> Option<u64> {
-    text.lines()
-        .rev()
-        .filter_map(|l| l.strip_prefix("EXITLESS TICK n="))
-        .find_map(|l| l.split(' ').next()?.parse().ok())
-}
 
 /// Checks a restored guest's console: its rounds go on from `from` without a gap, each with
 /// its own count, and its check at the end passes. A VM paused while it printed a line ends
@@ -105,22 +70,6 @@ fn file_hash(path: &Path) -> u64 {
     }
 }
 
-/// Waits until the file at `path` holds `line`; its text.
-fn wait_file(path: &Path, line: &str) -> String {
-    let start = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if text.contains(line) {
-            return text;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no '{line}' in {text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// `exitless run` of the bench guest's snapshot case with its API on `socket`, a disk
 /// (read-only: clones of one snapshot share it) and the entropy device given on the command
 /// line: paused after its second round, snapshotted into
@@ -128,75 +77,38 @@ fn wait_file(path: &Path, line: &str) -> String {
 fn snapshot_of_a_run(guest: &Path, socket: &Path, dir: &Path) -> u64 {
     let image = dir.with_extension("img");
     std::fs::write(&image, vec![0u8; 1 << 20]).unwrap();
-    let mut child = Proc(
-        std::process::Command::new(exitless_path())
-            .args(["run", "--memory", "512M", "--timeout", "60", "--kernel"])
-            .arg(guest)
-            .args(["--rng", "--disk"])
-            .arg(format!("path={},readonly=on", image.display()))
-            .args(["--cmdline", CMDLINE, "--api-socket"])
-            .arg(socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut out = Stream::spawn(child.0.stdout.take().unwrap());
-    assert!(
-        out.wait_for(Duration::from_secs(60), |t| t.contains("TICK n=1 ")),
-        "{}",
-        out.text
-    );
-    let mut c =
-        exitless_control::api::client::ApiClient::connect(socket, Duration::from_secs(30)).unwrap();
-    ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
+    let mut run = Command::new(exitless_path());
+    run.args(["run", "--memory", "512M", "--timeout", "60", "--kernel"])
+        .arg(guest)
+        .args(["--rng", "--disk"])
+        .arg(format!("path={},readonly=on", image.display()))
+        .args(["--cmdline", CMDLINE]);
+    let mut vm = ApiRun::start(run, socket, "TICK n=1 ");
     // The command line's disk runs under the id vm.info shows (the snapshot keys its state
     // by the name the device runs under, and a restore makes it from config.json's id).
-    let info = c.request("GET", "vm.info", None).unwrap();
+    let info = vm.client.request("GET", "vm.info", None).unwrap();
     assert!(info.body.contains("\"_disk0\""), "{}", info.body);
-    let url = serde_json::json!({ "destination_url": format!("file://{}", dir.display()) });
-    let body = url.to_string();
-    ok(
-        c.request("PUT", "vm.snapshot", Some(&body)).unwrap(),
-        "vm.snapshot",
-    );
-    ok(
-        c.request("PUT", "vmm.shutdown", None).unwrap(),
-        "vmm.shutdown",
-    );
-    out.read_to_end(Duration::from_secs(10));
-    let _ = child.0.wait();
-    last_tick(&out.text).expect("a round before the pause")
+    pause_and_snapshot(&mut vm.client, dir);
+    vm.shutdown()
 }
 
 /// `exitless run --restore dir` with build `bin`, its console piped.
 fn restore_run(bin: &Path, dir: &Path) -> (Proc, Stream) {
-    let mut child = Proc(
-        std::process::Command::new(bin)
+    spawn_console(
+        Command::new(bin)
             .args(["run", "--timeout", "60", "--restore"])
-            .arg(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let out = Stream::spawn(child.0.stdout.take().unwrap());
-    (child, out)
+            .arg(dir),
+    )
 }
 
 #[test]
 fn a_guest_paused_mid_loop_goes_on_in_fresh_processes_and_its_clones_run_apart() {
-    if !kvm_or_skip("a_guest_paused_mid_loop_goes_on") {
+    let Some(t) = SnapTest::start("a_guest_paused_mid_loop_goes_on", "midloop") else {
         return;
-    }
-    let scratch = Scratch::new("midloop");
-    let guest = export_guest("snap-midloop");
-    let dir = scratch.join("snap");
-    std::fs::create_dir(&dir).unwrap();
-    let last = snapshot_of_a_run(&guest, &scratch.join("api.sock"), &dir);
-    let state = SnapshotState::parse(&std::fs::read(dir.join("state.json")).unwrap()).unwrap();
+    };
+    let (scratch, guest, dir) = (&t.scratch, &t.guest, &t.dir);
+    let last = snapshot_of_a_run(guest, &scratch.join("api.sock"), dir);
+    let state = saved_state(dir);
     assert_eq!(state.devices["_disk0"].kind, "virtio-blk");
     assert_eq!(state.devices["virtio-rng"].kind, "virtio-rng");
     let ram = dir.join("guest-ram");
@@ -211,7 +123,7 @@ fn a_guest_paused_mid_loop_goes_on_in_fresh_processes_and_its_clones_run_apart()
     // Two clones at once, one per build under test (the same build twice where one is).
     let bins = builds();
     let clones: Vec<_> = (0..2)
-        .map(|i| restore_run(&bins[i % bins.len()], &dir))
+        .map(|i| restore_run(&bins[i % bins.len()], dir))
         .collect();
     for (mut child, mut out) in clones {
         out.read_to_end(Duration::from_secs(60));
@@ -232,81 +144,38 @@ fn a_guest_paused_mid_loop_goes_on_in_fresh_processes_and_its_clones_run_apart()
     let mut vmm = Vmm::start_with_stdout(&exitless_path(), "snap-tty", Stdio::piped());
     let mut console = Stream::spawn(vmm.child.stdout.take().unwrap());
     let mut c = vmm.client();
-    let body = serde_json::json!({ "source_url": format!("file://{}", dir.display()) });
-    let body = body.to_string();
-    ok(
-        c.request("PUT", "vm.restore", Some(&body)).unwrap(),
-        "vm.restore",
-    );
-    ok(c.request("PUT", "vm.resume", None).unwrap(), "vm.resume");
+    restore_and_resume(&mut c, dir);
     let next = format!("TICK n={} ", last + 1);
     assert!(
         console.wait_for(Duration::from_secs(60), |t| t.contains(&next)),
         "the restored VM printed no '{next}' on its VMM's stdout: {}",
         console.text
     );
-    ok(
-        c.request("PUT", "vmm.shutdown", None).unwrap(),
-        "vmm.shutdown",
-    );
-    let _ = std::fs::remove_file(guest);
+    shutdown(&mut c);
 }
 
 #[test]
 fn a_restored_vm_is_snapshotted_again_and_goes_on_from_there() {
-    if !kvm_or_skip("a_restored_vm_is_snapshotted_again") {
+    let Some(t) = SnapTest::start("a_restored_vm_is_snapshotted_again", "chain") else {
         return;
-    }
-    let scratch = Scratch::new("chain");
-    let guest = export_guest("snap-chain");
-    let (first, second) = (scratch.join("first"), scratch.join("second"));
-    std::fs::create_dir(&first).unwrap();
+    };
+    let (scratch, guest, first) = (&t.scratch, &t.guest, &t.dir);
+    let second = scratch.join("second");
     std::fs::create_dir(&second).unwrap();
-    let last = snapshot_of_a_run(&guest, &scratch.join("a.sock"), &first);
+    let last = snapshot_of_a_run(guest, &scratch.join("a.sock"), first);
     // Restored (its memory mapped from the first snapshot) and paused one round later.
-    let socket = scratch.join("b.sock");
-    let mut child = Proc(
-        std::process::Command::new(exitless_path())
-            .args(["run", "--timeout", "60", "--restore"])
-            .arg(&first)
-            .arg("--api-socket")
-            .arg(&socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut out = Stream::spawn(child.0.stdout.take().unwrap());
+    let mut run = Command::new(exitless_path());
+    run.args(["run", "--timeout", "60", "--restore"]).arg(first);
     let next = format!("TICK n={} ", last + 1);
-    assert!(
-        out.wait_for(Duration::from_secs(60), |t| t.contains(&next)),
-        "{}",
-        out.text
-    );
-    let mut c = exitless_control::api::client::ApiClient::connect(&socket, Duration::from_secs(30))
-        .unwrap();
-    ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
-    let url = serde_json::json!({ "destination_url": format!("file://{}", second.display()) });
-    ok(
-        c.request("PUT", "vm.snapshot", Some(&url.to_string()))
-            .unwrap(),
-        "vm.snapshot",
-    );
-    ok(
-        c.request("PUT", "vmm.shutdown", None).unwrap(),
-        "vmm.shutdown",
-    );
-    out.read_to_end(Duration::from_secs(10));
-    let _ = child.0.wait();
-    let again = last_tick(&out.text).unwrap();
+    let mut vm = ApiRun::start(run, &scratch.join("b.sock"), &next);
+    pause_and_snapshot(&mut vm.client, &second);
+    let again = vm.shutdown();
     // The first snapshot can go: the second holds everything.
-    std::fs::remove_dir_all(&first).unwrap();
+    std::fs::remove_dir_all(first).unwrap();
     let (mut child, mut out) = restore_run(&exitless_path(), &second);
     out.read_to_end(Duration::from_secs(60));
     assert!(child.0.wait().unwrap().success(), "{}", out.text);
     assert_goes_on(&out.text, again + 1);
-    let _ = std::fs::remove_file(guest);
 }
 
 /// Snapshot `from` as `to`: its JSON files copied, `state.json` with `edit` applied, the
@@ -336,33 +205,30 @@ fn refused(dir: &Path) -> String {
 
 #[test]
 fn damaged_truncated_foreign_and_unrunnable_snapshots_are_refused_in_one_line() {
-    if !kvm_or_skip("damaged_snapshots_are_refused") {
+    let Some(t) = SnapTest::start("damaged_snapshots_are_refused", "damaged") else {
         return;
-    }
-    let scratch = Scratch::new("damaged");
-    let guest = export_guest("snap-damaged");
-    let dir = scratch.join("snap");
-    std::fs::create_dir(&dir).unwrap();
-    snapshot_of_a_run(&guest, &scratch.join("api.sock"), &dir);
+    };
+    let (scratch, guest, dir) = (&t.scratch, &t.guest, &t.dir);
+    snapshot_of_a_run(guest, &scratch.join("api.sock"), dir);
     let text = std::fs::read_to_string(dir.join("state.json")).unwrap();
     let regs = text.find("\"regs\":\"").unwrap() + 8;
     let case = scratch.join("digit");
-    altered(&dir, &case, |b| {
+    altered(dir, &case, |b| {
         b[regs] = if b[regs] == b'0' { b'1' } else { b'0' }
     });
     assert!(refused(&case).contains("checksum does not match"));
     let case = scratch.join("cut");
-    altered(&dir, &case, |b| b.truncate(b.len() / 3));
+    altered(dir, &case, |b| b.truncate(b.len() / 3));
     assert!(refused(&case).contains("state.json is damaged: EOF while parsing"));
     let case = scratch.join("version");
-    altered(&dir, &case, |b| {
+    altered(dir, &case, |b| {
         *b = String::from_utf8_lossy(b)
             .replacen("\"format\":1", "\"format\":2", 1)
             .into()
     });
     assert!(refused(&case).contains("format version 2"));
     let case = scratch.join("ram");
-    altered(&dir, &case, |_| {});
+    altered(dir, &case, |_| {});
     std::fs::remove_file(case.join("guest-ram")).unwrap();
     std::fs::File::create(case.join("guest-ram"))
         .unwrap()
@@ -372,7 +238,7 @@ fn damaged_truncated_foreign_and_unrunnable_snapshots_are_refused_in_one_line() 
     // A guest that saw a CPU feature this host lacks (KVM paravirtual feature bit 31, which no
     // KVM offers), sealed as exitless would have written it.
     let case = scratch.join("cpu");
-    altered(&dir, &case, |b| {
+    altered(dir, &case, |b| {
         let mut s = SnapshotState::parse(b).unwrap();
         let kvm_word = s
             .cpu
@@ -406,7 +272,6 @@ fn damaged_truncated_foreign_and_unrunnable_snapshots_are_refused_in_one_line() 
     let r = c.request("PUT", "vm.restore", Some(&missing)).unwrap();
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("/nonexistent/snap"), "{}", r.body);
-    let _ = std::fs::remove_file(guest);
 }
 
 /// A `vm.create` body of the bench guest with its console in `serial`.
@@ -437,84 +302,47 @@ fn edit_config(dir: &Path, serial: &Path, shared: bool) {
     std::fs::write(&path, config.to_string()).unwrap();
 }
 
-/// In a fresh `exitless --api-socket`: vm.restore (state Paused), vm.resume; the VMM.
-fn restore_through_api(tag: &str, dir: &Path) -> Vmm {
-    let vmm = Vmm::start(tag);
-    let mut c = vmm.client();
-    let body = serde_json::json!({ "source_url": format!("file://{}", dir.display()) });
-    ok(
-        c.request("PUT", "vm.restore", Some(&body.to_string()))
-            .unwrap(),
-        "vm.restore",
-    );
-    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
-    assert_eq!(info["state"], "Paused", "{info}");
-    ok(c.request("PUT", "vm.resume", None).unwrap(), "vm.resume");
-    vmm
-}
-
 /// An API VM paused in its second round and snapshotted into `dir`; the last round it printed.
 fn snapshot_through_api(tag: &str, body: &str, serial: &Path, dir: &Path) -> u64 {
     let vmm = Vmm::start(tag);
     let mut c = vmm.client();
-    ok(
-        c.request("PUT", "vm.create", Some(body)).unwrap(),
-        "vm.create",
-    );
-    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
-    wait_file(serial, "TICK n=1 ");
-    let url = serde_json::json!({ "destination_url": format!("file://{}", dir.display()) });
-    let r = c
-        .request("PUT", "vm.snapshot", Some(&url.to_string()))
-        .unwrap();
-    assert_eq!(r.status, 405, "{}", r.body);
-    assert_eq!(
-        r.body.trim(),
-        "The VM is Running: vm.snapshot needs it Paused"
-    );
-    ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
-    ok(
-        c.request("PUT", "vm.snapshot", Some(&url.to_string()))
-            .unwrap(),
-        "vm.snapshot",
-    );
-    ok(
-        c.request("PUT", "vmm.shutdown", None).unwrap(),
-        "vmm.shutdown",
-    );
+    boot_to_second_round(&mut c, body, serial);
+    let (status, text) = try_snapshot(&mut c, dir);
+    assert_eq!(status, 405, "{text}");
+    assert_eq!(text, "The VM is Running: vm.snapshot needs it Paused");
+    pause_and_snapshot(&mut c, dir);
+    shutdown(&mut c);
     last_tick(&std::fs::read_to_string(serial).unwrap()).unwrap()
 }
 
 #[test]
 fn an_api_vm_restores_paused_in_a_fresh_vmm_and_resumes() {
-    if !kvm_or_skip("an_api_vm_restores_paused") {
+    let Some(t) = SnapTest::start("an_api_vm_restores_paused", "api") else {
         return;
-    }
-    let scratch = Scratch::new("api");
-    let guest = export_guest("snap-api");
-    let (serial, dir) = (scratch.join("serial.log"), scratch.join("snap"));
-    std::fs::create_dir(&dir).unwrap();
+    };
+    let (scratch, guest, dir) = (&t.scratch, &t.guest, &t.dir);
+    let serial = scratch.join("serial.log");
     // A VM made through the API has a virtio-rng device: the guest never touches it.
     let body = create_body(
-        &guest,
+        guest,
         API_CMDLINE,
         &serial,
         serde_json::json!({"size": 268435456}),
     );
-    let last = snapshot_through_api("snap-api", &body, &serial, &dir);
-    let state = SnapshotState::parse(&std::fs::read(dir.join("state.json")).unwrap()).unwrap();
+    let last = snapshot_through_api("snap-api", &body, &serial, dir);
+    let state = saved_state(dir);
     assert_eq!(state.devices["virtio-rng"].kind, "virtio-rng");
     assert_eq!(state.devices["com1"].kind, "serial");
     let restored = scratch.join("restored.log");
-    edit_config(&dir, &restored, false);
-    let vmm = restore_through_api("snap-api-2", &dir);
+    edit_config(dir, &restored, false);
+    let vmm = restored_in(Vmm::start("snap-api-2"), dir);
     let text = wait_file(&restored, "EXITLESS DONE");
     assert_goes_on(&text, last + 1);
     // With shared memory (what a vhost-user back end needs) the snapshot's memory is copied
     // onto a new memfd rather than mapped: the same guest.
     let shared = scratch.join("shared.log");
-    edit_config(&dir, &shared, true);
-    let _second = restore_through_api("snap-api-3", &dir);
+    edit_config(dir, &shared, true);
+    let _second = restored_in(Vmm::start("snap-api-3"), dir);
     assert_goes_on(&wait_file(&shared, "EXITLESS DONE"), last + 1);
     // A VMM that has a VM takes no restore.
     let mut c = vmm.client();
@@ -523,48 +351,36 @@ fn an_api_vm_restores_paused_in_a_fresh_vmm_and_resumes() {
         .request("PUT", "vm.restore", Some(&again.to_string()))
         .unwrap();
     assert_eq!(r.status, 405, "{}", r.body);
-    let _ = std::fs::remove_file(guest);
 }
 
 #[test]
 fn a_guest_using_its_disk_and_entropy_device_goes_on_with_them_once_restored() {
-    if !kvm_or_skip("a_guest_using_its_disk_and_entropy_device") {
+    let Some(t) = SnapTest::start("a_guest_using_its_disk_and_entropy_device", "virtio") else {
         return;
-    }
-    let scratch = Scratch::new("virtio");
-    let guest = export_guest("snap-virtio");
-    let (serial, dir, image) = (
-        scratch.join("serial.log"),
-        scratch.join("snap"),
-        scratch.join("d.img"),
-    );
-    std::fs::create_dir(&dir).unwrap();
+    };
+    let (scratch, guest, dir) = (&t.scratch, &t.guest, &t.dir);
+    let (serial, image) = (scratch.join("serial.log"), scratch.join("d.img"));
     std::fs::write(&image, vec![0u8; 4 << 20]).unwrap();
     // Every round: 32 random reads and writes at queue depth 4 (completions by MSI-X
     // interrupt) and a read of the entropy device; paused wherever that is.
     let cmdline = format!("{API_CMDLINE} virtio=32 qd=4");
     let mut body: Value = serde_json::from_str(&create_body(
-        &guest,
+        guest,
         &cmdline,
         &serial,
         serde_json::json!({"size": 268435456}),
     ))
     .unwrap();
     body["disks"] = serde_json::json!([{"path": image, "id": "disk0"}]);
-    let last = snapshot_through_api("snap-virtio", &body.to_string(), &serial, &dir);
-    let state = SnapshotState::parse(&std::fs::read(dir.join("state.json")).unwrap()).unwrap();
-    for (id, kind) in [("disk0", "virtio-blk"), ("virtio-rng", "virtio-rng")] {
-        let saved = &state.devices[id];
-        assert_eq!(saved.kind, kind);
-        assert_eq!(
-            saved.state["untouched"], false,
-            "{id}: set up by its driver"
-        );
-        assert_eq!(saved.state["transport"]["running"], true, "{id}");
-    }
+    let last = snapshot_through_api("snap-virtio", &body.to_string(), &serial, dir);
+    let state = saved_state(dir);
+    assert_saved_running(
+        &state,
+        &[("disk0", "virtio-blk"), ("virtio-rng", "virtio-rng")],
+    );
     let restored = scratch.join("restored.log");
-    edit_config(&dir, &restored, false);
-    let _vmm = restore_through_api("snap-virtio-2", &dir);
+    edit_config(dir, &restored, false);
+    let _vmm = restored_in(Vmm::start("snap-virtio-2"), dir);
     let text = wait_file(&restored, "EXITLESS DONE");
     assert_goes_on(&text, last + 1);
     assert!(text.contains(" io_errors=0"), "{text}");
@@ -575,22 +391,15 @@ fn a_guest_using_its_disk_and_entropy_device_goes_on_with_them_once_restored() {
         .filter_map(|l| l.split_once(" rng_nonzero=")?.1.parse().ok())
         .collect();
     assert!(!rng.is_empty() && rng.iter().all(|&n| n > 32), "{text}");
-    let _ = std::fs::remove_file(guest);
 }
 
 #[test]
 fn a_template_vm_s_memory_stays_in_its_file_and_its_clones_copy_on_write() {
-    if !kvm_or_skip("a_template_vm_s_memory_stays_in_its_file") {
+    let Some(t) = SnapTest::start("a_template_vm_s_memory_stays_in_its_file", "template") else {
         return;
-    }
-    let scratch = Scratch::new("template");
-    let guest = export_guest("snap-template");
-    let (serial, dir, ram) = (
-        scratch.join("t.log"),
-        scratch.join("tpl"),
-        scratch.join("tpl/memory"),
-    );
-    std::fs::create_dir(&dir).unwrap();
+    };
+    let (scratch, guest, dir) = (&t.scratch, &t.guest, &t.dir);
+    let (serial, ram) = (scratch.join("t.log"), dir.join("memory"));
     std::fs::File::create(&ram)
         .unwrap()
         .set_len(256 << 20)
@@ -598,8 +407,8 @@ fn a_template_vm_s_memory_stays_in_its_file_and_its_clones_copy_on_write() {
     // Kata's template VM: RAM is one zone backed by its memory file, shared.
     let memory = serde_json::json!({"size": 0, "shared": true,
         "zones": [{"id": "mem0", "size": 268435456, "file": ram, "shared": true}]});
-    let body = create_body(&guest, API_CMDLINE, &serial, memory);
-    let last = snapshot_through_api("snap-tpl", &body, &serial, &dir);
+    let body = create_body(guest, API_CMDLINE, &serial, memory);
+    let last = snapshot_through_api("snap-tpl", &body, &serial, dir);
     assert!(
         !dir.join("guest-ram").exists(),
         "the template's memory is in its own file"
@@ -627,7 +436,7 @@ fn a_template_vm_s_memory_stays_in_its_file_and_its_clones_copy_on_write() {
             }
             let log = scratch.join(&format!("vm{i}.log"));
             edit_config(&own, &log, false);
-            (restore_through_api(&format!("snap-tpl-{i}"), &own), log)
+            (restored_in(Vmm::start(&format!("snap-tpl-{i}")), &own), log)
         })
         .collect();
     for (_vmm, log) in &clones {
@@ -638,7 +447,6 @@ fn a_template_vm_s_memory_stays_in_its_file_and_its_clones_copy_on_write() {
         template,
         "a clone wrote the template's memory"
     );
-    let _ = std::fs::remove_file(guest);
 }
 
 #[test]
@@ -677,34 +485,20 @@ fn paused_api_vm(
 ) -> (Vmm, exitless_control::api::client::ApiClient) {
     let vmm = Vmm::start(tag);
     let mut c = vmm.client();
-    let r = c.request("PUT", "vm.create", Some(&body.to_string()));
-    ok(r.unwrap(), "vm.create");
-    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
-    wait_file(serial, "TICK n=1 ");
+    boot_to_second_round(&mut c, &body.to_string(), serial);
     ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
     (vmm, c)
 }
 
-/// vm.snapshot into `dir`: its status and body.
-fn try_snapshot(c: &mut exitless_control::api::client::ApiClient, dir: &Path) -> (u16, String) {
-    let url = serde_json::json!({ "destination_url": format!("file://{}", dir.display()) });
-    let r = c.request("PUT", "vm.snapshot", Some(&url.to_string()));
-    let r = r.unwrap();
-    (r.status, r.body.trim().to_string())
-}
-
 #[test]
 fn a_balloon_virtio_fs_and_hot_added_memory_are_refused_by_name_and_a_hotplug_area_is_kept() {
-    if !kvm_or_skip("snapshot_refusals") {
+    let Some(t) = SnapTest::start("snapshot_refusals", "refusals") else {
         return;
-    }
-    let scratch = Scratch::new("refusals");
-    let guest = export_guest("snap-refusals");
-    let dir = scratch.join("snap");
-    std::fs::create_dir(&dir).unwrap();
+    };
+    let (scratch, guest, dir) = (&t.scratch, &t.guest, &t.dir);
     let memory = serde_json::json!({"size": 268435456});
     let body = |serial: &Path, memory: &Value| -> Value {
-        serde_json::from_str(&create_body(&guest, API_CMDLINE, serial, memory.clone())).unwrap()
+        serde_json::from_str(&create_body(guest, API_CMDLINE, serial, memory.clone())).unwrap()
     };
     let refused = |(status, text): (u16, String), id: &str, kind: &str| {
         assert_eq!(status, 400, "{text}");
@@ -717,7 +511,7 @@ fn a_balloon_virtio_fs_and_hot_added_memory_are_refused_by_name_and_a_hotplug_ar
     let mut with_balloon = body(&serial, &memory);
     with_balloon["balloon"] = serde_json::json!({"size": 0});
     let (_vmm, mut c) = paused_api_vm("snap-balloon", &with_balloon, &serial);
-    refused(try_snapshot(&mut c, &dir), "_balloon0", "virtio-balloon");
+    refused(try_snapshot(&mut c, dir), "_balloon0", "virtio-balloon");
     // A virtio-fs device: its state is virtiofsd's.
     if let Some(daemon) = common::virtiofsd::Virtiofsd::start("snap_refusals") {
         let serial = scratch.join("fs.log");
@@ -725,14 +519,14 @@ fn a_balloon_virtio_fs_and_hot_added_memory_are_refused_by_name_and_a_hotplug_ar
         let mut with_fs = body(&serial, &shared);
         with_fs["fs"] = serde_json::json!([{"tag": "kataShared", "socket": daemon.socket}]);
         let (_vmm, mut c) = paused_api_vm("snap-fs", &with_fs, &serial);
-        refused(try_snapshot(&mut c, &dir), "_fs0", "virtio-fs");
+        refused(try_snapshot(&mut c, dir), "_fs0", "virtio-fs");
     }
     // A hotplug area with nothing added is saved and restored (the same controllers at the
     // same addresses); memory added to it is refused.
     let serial = scratch.join("hotplug.log");
     let area = serde_json::json!({"size": 268435456, "hotplug_size": 1073741824});
     let (_vmm, mut c) = paused_api_vm("snap-hotplug", &body(&serial, &area), &serial);
-    let (status, text) = try_snapshot(&mut c, &dir);
+    let (status, text) = try_snapshot(&mut c, dir);
     assert_eq!(status, 204, "{text}");
     let last = last_tick(&std::fs::read_to_string(&serial).unwrap()).unwrap();
     let grow = serde_json::json!({"desired_ram": 268435456 + 134217728}).to_string();
@@ -750,8 +544,7 @@ fn a_balloon_virtio_fs_and_hot_added_memory_are_refused_by_name_and_a_hotplug_ar
     );
     assert!(text.contains("memory was hot-added"), "{text}");
     let restored = scratch.join("restored.log");
-    edit_config(&dir, &restored, false);
-    let _restored = restore_through_api("snap-hotplug-2", &dir);
+    edit_config(dir, &restored, false);
+    let _restored = restored_in(Vmm::start("snap-hotplug-2"), dir);
     assert_goes_on(&wait_file(&restored, "EXITLESS DONE"), last + 1);
-    let _ = std::fs::remove_file(guest);
 }

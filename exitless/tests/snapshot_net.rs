@@ -17,7 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::api_vmm::{ok, Vmm};
-use common::{export_guest, kvm_available, private_tap};
+use common::private_tap;
+use common::snapshot::{
+    assert_saved_running, boot_to_second_round, last_tick, pause_and_snapshot, restored_in,
+    saved_state, shutdown, wait_file, SnapTest,
+};
 use serde_json::Value;
 use vmm::devices::virtio::net::private_net::{PacketSocket, PrivateNet, KATA_TAP_FLAGS};
 use vmm::snapshot::SnapshotState;
@@ -119,30 +123,6 @@ impl VsockEcho {
     }
 }
 
-/// Waits until the file at `path` holds `line`; its text.
-fn wait_file(path: &Path, line: &str) -> String {
-    let start = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if text.contains(line) || text.contains("EXITLESS ERROR") {
-            return text;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(90),
-            "no '{line}' in {text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The last round a guest printed, from its console text.
-fn last_tick(text: &str) -> Option<u64> {
-    text.lines()
-        .rev()
-        .filter_map(|l| l.strip_prefix("EXITLESS TICK n="))
-        .find_map(|l| l.split(' ').next()?.parse().ok())
-}
-
 /// The value of `key=` in a console line.
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     line.split(' ').find_map(|w| w.strip_prefix(key))
@@ -169,17 +149,11 @@ fn snapshot_of_a_vm(net: &PrivateNet, guest: &Path, echo: &VsockEcho, dir: &Path
     });
     let vmm = vmm_in(net, "snap-net");
     let mut c = vmm.client();
-    let create = c.request("PUT", "vm.create", Some(&body.to_string()));
-    ok(create.unwrap(), "vm.create");
-    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
-    let text = wait_file(&serial, "TICK n=1 ");
+    let text = boot_to_second_round(&mut c, &body.to_string(), &serial);
     assert!(text.contains("EXITLESS SNAPNET n=0 "), "{text}");
     echo.hold.store(true, Ordering::Relaxed);
     echo.wait_held();
-    ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
-    let url = serde_json::json!({ "destination_url": format!("file://{}", dir.display()) });
-    let r = c.request("PUT", "vm.snapshot", Some(&url.to_string()));
-    ok(r.unwrap(), "vm.snapshot");
+    pause_and_snapshot(&mut c, dir);
     let last = last_tick(&std::fs::read_to_string(&serial).unwrap()).unwrap();
     // The VM snapshotted goes on with both devices, its connection too.
     echo.hold.store(false, Ordering::Relaxed);
@@ -190,41 +164,29 @@ fn snapshot_of_a_vm(net: &PrivateNet, guest: &Path, echo: &VsockEcho, dir: &Path
         last + 1
     );
     assert!(text.contains(&went_on), "{text}");
-    ok(
-        c.request("PUT", "vmm.shutdown", None).unwrap(),
-        "vmm.shutdown",
-    );
+    shutdown(&mut c);
     last
 }
 
 #[test]
 fn a_guest_using_its_network_card_and_vsock_goes_on_with_both_once_restored() {
     let test = "a_guest_using_its_network_card_and_vsock";
-    if !kvm_available(test) {
+    let Some(t) = SnapTest::start(test, "net") else {
         return;
-    }
+    };
     let Some(net) = private_tap(test, TAP) else {
         return;
     };
-    let scratch = std::env::temp_dir().join(format!("exitless-snapnet-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    let dir = scratch.join("snap");
-    std::fs::create_dir_all(&dir).unwrap();
+    let (scratch, guest, dir) = (&t.scratch, &t.guest, &t.dir);
     let (_frames, echoed) = echo_frames(&net);
     let echo = VsockEcho::start(&dir.with_extension("v.sock"));
     let accepted = echo.accepted.clone();
-    let guest = export_guest("snap-net");
-    let last = snapshot_of_a_vm(&net, &guest, &echo, &dir);
-    let state = SnapshotState::parse(&std::fs::read(dir.join("state.json")).unwrap()).unwrap();
-    for (id, kind) in [("_net0", "virtio-net"), ("_vsock0", "virtio-vsock")] {
-        let saved = &state.devices[id];
-        assert_eq!(saved.kind, kind);
-        assert_eq!(
-            saved.state["untouched"], false,
-            "{id}: set up by its driver"
-        );
-        assert_eq!(saved.state["transport"]["running"], true, "{id}");
-    }
+    let last = snapshot_of_a_vm(&net, guest, &echo, dir);
+    let state = saved_state(dir);
+    assert_saved_running(
+        &state,
+        &[("_net0", "virtio-net"), ("_vsock0", "virtio-vsock")],
+    );
     let before = (
         echoed.load(Ordering::Relaxed),
         accepted.load(Ordering::Relaxed),
@@ -236,12 +198,7 @@ fn a_guest_using_its_network_card_and_vsock_goes_on_with_both_once_restored() {
     let mut c: Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
     c["serial"]["file"] = serde_json::json!(scratch.join("restored.log"));
     std::fs::write(&config, c.to_string()).unwrap();
-    let vmm = vmm_in(&net, "snap-net-2");
-    let mut api = vmm.client();
-    let body = serde_json::json!({ "source_url": format!("file://{}", dir.display()) });
-    let r = api.request("PUT", "vm.restore", Some(&body.to_string()));
-    ok(r.unwrap(), "vm.restore");
-    ok(api.request("PUT", "vm.resume", None).unwrap(), "vm.resume");
+    let vmm = restored_in(vmm_in(&net, "snap-net-2"), dir);
     check_goes_on(
         &wait_file(&scratch.join("restored.log"), "EXITLESS DONE"),
         last,
@@ -259,13 +216,11 @@ fn a_guest_using_its_network_card_and_vsock_goes_on_with_both_once_restored() {
     c["net"][0].as_object_mut().unwrap().remove("tap");
     c["serial"]["file"] = serde_json::json!(scratch.join("again.log"));
     std::fs::write(&config, c.to_string()).unwrap();
-    let _vmm = restore_on_tap_fds(&net, &dir);
+    let _vmm = restore_on_tap_fds(&net, dir);
     check_goes_on(
         &wait_file(&scratch.join("again.log"), "EXITLESS DONE"),
         last,
     );
-    let _ = std::fs::remove_file(&guest);
-    let _ = std::fs::remove_dir_all(&scratch);
 }
 
 /// A 400 of one line holding `what`.

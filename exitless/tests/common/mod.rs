@@ -5,6 +5,7 @@
 
 pub mod api_vmm;
 pub mod kata;
+pub mod snapshot;
 pub mod virtiofsd;
 
 use std::io::Read;

@@ -14,6 +14,7 @@ pub mod health;
 pub mod memory_view;
 pub mod net;
 pub mod rng;
+pub mod running;
 pub mod transport;
 pub mod vhost_user;
 pub mod vsock;

@@ -19,10 +19,11 @@ mod tests;
 pub mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::Arc;
 
 use virtio_bindings::virtio_net as vn;
 
+use super::running::RunningWorker;
 use super::{
     Activation, QueueCounters, VirtioDevice, VirtioError, TYPE_NET, VIRTIO_F_VERSION_1,
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
@@ -92,11 +93,7 @@ pub struct Net {
     counters: Arc<[QueueCounters]>,
     net: Arc<NetCounters>,
     /// The queue work while the device runs (the event loop owns it), for a snapshot.
-    worker: Weak<Mutex<NetWorker>>,
-}
-
-fn lock(worker: &Mutex<NetWorker>) -> MutexGuard<'_, NetWorker> {
-    worker.lock().unwrap_or_else(|e| e.into_inner())
+    worker: RunningWorker<NetWorker>,
 }
 
 /// A locally administered unicast MAC derived from the tap's name (stable across runs).
@@ -128,7 +125,7 @@ impl Net {
             mac,
             counters: Arc::from(vec![QueueCounters::default(), QueueCounters::default()]),
             net: Arc::default(),
-            worker: Weak::new(),
+            worker: RunningWorker::default(),
         }
     }
 
@@ -226,17 +223,16 @@ impl VirtioDevice for Net {
             a.features & F_MRG_RXBUF != 0,
             a.health,
         );
-        let worker = Arc::new(Mutex::new(worker));
-        self.worker = Arc::downgrade(&worker);
-        Ok(worker)
+        Ok(self.worker.start(worker))
     }
 
     fn reset(&mut self) {
-        self.worker = Weak::new();
+        self.worker.stop();
     }
 
     /// Its configuration (the MAC) is made anew from the config and the tap opened again by
-    /// name; transmit chains drain, receive buffers are given back ([`NetWorker::quiesce`]).
+    /// name; transmit chains drain, receive buffers are given back (the worker's
+    /// [`quiesce`](super::running::QuiesceWorker::quiesce)).
     fn snapshot_support(&self) -> Result<(), String> {
         Ok(())
     }
@@ -246,16 +242,11 @@ impl VirtioDevice for Net {
     }
 
     fn quiesce(&mut self) -> Result<(), String> {
-        match self.worker.upgrade() {
-            Some(worker) => lock(&worker).quiesce(),
-            None => Ok(()),
-        }
+        self.worker.quiesce()
     }
 
     fn unquiesce(&mut self) {
-        if let Some(worker) = self.worker.upgrade() {
-            lock(&worker).unquiesce();
-        }
+        self.worker.unquiesce();
     }
 
     fn counters(&self) -> Arc<[QueueCounters]> {

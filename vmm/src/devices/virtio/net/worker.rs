@@ -21,6 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::tap::Tap;
 use super::{NetCounters, RX, TX};
+use crate::devices::virtio::running::QuiesceWorker;
 use crate::devices::virtio::{
     signal_used, ActiveQueue, DeviceHealth, MemoryView, QueueCounters, SharedGuestMemory,
     VirtioInterrupt, WritableChain,
@@ -155,15 +156,17 @@ impl NetWorker {
             Err(e) => self.warn_once(format_args!("cannot watch the tap: {e}")),
         }
     }
+}
 
+impl QuiesceWorker for NetWorker {
     /// For a snapshot (vCPUs parked): stops writing the receive queue until
-    /// [`NetWorker::unquiesce`] (frames the tap gives meanwhile, and the one waiting for
+    /// [`QuiesceWorker::unquiesce`] (frames the tap gives meanwhile, and the one waiting for
     /// buffers, are dropped and counted, as frames in flight) and gives back the receive
     /// chains held for the next frames: they were the last taken off the ring and none after
     /// them was used, so the ring's next index goes back over them and the device (or the
     /// one restored from the used ring) takes them again. Err if a chain taken is still
     /// neither used nor given back.
-    pub(super) fn quiesce(&mut self) -> Result<(), String> {
+    fn quiesce(&mut self) -> Result<(), String> {
         self.quiesced = true;
         if self.rx_held.take().is_some() {
             add(&self.net.rx_dropped, 1);
@@ -184,7 +187,7 @@ impl NetWorker {
 
     /// The snapshot is over: frames go to the guest again. The loop is woken (through the
     /// receive queue's notifier) to read the tap again and take the chains given back.
-    pub(super) fn unquiesce(&mut self) {
+    fn unquiesce(&mut self) {
         self.quiesced = false;
         let _ = self.rx_notify.write(1);
     }

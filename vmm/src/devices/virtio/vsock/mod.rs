@@ -15,10 +15,11 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex};
 
 use thiserror::Error;
 
+use super::running::RunningWorker;
 use super::{
     Activation, QueueCounters, VirtioDevice, VirtioError, TYPE_VSOCK, VIRTIO_F_VERSION_1,
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
@@ -87,13 +88,9 @@ pub struct Vsock {
     counters: Arc<[QueueCounters]>,
     vsock: Arc<VsockCounters>,
     /// The queue work while the device runs (the event loop owns it), for a snapshot.
-    worker: Weak<Mutex<VsockWorker>>,
+    worker: RunningWorker<VsockWorker>,
     /// Restored from a snapshot: the next start owes the guest a transport reset.
     owe_reset: bool,
-}
-
-fn lock_worker(worker: &Mutex<VsockWorker>) -> MutexGuard<'_, VsockWorker> {
-    worker.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Binds `path`, replacing a socket file no program listens on any more.
@@ -140,7 +137,7 @@ impl Vsock {
             muxer: Arc::new(Mutex::new(muxer)),
             counters: Arc::from((0..3).map(|_| QueueCounters::default()).collect::<Vec<_>>()),
             vsock,
-            worker: Weak::new(),
+            worker: RunningWorker::default(),
             owe_reset: false,
         };
         Ok((device, SocketFile(config.socket.clone())))
@@ -202,14 +199,13 @@ impl VirtioDevice for Vsock {
             a.health,
             std::mem::take(&mut self.owe_reset),
         );
-        let worker = Arc::new(Mutex::new(worker));
-        self.worker = Arc::downgrade(&worker);
-        Ok(worker)
+        Ok(self.worker.start(worker))
     }
 
     /// The CID comes from the config, the socket is listened on anew; transmit chains drain,
-    /// receive buffers are given back ([`VsockWorker::quiesce`]). Connections do not survive:
-    /// a restore tells the guest with a transport reset.
+    /// receive buffers are given back (the worker's
+    /// [`quiesce`](super::running::QuiesceWorker::quiesce)). Connections do not survive: a
+    /// restore tells the guest with a transport reset.
     fn snapshot_support(&self) -> Result<(), String> {
         Ok(())
     }
@@ -219,16 +215,11 @@ impl VirtioDevice for Vsock {
     }
 
     fn quiesce(&mut self) -> Result<(), String> {
-        match self.worker.upgrade() {
-            Some(worker) => lock_worker(&worker).quiesce(),
-            None => Ok(()),
-        }
+        self.worker.quiesce()
     }
 
     fn unquiesce(&mut self) {
-        if let Some(worker) = self.worker.upgrade() {
-            lock_worker(&worker).unquiesce();
-        }
+        self.worker.unquiesce();
     }
 
     fn restored(&mut self) {
@@ -236,7 +227,7 @@ impl VirtioDevice for Vsock {
     }
 
     fn reset(&mut self) {
-        self.worker = Weak::new();
+        self.worker.stop();
         self.muxer
             .lock()
             .unwrap_or_else(|e| e.into_inner())

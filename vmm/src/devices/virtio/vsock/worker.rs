@@ -12,6 +12,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::muxer::{FdChange, Muxer};
 use super::packet::{Header, HDR_LEN, MAX_PAYLOAD};
 use super::{EVENT, RX, TX};
+use crate::devices::virtio::running::QuiesceWorker;
 use crate::devices::virtio::{
     serve_available, signal_used, ActiveQueue, DeviceHealth, MemoryView, QueueCounters,
     SharedGuestMemory, StallGuard, VirtioInterrupt, WritableChain,
@@ -143,41 +144,6 @@ impl VsockWorker {
         }
     }
 
-    /// For a snapshot (vCPUs parked): stops writing the receive queue until
-    /// [`VsockWorker::unquiesce`] (what host programs send meanwhile waits in the muxer) and
-    /// gives back the receive chain held for the next packet: it was the last taken off the
-    /// ring and none after it was used, so the ring's next index goes back over it. Err if a
-    /// chain is still held, or a transport reset the guest was owed has not reached it.
-    pub(super) fn quiesce(&mut self) -> Result<(), String> {
-        self.quiesced = true;
-        if self.spare.take().is_some() {
-            let next = self.rx.next_avail().wrapping_sub(1);
-            self.rx.set_next_avail(next);
-        }
-        let (next, used) = (self.rx.next_avail(), self.rx.next_used());
-        if next != used {
-            return Err(format!(
-                "queue {RX} holds {} receive buffers it took and did not use",
-                next.wrapping_sub(used)
-            ));
-        }
-        if self.reset_pending {
-            return Err(
-                "the transport reset its restore owes the guest has not reached it \
-                        (the driver has given no event buffer)"
-                    .into(),
-            );
-        }
-        Ok(())
-    }
-
-    /// The snapshot is over: packets go to the guest again (a pass of the worker is asked
-    /// for: what came meanwhile waits in the muxer).
-    pub(super) fn unquiesce(&mut self) {
-        self.quiesced = false;
-        let _ = self.rx_notify.write(1);
-    }
-
     /// Hands every packet the guest queued to the muxer.
     fn serve_tx(&mut self) {
         let (mem, buf, muxer) = (self.mem.get(), &mut self.buf, &self.muxer);
@@ -275,6 +241,43 @@ impl VsockWorker {
             let readable = set.intersects(EventSet::IN | EventSet::HANG_UP | EventSet::ERROR);
             m.host_event(fd, readable, set.contains(EventSet::OUT));
         }
+    }
+}
+
+impl QuiesceWorker for VsockWorker {
+    /// For a snapshot (vCPUs parked): stops writing the receive queue until
+    /// [`QuiesceWorker::unquiesce`] (what host programs send meanwhile waits in the muxer) and
+    /// gives back the receive chain held for the next packet: it was the last taken off the
+    /// ring and none after it was used, so the ring's next index goes back over it. Err if a
+    /// chain is still held, or a transport reset the guest was owed has not reached it.
+    fn quiesce(&mut self) -> Result<(), String> {
+        self.quiesced = true;
+        if self.spare.take().is_some() {
+            let next = self.rx.next_avail().wrapping_sub(1);
+            self.rx.set_next_avail(next);
+        }
+        let (next, used) = (self.rx.next_avail(), self.rx.next_used());
+        if next != used {
+            return Err(format!(
+                "queue {RX} holds {} receive buffers it took and did not use",
+                next.wrapping_sub(used)
+            ));
+        }
+        if self.reset_pending {
+            return Err(
+                "the transport reset its restore owes the guest has not reached it \
+                        (the driver has given no event buffer)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The snapshot is over: packets go to the guest again (a pass of the worker is asked
+    /// for: what came meanwhile waits in the muxer).
+    fn unquiesce(&mut self) {
+        self.quiesced = false;
+        let _ = self.rx_notify.write(1);
     }
 }
 
