@@ -28,10 +28,10 @@ pub struct TaskSample {
 }
 
 /// A back end process: all its threads.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProcessSample {
-    /// Time on a CPU of its live threads (`schedstat`), ns.
-    pub cpu_ns: u64,
+    /// Each live thread's id and time on a CPU (`schedstat`), ns.
+    pub threads: Vec<(u32, u64)>,
     /// utime + stime of the whole process (`stat`, threads that ended included), in ms:
     /// clock-tick resolution.
     pub cpu_ticks_ms: u64,
@@ -151,13 +151,35 @@ fn status_field(status: &str, key: &str) -> Option<u64> {
 /// Process `pid`'s CPU time now: its live threads' (ns) and the whole process's (ticks).
 pub fn process_sample(pid: u32) -> ProcessSample {
     let root = format!("/proc/{pid}");
-    let cpu_ns = std::fs::read_dir(format!("{root}/task"))
-        .map(|tasks| tasks.filter_map(|t| schedstat_ns(&t.ok()?.path())).sum())
-        .unwrap_or(0);
+    let threads = std::fs::read_dir(format!("{root}/task"))
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| {
+                    let dir = t.ok()?.path();
+                    let tid = dir.file_name()?.to_str()?.parse().ok()?;
+                    Some((tid, schedstat_ns(&dir)?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let stat = std::fs::read_to_string(format!("{root}/stat")).unwrap_or_default();
     ProcessSample {
-        cpu_ns,
+        threads,
         cpu_ticks_ms: stat_cpu_ms(&stat),
+    }
+}
+
+impl ProcessSample {
+    /// CPU time used since `earlier`, ns: summed over threads alive at both moments, so a
+    /// thread that ends in between takes its whole time out of neither sample.
+    pub fn ns_since(&self, earlier: &ProcessSample) -> u64 {
+        self.threads
+            .iter()
+            .filter_map(|(tid, ns)| {
+                let (_, then) = earlier.threads.iter().find(|(t, _)| t == tid)?;
+                Some(ns.saturating_sub(*then))
+            })
+            .sum()
     }
 }
 
@@ -197,8 +219,8 @@ pub fn between(a: &ThreadsSample, b: &ThreadsSample) -> ThreadsCpu {
             cpu.other_ns += ns;
         }
     }
-    if let (Some(x), Some(y)) = (a.backend, b.backend) {
-        cpu.backend_ns = Some(y.cpu_ns.saturating_sub(x.cpu_ns));
+    if let (Some(x), Some(y)) = (&a.backend, &b.backend) {
+        cpu.backend_ns = Some(y.ns_since(x));
         cpu.backend_ticks_ms = Some(y.cpu_ticks_ms.saturating_sub(x.cpu_ticks_ms));
     }
     cpu
@@ -227,7 +249,8 @@ mod tests {
                 task(4, "gone", 7, 0),
             ],
             backend: Some(ProcessSample {
-                cpu_ns: 500,
+                // Thread 8 ends before the second sample: its time must not count as -200.
+                threads: vec![(7, 300), (8, 200)],
                 cpu_ticks_ms: 10,
             }),
         };
@@ -239,7 +262,7 @@ mod tests {
                 task(5, "new", 999, 0),
             ],
             backend: Some(ProcessSample {
-                cpu_ns: 4500,
+                threads: vec![(7, 4300), (9, 999)],
                 cpu_ticks_ms: 20,
             }),
         };

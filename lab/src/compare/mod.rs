@@ -547,11 +547,7 @@ fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareErr
         let mut launch = files.launch(plan, (vmm, case), &cmdline, &exits);
         let backend = fs_host.map(|h| h.start(&fs_socket)).transpose()?;
         launch.fs = backend.as_ref().map(|_| fs_socket.as_path());
-        let backend_cpu = || {
-            backend
-                .as_ref()
-                .map(|d| threads::process_sample(d.pid()).cpu_ns)
-        };
+        let backend_cpu = || backend.as_ref().map(|d| threads::process_sample(d.pid()));
         let mut backend_cpu_ns = (None, None);
         let mut traced = Err("not traced".to_string());
         let mut kvm_exits = Err("not read".to_string());
@@ -588,7 +584,7 @@ fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareErr
             backend_cpu_ns: backend_cpu_ns
                 .0
                 .zip(backend_cpu_ns.1)
-                .map(|(a, b)| b.saturating_sub(a)),
+                .map(|(a, b)| b.ns_since(&a)),
         })
     };
     Ok((one(setting.counts[0])?, one(setting.counts[1])?))
