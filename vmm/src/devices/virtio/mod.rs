@@ -17,6 +17,7 @@ pub mod rng;
 pub mod running;
 pub mod transport;
 pub mod vhost_user;
+pub mod vhost_user_device;
 pub mod vsock;
 
 use std::io;

@@ -115,6 +115,30 @@ impl Connection {
         })
     }
 
+    /// Sends `code` with `body` and returns the reply's body, whose size is the back end's to
+    /// choose (GET_CONFIG: an empty body is a refusal), at most `max` bytes.
+    pub fn ask_sized(
+        &mut self,
+        code: FrontendReq,
+        body: &[u8],
+        max: usize,
+    ) -> Result<Vec<u8>, VhostUserError> {
+        self.guarded(|c| {
+            c.write_message(code, body, &[], false)?;
+            let size = c.read_header(code)? as usize;
+            if size > max {
+                return Err(VhostUserError::WrongSize {
+                    request: request_name(code),
+                    want: max,
+                    got: size as u32,
+                });
+            }
+            let mut reply = vec![0u8; size];
+            c.read_exactly(code, &mut reply)?;
+            Ok(reply)
+        })
+    }
+
     /// Runs one exchange unless the connection is broken; a failure breaks it.
     fn guarded<T>(
         &mut self,
@@ -205,6 +229,24 @@ impl Connection {
             request: request_name(code),
             after: self.timeout,
         }
+    }
+
+    /// A reply's header: request code, reply flag and version checked; returns the body's size.
+    fn read_header(&mut self, code: FrontendReq) -> Result<u32, VhostUserError> {
+        let mut header = [0u8; HEADER_LEN];
+        self.read_exactly(code, &mut header)?;
+        let word =
+            |i: usize| u32::from_ne_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+        let (request, flags, size) = (word(0), word(4), word(8));
+        if request != u32::from(code) || flags & FLAG_REPLY == 0 || flags & 0x3 != VERSION {
+            return Err(VhostUserError::WrongReply {
+                request: request_name(code),
+                got: FrontendReq::try_from(request)
+                    .map_or_else(|_| format!("request code {request}"), request_name),
+                flags,
+            });
+        }
+        Ok(size)
     }
 
     /// The reply to `code`: its header checked first, then its body of exactly `T`'s size.

@@ -213,7 +213,7 @@ impl VirtioDevice for Fs {
 /// readable socket is a back end that closed it (or one that sends what nobody asked for).
 /// Either way the device goes to DEVICE_NEEDS_RESET with one line naming the back end; the
 /// VM and other devices run on.
-struct BackendWatch {
+pub(crate) struct BackendWatch {
     socket: Arc<UnixStream>,
     path: PathBuf,
     health: Arc<DeviceHealth>,
@@ -314,5 +314,41 @@ impl MemoryListener for FsRegions {
 
     fn is_gone(&self) -> bool {
         self.frontend.strong_count() == 0
+    }
+}
+
+impl BackendWatch {
+    /// The watch of a device (virtio-fs or another vhost-user device) whose back end talks
+    /// on `socket` (a second handle on it), at `path`.
+    pub(crate) fn new(
+        socket: Arc<UnixStream>,
+        path: PathBuf,
+        health: Arc<DeviceHealth>,
+        gone: Arc<AtomicBool>,
+    ) -> Self {
+        BackendWatch {
+            socket,
+            path,
+            health,
+            gone,
+        }
+    }
+}
+
+impl FsRegions {
+    /// The memory listener of any vhost-user device `name` (it is virtio-fs's, named so for
+    /// the device it was first written for).
+    pub(crate) fn new(
+        name: &str,
+        frontend: Weak<Mutex<Frontend>>,
+        gone: Arc<AtomicBool>,
+        event_loop: EventLoopHandle,
+    ) -> Self {
+        FsRegions {
+            name: name.to_string(),
+            frontend,
+            gone,
+            event_loop,
+        }
     }
 }

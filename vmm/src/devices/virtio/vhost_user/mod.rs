@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 use vhost::vhost_user::message::{
-    FrontendReq, VhostUserMemory, VhostUserMemoryRegion, VhostUserProtocolFeatures,
+    FrontendReq, VhostUserConfig, VhostUserConfigFlags, VhostUserMemory, VhostUserMemoryRegion, VhostUserProtocolFeatures,
     VhostUserSingleMemoryRegion, VhostUserU64, VhostUserVirtioFeatures, VhostUserVringAddr,
     VhostUserVringAddrFlags, VhostUserVringState, MAX_ATTACHED_FD_ENTRIES,
 };
@@ -149,11 +149,22 @@ impl Frontend {
     /// Connects to the back end at `path` and negotiates features for a device of `queues`
     /// queues.
     pub fn connect(path: &Path, queues: usize, timeout: Duration) -> Result<Self, VhostUserError> {
+        Self::connect_wanting(path, queues, timeout, WANTED_PROTOCOL_FEATURES)
+    }
+
+    /// [`Frontend::connect`] using the protocol features of `wanted` the back end offers
+    /// (a device reading its configuration from the back end adds CONFIG).
+    pub fn connect_wanting(
+        path: &Path,
+        queues: usize,
+        timeout: Duration,
+        wanted: VhostUserProtocolFeatures,
+    ) -> Result<Self, VhostUserError> {
         let sock = UnixStream::connect(path).map_err(|error| VhostUserError::Connect {
             path: path.to_path_buf(),
             error,
         })?;
-        Self::handshake(sock, path, queues, timeout)
+        Self::handshake_wanting(sock, path, queues, timeout, wanted)
     }
 
     /// The negotiation on an open socket: SET_OWNER, the virtio features, the protocol
@@ -163,6 +174,17 @@ impl Frontend {
         path: &Path,
         queues: usize,
         timeout: Duration,
+    ) -> Result<Self, VhostUserError> {
+        Self::handshake_wanting(sock, path, queues, timeout, WANTED_PROTOCOL_FEATURES)
+    }
+
+    /// [`Frontend::handshake`] using the protocol features of `wanted` the back end offers.
+    pub fn handshake_wanting(
+        sock: UnixStream,
+        path: &Path,
+        queues: usize,
+        timeout: Duration,
+        wanted: VhostUserProtocolFeatures,
     ) -> Result<Self, VhostUserError> {
         let conn = Connection::new(sock, timeout).map_err(VhostUserError::Socket)?;
         let mut f = Frontend {
@@ -198,8 +220,7 @@ impl Frontend {
             .conn
             .ask::<VhostUserU64>(FrontendReq::GET_PROTOCOL_FEATURES, &[])?
             .value;
-        f.protocol =
-            VhostUserProtocolFeatures::from_bits_truncate(theirs) & WANTED_PROTOCOL_FEATURES;
+        f.protocol = VhostUserProtocolFeatures::from_bits_truncate(theirs) & wanted;
         let chosen = f.protocol.bits();
         f.conn
             .send_u64(FrontendReq::SET_PROTOCOL_FEATURES, chosen, &[])?;
@@ -231,6 +252,33 @@ impl Frontend {
     pub fn can_add_regions(&self) -> bool {
         self.protocol
             .contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+    }
+
+    /// The first `size` bytes of the device's configuration space, read from the back end
+    /// (GET_CONFIG; needs the CONFIG protocol feature). Ok(None): the back end has none that
+    /// large (it answered with an empty body, libvhost-user's refusal).
+    pub fn get_config(&mut self, size: u32) -> Result<Option<Vec<u8>>, VhostUserError> {
+        if !self.protocol.contains(VhostUserProtocolFeatures::CONFIG) {
+            return Err(VhostUserError::Missing("CONFIG"));
+        }
+        let head = VhostUserConfig::new(0, size, VhostUserConfigFlags::empty());
+        let mut body = head.as_slice().to_vec();
+        body.resize(body.len() + size as usize, 0);
+        let request = FrontendReq::GET_CONFIG;
+        let reply = self.conn.ask_sized(request, &body, body.len())?;
+        if reply.is_empty() {
+            return Ok(None);
+        }
+        let head_len = head.as_slice().len();
+        let payload = reply.get(head_len..).unwrap_or_default();
+        if reply.len() != body.len() || reply[..head_len] != body[..head_len] {
+            return Err(VhostUserError::WrongSize {
+                request: connection::request_name(request),
+                want: body.len(),
+                got: reply.len() as u32,
+            });
+        }
+        Ok(Some(payload.to_vec()))
     }
 
     /// The back end's socket path.
