@@ -111,9 +111,14 @@ pub struct RunOptions {
     profile_interval: Option<f64>,
     /// A raw disk image as a virtio-blk device (repeatable; readonly=on refuses the guest's
     /// writes, direct=on opens it O_DIRECT). The image is locked while attached (exclusive,
-    /// shared when read-only): a second writer is refused; lock=off shares it on purpose
+    /// shared when read-only): a second writer is refused; lock=off shares it on purpose.
+    /// vhost_user=on,socket=PATH: the disk served by a vhost-user-blk back end (e.g.
+    /// qemu-storage-daemon) listening on PATH; needs --memory size=SIZE,shared=on
     /// [default: none]
-    #[arg(long, value_name = "path=FILE[,readonly=on][,direct=on][,lock=off]")]
+    #[arg(
+        long,
+        value_name = "path=FILE[,readonly=on][,direct=on][,lock=off] | vhost_user=on,socket=PATH"
+    )]
     disk: Vec<String>,
     /// A virtio-rng device fed from the host's getrandom(2) [default: off]
     #[arg(long)]
@@ -137,6 +142,12 @@ pub struct RunOptions {
     /// [default: 1], queue_size= [default: 1024] [default: none]
     #[arg(long, value_name = "tag=TAG,socket=PATH")]
     fs: Vec<String>,
+    /// A virtio device of type N (2 block, 26 fs, ...) whose queues (one per size listed) and
+    /// configuration space the vhost-user back end listening on PATH serves, as Cloud
+    /// Hypervisor's --generic-vhost-user (repeatable). Needs --memory size=SIZE,shared=on
+    /// [default: none]
+    #[arg(long, value_name = "socket=PATH,device_type=N,queue_sizes=[Q,...]")]
+    generic_vhost_user: Vec<String>,
     /// A virtio-balloon device, through which the guest gives memory back to the host:
     /// free_page_reporting=on lets it report its free pages, which exitless discards (the
     /// host's RSS falls); size=SIZE (0, or a size as --memory takes it) is what it is asked to
@@ -244,6 +255,11 @@ fn vm_config(args: &RunOptions) -> anyhow::Result<VmConfig> {
             .map(|f| f.parse())
             .collect::<Result<_, ConfigError>>()?,
         balloon: parse(args.balloon.as_deref())?,
+        generic_vhost_user: args
+            .generic_vhost_user
+            .iter()
+            .map(|g| g.parse())
+            .collect::<Result<_, ConfigError>>()?,
     };
     let file = args
         .config
@@ -349,6 +365,7 @@ fn shaping_options(args: &RunOptions) -> Vec<&'static str> {
         ("--net", !args.net.is_empty()),
         ("--vsock", args.vsock.is_some()),
         ("--fs", !args.fs.is_empty()),
+        ("--generic-vhost-user", !args.generic_vhost_user.is_empty()),
         ("--balloon", args.balloon.is_some()),
     ];
     given.into_iter().filter(|g| g.1).map(|g| g.0).collect()

@@ -26,11 +26,13 @@ pub mod disk;
 pub mod fs;
 pub mod memory;
 pub mod net;
+pub mod vhost_user;
 pub use balloon::BalloonConfig;
 pub use disk::DiskConfig;
 pub use fs::FsConfig;
 pub use memory::{MemoryOption, MemoryZoneConfig};
 pub use net::{MacAddr, NetConfig, TapFd, VsockConfig};
+pub use vhost_user::GenericVhostUserConfig;
 
 /// Default kernel command line.
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1";
@@ -110,6 +112,10 @@ pub enum ConfigError {
     FsNeedsSharedMemory,
     #[error("Invalid --balloon '{input}': {reason}")]
     Balloon { input: String, reason: String },
+    #[error("Invalid --generic-vhost-user '{input}': {reason}")]
+    GenericVhostUser { input: String, reason: String },
+    #[error("{0} needs shared guest memory (a vhost-user back end maps it): use --memory size=SIZE,shared=on (memory.shared=true in the API)")]
+    VhostUserNeedsSharedMemory(&'static str),
 }
 
 /// A guest memory size in bytes, always a non-zero multiple of 4 KiB.
@@ -420,6 +426,9 @@ pub struct VmConfig {
     /// A virtio-balloon device (free page reporting).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balloon: Option<BalloonConfig>,
+    /// Generic vhost-user devices (Cloud Hypervisor's `generic_vhost_user`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generic_vhost_user: Vec<GenericVhostUserConfig>,
 }
 
 impl Default for VmConfig {
@@ -446,6 +455,7 @@ impl Default for VmConfig {
             vsock: None,
             fs: Vec::new(),
             balloon: None,
+            generic_vhost_user: Vec::new(),
         }
     }
 }
@@ -484,6 +494,8 @@ pub struct VmConfigOverrides {
     /// File systems given on the command line replace the file's list.
     pub fs: Vec<FsConfig>,
     pub balloon: Option<BalloonConfig>,
+    /// Generic vhost-user devices given on the command line replace the file's list.
+    pub generic_vhost_user: Vec<GenericVhostUserConfig>,
 }
 
 impl VmConfig {
@@ -550,6 +562,9 @@ impl VmConfig {
             c.fs = o.fs;
         }
         c.balloon = o.balloon.or(c.balloon);
+        if !o.generic_vhost_user.is_empty() {
+            c.generic_vhost_user = o.generic_vhost_user;
+        }
         if c.kernel.as_os_str().is_empty() {
             return Err(ConfigError::NoKernel);
         }
@@ -624,12 +639,42 @@ impl VmConfig {
                 reason,
             })?;
         }
+        self.validate_vhost_user()?;
         if let Some(b) = &self.balloon {
             b.check(self.memory.bytes())
                 .map_err(|reason| ConfigError::Balloon {
                     input: format!("size={}", MemorySize(b.size)),
                     reason,
                 })?;
+        }
+        Ok(())
+    }
+}
+
+impl VmConfig {
+    /// vhost-user disks and generic vhost-user devices: each valid, on shared memory.
+    fn validate_vhost_user(&self) -> Result<(), ConfigError> {
+        for d in &self.disks {
+            d.check().map_err(|reason| ConfigError::Disk {
+                input: d.path.display().to_string(),
+                reason,
+            })?;
+        }
+        for g in &self.generic_vhost_user {
+            g.check().map_err(|reason| ConfigError::GenericVhostUser {
+                input: format!("socket={}", g.socket.display()),
+                reason,
+            })?;
+        }
+        if !self.shared_memory {
+            if self.disks.iter().any(|d| d.vhost_user) {
+                return Err(ConfigError::VhostUserNeedsSharedMemory("A vhost-user disk"));
+            }
+            if !self.generic_vhost_user.is_empty() {
+                return Err(ConfigError::VhostUserNeedsSharedMemory(
+                    "A generic vhost-user device",
+                ));
+            }
         }
         Ok(())
     }

@@ -17,6 +17,7 @@ mod restore;
 mod signals;
 mod snapshot;
 mod start_up_memory;
+mod vhost_user_devices;
 use console::{attach_idle_flush, attach_stdin, console_output};
 pub use hotplug::HotplugDevice;
 pub use restore::{restore, RestoreOptions};
@@ -82,6 +83,11 @@ pub enum LaunchError {
     Vsock(#[from] crate::devices::virtio::vsock::VsockError),
     #[error("{name}: {error}")]
     Fs {
+        name: String,
+        error: crate::devices::virtio::vhost_user::VhostUserError,
+    },
+    #[error("{name}: {error}")]
+    VhostUser {
         name: String,
         error: crate::devices::virtio::vhost_user::VhostUserError,
     },
@@ -319,7 +325,9 @@ fn add_virtio_devices(
 ) -> Result<Vec<(String, SocketFile)>, LaunchError> {
     for (i, disk) in config.disks.iter().enumerate() {
         let name = device_name(disk.id.as_deref(), "virtio-blk", i);
-        builder.add_virtio(&name, Box::new(open_disk(disk)?), Notify::Ioeventfd)?;
+        let handle = builder.event_loop();
+        let model = vhost_user_devices::disk_model(&name, disk, builder.devices(), handle)?;
+        builder.add_virtio(&name, model, Notify::Ioeventfd)?;
     }
     if config.rng {
         builder.add_virtio("virtio-rng", Box::new(Rng::new()), Notify::Ioeventfd)?;
@@ -334,6 +342,12 @@ fn add_virtio_devices(
         let listener = dev.memory_listener(&name, builder.event_loop());
         builder.add_virtio(&name, Box::new(dev), Notify::Ioeventfd)?;
         builder.devices().add_memory_listener(Box::new(listener));
+    }
+    for (i, g) in config.generic_vhost_user.iter().enumerate() {
+        let name = device_name(g.id.as_deref(), "vhost-user", i);
+        let handle = builder.event_loop();
+        let model = vhost_user_devices::generic_model(&name, g, builder.devices(), handle)?;
+        builder.add_virtio(&name, model, Notify::Ioeventfd)?;
     }
     let mut files = Vec::new();
     if let Some(vsock) = &config.vsock {

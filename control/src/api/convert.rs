@@ -9,11 +9,13 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::schema::{
-    BalloonConfig, ConsoleConfig, CpusConfig, DiskConfig, Extra, FsConfig, MemoryConfig,
-    MemoryZoneConfig, NetConfig, PayloadConfig, VmConfig, VsockConfig,
+    BalloonConfig, ConsoleConfig, CpusConfig, DiskConfig, Extra, FsConfig, GenericVhostUserConfig,
+    MemoryConfig, MemoryZoneConfig, NetConfig, PayloadConfig, VmConfig, VsockConfig,
 };
 use super::ApiError;
 use vmm::config::{self, MemorySize, SerialOutputMode, TapFd};
+
+mod vhost_user;
 
 fn refuse(message: String) -> ApiError {
     ApiError {
@@ -50,7 +52,6 @@ const UNSUPPORTED: &[&str] = &[
     "devices",
     "user_devices",
     "vdpa",
-    "generic_vhost_user",
     "sgx_epc",
     "numa",
     "tpm",
@@ -95,6 +96,9 @@ impl VmConfig {
         let segments = self.pci_segments();
         for f in self.fs.iter().flatten() {
             f.check(self.memory.shared, segments)?;
+        }
+        for g in self.generic_vhost_user.iter().flatten() {
+            g.check(self.memory.shared, segments)?;
         }
         Ok(())
     }
@@ -146,6 +150,9 @@ impl VmConfig {
         for f in self.fs.iter().flatten() {
             c.fs.push(f.to_fs_config());
         }
+        for g in self.generic_vhost_user.iter().flatten() {
+            c.generic_vhost_user.push(g.to_config());
+        }
         if let Some(b) = &self.balloon {
             c.balloon = Some(b.to_balloon_config(c.memory.bytes())?);
         }
@@ -189,11 +196,11 @@ impl VmConfig {
                 c.disks
                     .iter()
                     .map(|d| DiskConfig {
-                        path: Some(path(&d.path)),
+                        path: (!d.vhost_user).then(|| path(&d.path)),
                         readonly: d.readonly,
                         direct: d.direct,
                         id: d.id.clone(),
-                        ..DiskConfig::default()
+                        extra: vhost_user_fields(d),
                     })
                     .collect(),
             ),
@@ -226,6 +233,10 @@ impl VmConfig {
                         extra: Extra::new(),
                     })
                     .collect()
+            }),
+            generic_vhost_user: (!c.generic_vhost_user.is_empty()).then(|| {
+                let body = GenericVhostUserConfig::from_config;
+                c.generic_vhost_user.iter().map(body).collect()
             }),
             serial: Some(serial_body(&c.serial_output)),
             balloon: c.balloon.as_ref().map(|b| BalloonConfig {
@@ -263,6 +274,22 @@ pub fn name_devices_as_the_api_does(c: &mut config::VmConfig) {
     if let Some(b) = &mut c.balloon {
         name(&mut b.id, "balloon", 0);
     }
+    for (i, g) in c.generic_vhost_user.iter_mut().enumerate() {
+        name(&mut g.id, "generic_vhost_user", i);
+    }
+}
+
+/// A vhost-user disk's `vhost_user` and `vhost_socket`, as Cloud Hypervisor names them.
+fn vhost_user_fields(d: &config::DiskConfig) -> Extra {
+    let mut extra = Extra::new();
+    if let (true, Some(socket)) = (d.vhost_user, &d.vhost_socket) {
+        extra.insert("vhost_user".into(), Value::Bool(true));
+        extra.insert(
+            "vhost_socket".into(),
+            Value::String(socket.display().to_string()),
+        );
+    }
+    extra
 }
 
 fn memory_size(bytes: u64) -> Result<MemorySize, ApiError> {
@@ -396,11 +423,7 @@ fn serial_body(mode: &SerialOutputMode) -> ConsoleConfig {
 
 impl DiskConfig {
     fn check(&self) -> Result<(), ApiError> {
-        refuse_set(
-            &self.extra,
-            "disks[].",
-            &["vhost_user", "vhost_socket", "backing_files"],
-        )?;
+        refuse_set(&self.extra, "disks[].", &["backing_files"])?;
         match self.extra.get("image_type").and_then(Value::as_str) {
             None | Some("Raw" | "Unknown") => Ok(()),
             Some(other) => Err(refuse(format!(
@@ -413,6 +436,11 @@ impl DiskConfig {
     /// exitless's disk for this body; more queues than one are served by one.
     pub fn to_disk_config(&self) -> Result<config::DiskConfig, ApiError> {
         self.check()?;
+        if self.vhost_user() {
+            return self.to_vhost_user_disk();
+        }
+        refuse_set(&self.extra, "disks[].", &["vhost_socket"])
+            .map_err(|_| refuse("disks[].vhost_socket needs disks[].vhost_user=true".into()))?;
         let path = self
             .path
             .as_ref()
@@ -430,6 +458,7 @@ impl DiskConfig {
                 .unwrap_or(true),
             probe_format: image_type == Some("Unknown"),
             id: self.id.clone(),
+            ..config::DiskConfig::default()
         })
     }
 }

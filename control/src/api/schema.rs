@@ -240,6 +240,23 @@ pub struct VmConfig {
     pub fs: Option<Vec<FsConfig>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balloon: Option<BalloonConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generic_vhost_user: Option<Vec<GenericVhostUserConfig>>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// A generic vhost-user device (`generic_vhost_user[]`, `vm.add-generic-vhost-user`, Cloud
+/// Hypervisor v52): a virtio device of `device_type` whose queues a vhost-user back end serves.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GenericVhostUserConfig {
+    pub socket: String,
+    pub queue_sizes: Vec<u16>,
+    pub device_type: u32,
+    #[serde(default)]
+    pub pci_segment: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }

@@ -37,6 +37,9 @@ impl DeviceIds {
         if config.balloon.is_some() {
             ids.used.insert("_balloon0".into());
         }
+        for i in 0..config.generic_vhost_user.len() {
+            ids.used.insert(format!("_generic_vhost_user{i}"));
+        }
         ids
     }
 
@@ -86,6 +89,9 @@ impl DeviceIds {
         if let Some(b) = api.balloon.as_mut() {
             b.id = Some(self.assign(b.id.take(), "_balloon")?);
         }
+        for g in api.generic_vhost_user.iter_mut().flatten() {
+            g.id = Some(self.assign(g.id.take(), "_generic_vhost_user")?);
+        }
         Ok(())
     }
 }
@@ -117,7 +123,14 @@ impl Vmm {
         let slot = self.slot()?;
         let id = slot.ids.assign(disk.id.take(), "_disk")?;
         disk.id = Some(id.clone());
+        let shared = slot.config.shared_memory;
         let added = disk.to_disk_config().map_err(invalid).and_then(|internal| {
+            if internal.vhost_user && !shared {
+                return Err(ControlError::Invalid(
+                    "A vhost-user disk needs memory.shared=true: the back end maps guest memory"
+                        .into(),
+                ));
+            }
             let bdf = slot.plug(&id, HotplugDevice::Disk(&internal))?;
             slot.config.disks.push(internal);
             slot.api.disks.get_or_insert_with(Vec::new).push(disk);
@@ -176,6 +189,29 @@ impl Vmm {
         if added.is_ok() {
             slot.config.fs.push(internal);
             slot.api.fs.get_or_insert_with(Vec::new).push(fs);
+        }
+        slot.added(id, added)
+    }
+
+    /// A generic vhost-user device on the back end at `g.socket` (the VM's memory must be
+    /// shared): joins the config before boot, hot-plugged once booted.
+    pub(super) fn add_generic_vhost_user(
+        &mut self,
+        mut g: schema::GenericVhostUserConfig,
+    ) -> Added {
+        let slot = self.slot()?;
+        g.check(slot.config.shared_memory, slot.api.pci_segments())
+            .map_err(invalid)?;
+        let id = slot.ids.assign(g.id.take(), "_generic_vhost_user")?;
+        g.id = Some(id.clone());
+        let internal = g.to_config();
+        let added = slot.plug(&id, HotplugDevice::GenericVhostUser(&internal));
+        if added.is_ok() {
+            slot.config.generic_vhost_user.push(internal);
+            slot.api
+                .generic_vhost_user
+                .get_or_insert_with(Vec::new)
+                .push(g);
         }
         slot.added(id, added)
     }
@@ -279,6 +315,12 @@ impl VmSlot {
             if let Some(i) = fs.iter().position(|f| is(&f.id)) {
                 fs.remove(i);
                 self.config.fs.remove(i);
+            }
+        }
+        if let Some(gs) = self.api.generic_vhost_user.as_mut() {
+            if let Some(i) = gs.iter().position(|g| is(&g.id)) {
+                gs.remove(i);
+                self.config.generic_vhost_user.remove(i);
             }
         }
         // A running VM's device keeps its id until the guest has ejected it.

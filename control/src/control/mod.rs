@@ -222,6 +222,7 @@ impl Vmm {
             ApiRequest::VmAddNet(net, fds) => self.add_net(net, fds).into(),
             ApiRequest::VmAddVsock(vsock) => self.add_vsock(vsock).into(),
             ApiRequest::VmAddFs(fs) => self.add_fs(fs).into(),
+            ApiRequest::VmAddGenericVhostUser(g) => self.add_generic_vhost_user(g).into(),
             ApiRequest::VmRemoveDevice(r) => done(self.remove_device(r)),
             ApiRequest::VmResize(r) => done(self.resize(r)),
             ApiRequest::VmSnapshot(s) => done(self.snapshot(&s.destination_url)),

@@ -84,6 +84,7 @@ fn request_name(r: &ApiRequest) -> &'static str {
         ApiRequest::VmAddNet(..) => "vm.add-net",
         ApiRequest::VmAddVsock(_) => "vm.add-vsock",
         ApiRequest::VmAddFs(_) => "vm.add-fs",
+        ApiRequest::VmAddGenericVhostUser(_) => "vm.add-generic-vhost-user",
         ApiRequest::VmRemoveDevice(_) => "vm.remove-device",
         ApiRequest::VmResize(_) => "vm.resize",
         ApiRequest::VmSnapshot(_) => "vm.snapshot",

@@ -1,5 +1,6 @@
 //! `--disk path=FILE[,readonly=on][,direct=on][,lock=off]`: a raw image file behind a virtio-blk
-//! device.
+//! device; `--disk vhost_user=on,socket=PATH`: a vhost-user-blk back end (qemu-storage-daemon,
+//! SPDK) serving the disk, the guest seeing the same virtio-blk.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -33,6 +34,13 @@ pub struct DiskConfig {
     /// The device's id in the API (`_disk0`, or the client's); none from the command line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// Served by the vhost-user-blk back end at `vhost_socket` (no image opened here; the
+    /// back end decides what the disk is, read-only included). Needs shared guest memory.
+    #[serde(default, skip_serializing_if = "is_off")]
+    pub vhost_user: bool,
+    /// The back end's socket, with `vhost_user`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost_socket: Option<PathBuf>,
 }
 
 impl Default for DiskConfig {
@@ -44,6 +52,8 @@ impl Default for DiskConfig {
             lock: true,
             probe_format: false,
             id: None,
+            vhost_user: false,
+            vhost_socket: None,
         }
     }
 }
@@ -75,38 +85,62 @@ fn on_off(input: &str, key: &str, value: &str) -> Result<bool, ConfigError> {
     }
 }
 
+impl DiskConfig {
+    /// Checks a disk's fields against each other: a vhost-user disk names its socket and
+    /// nothing of an image (the back end has it), an image disk its path.
+    pub fn check(&self) -> Result<(), String> {
+        if !self.vhost_user {
+            if self.vhost_socket.is_some() {
+                return Err("socket= (vhost_socket) needs vhost_user=on".into());
+            }
+            if self.path.as_os_str().is_empty() {
+                return Err("path=FILE is required".into());
+            }
+            return Ok(());
+        }
+        if self.vhost_socket.is_none() {
+            return Err("vhost_user=on needs socket=PATH (the back end's vhost_socket)".into());
+        }
+        if !self.path.as_os_str().is_empty() || self.readonly || self.direct {
+            return Err(
+                "path=, readonly= and direct= are the vhost-user back end's to set (its export), not exitless's"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
 impl FromStr for DiskConfig {
     type Err = ConfigError;
 
-    /// `path=FILE` with optional `,readonly=on|off`, `,direct=on|off` and `,lock=on|off`.
+    /// `path=FILE` with optional `,readonly=on|off`, `,direct=on|off` and `,lock=on|off`, or
+    /// `vhost_user=on,socket=PATH`.
     fn from_str(input: &str) -> Result<Self, ConfigError> {
-        let mut path = None;
-        let (mut readonly, mut direct, mut lock) = (false, false, true);
+        let mut d = DiskConfig::default();
         for part in input.split(',') {
             let (key, value) = part
                 .split_once('=')
                 .ok_or_else(|| bad(input, format!("'{part}' is not key=value")))?;
             match key {
-                "path" if !value.is_empty() => path = Some(PathBuf::from(value)),
-                "readonly" => readonly = on_off(input, key, value)?,
-                "direct" => direct = on_off(input, key, value)?,
-                "lock" => lock = on_off(input, key, value)?,
+                "path" if !value.is_empty() => d.path = PathBuf::from(value),
+                "readonly" => d.readonly = on_off(input, key, value)?,
+                "direct" => d.direct = on_off(input, key, value)?,
+                "lock" => d.lock = on_off(input, key, value)?,
+                "vhost_user" => d.vhost_user = on_off(input, key, value)?,
+                "socket" if !value.is_empty() => d.vhost_socket = Some(PathBuf::from(value)),
                 _ => {
                     return Err(bad(
                         input,
-                        format!("unknown key '{key}' (path=, readonly=, direct=, lock=)"),
+                        format!(
+                            "unknown key '{key}' (path=, readonly=, direct=, lock=, vhost_user=, socket=)"
+                        ),
                     ))
                 }
             }
         }
-        let path = path.ok_or_else(|| bad(input, "path=FILE is required".into()))?;
-        Ok(DiskConfig {
-            path,
-            readonly,
-            direct,
-            lock,
-            ..DiskConfig::default()
-        })
+        d.check().map_err(|reason| bad(input, reason))?;
+        Ok(d)
     }
 }
 
@@ -132,11 +166,27 @@ mod tests {
             ("path=a,direct=2", "direct=2: use on or off"),
             ("path=a,lock=later", "lock=later: use on or off"),
             ("path=", "unknown key 'path'"),
+            ("vhost_user=on", "needs socket=PATH"),
+            ("path=a,socket=/s", "needs vhost_user=on"),
+            (
+                "vhost_user=on,socket=/s,path=a",
+                "the vhost-user back end's to set",
+            ),
+            (
+                "vhost_user=on,socket=/s,readonly=on",
+                "the vhost-user back end's to set",
+            ),
         ] {
             let e = input.parse::<DiskConfig>().unwrap_err().to_string();
             assert!(e.starts_with(&format!("Invalid --disk '{input}'")), "{e}");
             assert!(e.contains(why), "{input}: {e}");
         }
+        let v: DiskConfig = "vhost_user=on,socket=/run/blk.sock".parse().unwrap();
+        assert!(v.vhost_user && v.path.as_os_str().is_empty());
+        assert_eq!(
+            v.vhost_socket.as_deref(),
+            Some(std::path::Path::new("/run/blk.sock"))
+        );
         let json: DiskConfig =
             serde_json::from_str(r#"{"path": "x.img", "readonly": true}"#).unwrap();
         assert!(json.readonly);

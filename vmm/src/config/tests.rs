@@ -96,6 +96,9 @@ fn full() -> VmConfig {
         vsock: Some("cid=3,socket=/run/v.sock".parse().unwrap()),
         fs: vec!["tag=share,socket=/run/fs.sock".parse().unwrap()],
         balloon: Some("size=8M,free_page_reporting=on".parse().unwrap()),
+        generic_vhost_user: vec!["socket=/run/g.sock,device_type=2,queue_sizes=[128]"
+            .parse()
+            .unwrap()],
     }
 }
 

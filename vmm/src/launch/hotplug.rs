@@ -1,8 +1,9 @@
 //! A running VM's hotplug: devices added and removed through the device manager (the guest
 //! told and ejecting through ACPI), vCPUs added and removed through the CPU controller.
 
-use super::{device_name, open_disk, LaunchError, LaunchedVm};
-use crate::config::{DiskConfig, FsConfig, NetConfig, VsockConfig};
+use super::vhost_user_devices::{disk_model, generic_model};
+use super::{device_name, LaunchError, LaunchedVm};
+use crate::config::{DiskConfig, FsConfig, GenericVhostUserConfig, NetConfig, VsockConfig};
 use crate::device_manager::Notify;
 use crate::devices::acpi::Ejected;
 use crate::devices::virtio::net::Net;
@@ -15,6 +16,7 @@ pub enum HotplugDevice<'a> {
     Net(&'a NetConfig),
     Vsock(&'a VsockConfig),
     Fs(&'a FsConfig),
+    GenericVhostUser(&'a GenericVhostUserConfig),
 }
 
 impl LaunchedVm {
@@ -23,7 +25,12 @@ impl LaunchedVm {
     pub fn hot_add(&mut self, id: &str, device: HotplugDevice<'_>) -> Result<String, LaunchError> {
         let mut socket = None;
         let model: Box<dyn VirtioDevice> = match device {
-            HotplugDevice::Disk(d) => Box::new(open_disk(d)?),
+            HotplugDevice::Disk(d) => {
+                disk_model(id, d, &mut self.devices, self.event_loop.handle())?
+            }
+            HotplugDevice::GenericVhostUser(g) => {
+                generic_model(id, g, &mut self.devices, self.event_loop.handle())?
+            }
             HotplugDevice::Net(n) => Box::new(Net::open(n)?),
             HotplugDevice::Vsock(v) => {
                 let (dev, file) = Vsock::new(v)?;

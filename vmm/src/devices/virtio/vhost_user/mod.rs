@@ -33,9 +33,9 @@ use std::time::Duration;
 
 use thiserror::Error;
 use vhost::vhost_user::message::{
-    FrontendReq, VhostUserConfig, VhostUserConfigFlags, VhostUserMemory, VhostUserMemoryRegion, VhostUserProtocolFeatures,
-    VhostUserSingleMemoryRegion, VhostUserU64, VhostUserVirtioFeatures, VhostUserVringAddr,
-    VhostUserVringAddrFlags, VhostUserVringState, MAX_ATTACHED_FD_ENTRIES,
+    FrontendReq, VhostUserConfig, VhostUserConfigFlags, VhostUserMemory, VhostUserMemoryRegion,
+    VhostUserProtocolFeatures, VhostUserSingleMemoryRegion, VhostUserU64, VhostUserVirtioFeatures,
+    VhostUserVringAddr, VhostUserVringAddrFlags, VhostUserVringState, MAX_ATTACHED_FD_ENTRIES,
 };
 use vm_memory::{
     ByteValued, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,

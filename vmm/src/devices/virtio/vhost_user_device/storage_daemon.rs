@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 /// Where qemu-storage-daemon is looked for when `EXITLESS_STORAGE_DAEMON` does not name it and
 /// it is not on PATH.
-const PLACES: &[&str] = &["/usr/bin/qemu-storage-daemon", "/usr/local/bin/qemu-storage-daemon"];
+const PLACES: &[&str] = &[
+    "/usr/bin/qemu-storage-daemon",
+    "/usr/local/bin/qemu-storage-daemon",
+];
 /// How long the daemon may take to open its socket.
 const START_WAIT: Duration = Duration::from_secs(10);
 
@@ -33,12 +36,20 @@ pub fn find() -> Option<PathBuf> {
 pub fn command(daemon: &Path, image: &Path, socket: &Path, writable: bool) -> Command {
     let mut blockdev = std::ffi::OsString::from("driver=file,node-name=disk,filename=");
     blockdev.push(image);
-    let mut export =
-        std::ffi::OsString::from("type=vhost-user-blk,id=export,node-name=disk,addr.type=unix,addr.path=");
+    let mut export = std::ffi::OsString::from(
+        "type=vhost-user-blk,id=export,node-name=disk,addr.type=unix,addr.path=",
+    );
     export.push(socket);
-    export.push(if writable { ",writable=on" } else { ",writable=off" });
+    export.push(if writable {
+        ",writable=on"
+    } else {
+        ",writable=off"
+    });
     let mut c = Command::new(daemon);
-    c.arg("--blockdev").arg(blockdev).arg("--export").arg(export);
+    c.arg("--blockdev")
+        .arg(blockdev)
+        .arg("--export")
+        .arg(export);
     c
 }
 
@@ -74,10 +85,17 @@ impl StorageDaemon {
                 if let Some(mut e) = d.child.stderr.take() {
                     let _ = std::io::Read::read_to_string(&mut e, &mut err);
                 }
-                return Err(format!("{} ended ({status}): {}", daemon.display(), err.trim()));
+                return Err(format!(
+                    "{} ended ({status}): {}",
+                    daemon.display(),
+                    err.trim()
+                ));
             }
             if start.elapsed() > START_WAIT {
-                return Err(format!("{} opened no socket within {START_WAIT:?}", daemon.display()));
+                return Err(format!(
+                    "{} opened no socket within {START_WAIT:?}",
+                    daemon.display()
+                ));
             }
             std::thread::sleep(Duration::from_millis(10));
         }

@@ -92,10 +92,18 @@ fn a_block_device_reads_its_configuration_and_passes_on_block_features_only() {
 
 #[test]
 fn a_block_back_end_without_config_or_a_short_one_is_refused_by_name() {
-    let no_config = connect(WANTED_PROTOCOL_FEATURES, 60, Kind::Block).err().unwrap();
-    assert!(no_config.to_string().contains("does not offer CONFIG"), "{no_config}");
+    let no_config = connect(WANTED_PROTOCOL_FEATURES, 60, Kind::Block)
+        .err()
+        .unwrap();
+    assert!(
+        no_config.to_string().contains("does not offer CONFIG"),
+        "{no_config}"
+    );
     let short = connect(all(), 32, Kind::Block).err().unwrap();
-    assert!(short.to_string().contains("GET_CONFIG of 60 bytes"), "{short}");
+    assert!(
+        short.to_string().contains("GET_CONFIG of 60 bytes"),
+        "{short}"
+    );
 }
 
 #[test]
@@ -136,7 +144,12 @@ fn qemu_storage_daemon_serves_a_block_device_and_a_generic_one() {
         dev.read_config(0, &mut capacity);
         assert_eq!(u64::from_le_bytes(capacity), (8 << 20) / 512, "{kind:?}");
         assert_ne!(dev.features() & VIRTIO_F_VERSION_1, 0);
-        assert_ne!(dev.features() & (1 << 9), 0, "FLUSH offered: {:#x}", dev.features());
+        assert_ne!(
+            dev.features() & (1 << 9),
+            0,
+            "FLUSH offered: {:#x}",
+            dev.features()
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }
