@@ -25,7 +25,7 @@ pub struct ScratchDisk {
 
 impl ScratchDisk {
     /// A file of `SCRATCH_BYTES` written in full, so that its pages are in the page cache.
-    fn create() -> std::io::Result<Self> {
+    pub(super) fn create() -> std::io::Result<Self> {
         use std::sync::atomic::AtomicU64;
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -33,6 +33,13 @@ impl ScratchDisk {
         let path = std::env::temp_dir().join(name);
         std::fs::write(&path, vec![0x5a; SCRATCH_BYTES])?;
         Ok(ScratchDisk { path })
+    }
+}
+
+impl ScratchDisk {
+    /// The image file.
+    pub(super) fn path(&self) -> &std::path::Path {
+        &self.path
     }
 }
 

@@ -49,6 +49,9 @@ pub struct BlkSetup {
     pub direct: bool,
     /// Write-through by RWF_DSYNC on each write instead of group commit (to compare).
     pub dsync: bool,
+    /// The disk served by qemu-storage-daemon through vhost-user-blk instead of exitless's
+    /// own virtio-blk (guest memory shared with it).
+    pub vhost_user: bool,
 }
 
 /// How a virtio_net configuration drives its card: frames to a tap in a private network
@@ -96,7 +99,13 @@ pub enum VirtioSetup {
 impl VirtioSetup {
     /// Whether guest memory must be shared with another process (a vhost-user back end).
     pub fn shares_memory(&self) -> bool {
-        matches!(self, VirtioSetup::Fs(_))
+        matches!(self, VirtioSetup::Fs(_)) || matches!(self, VirtioSetup::Blk(b) if b.vhost_user)
+    }
+
+    /// Whether a vhost-user back end serves the queues (exitless counts none of their
+    /// chains or interrupts).
+    pub fn vhost_user(&self) -> bool {
+        self.shares_memory()
     }
 }
 
@@ -168,7 +177,25 @@ const fn blk(
         flush: true,
         direct: false,
         dsync: false,
+        vhost_user: false,
     }));
+    c
+}
+
+/// A virtio_blk configuration on qemu-storage-daemon's vhost-user-blk.
+const fn blk_vhost_user(name: &'static str, queue_depth: u16) -> CaseConfig {
+    let mut c = blk(
+        name,
+        queue_depth,
+        Notify::Ioeventfd,
+        true,
+        true,
+        Expect::None,
+    );
+    if let Some(VirtioSetup::Blk(mut s)) = c.virtio {
+        s.vhost_user = true;
+        c.virtio = Some(VirtioSetup::Blk(s));
+    }
     c
 }
 
@@ -196,6 +223,7 @@ const fn blk_durable(
         flush,
         direct,
         dsync,
+        vhost_user: false,
     }));
     c
 }
@@ -415,6 +443,12 @@ pub const CASES: &[BenchCase] = &[
             vsock("rr-64B-no-event-idx", false, Notify::Ioeventfd, false, NoExit),
             vsock("rr-64B-notify-exits", false, Notify::MmioExit, true, AtMost(2.0)),
         ],
+    },
+    BenchCase {
+        name: "vhost_user_blk",
+        what: "the virtio_blk loop (4 KiB random reads and writes, the guest's own virtio-blk driver at CPL3) on qemu-storage-daemon's vhost-user-blk export of a 16 MiB file (shared guest memory): kick through KVM's ioeventfd to the daemon, its completion through an irqfd, no exit to exitless (needs qemu-storage-daemon)",
+        rounds: 3,
+        configs: &[blk_vhost_user("qd1", 1), blk_vhost_user("qd32", 32)],
     },
     BenchCase {
         name: "virtio_fs",

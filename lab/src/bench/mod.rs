@@ -19,6 +19,7 @@ pub mod result;
 pub mod runner;
 pub mod scaling;
 pub mod threads;
+pub mod vhost_blk;
 pub mod virtio;
 pub mod vsock;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::cases::VirtioSetup;
 use super::config_run::{ConfigRun, RunError, VirtioFigures};
 use super::result::GuestResult;
-use super::{blk, fs, net, vsock};
+use super::{blk, fs, net, vhost_blk, vsock};
 use vmm::builder::VmBuilder;
 use vmm::devices::virtio::transport::VirtioPciDevice;
 use vmm::devices::virtio::QueueCounters;
@@ -19,6 +19,7 @@ pub enum Attached {
     Net(net::PrivateTap),
     Vsock(vsock::HostProgram),
     Fs(fs::HostFs),
+    VhostBlk(vhost_blk::HostDisk),
 }
 
 /// A device on the VM and its host side.
@@ -33,6 +34,7 @@ impl AttachedVirtio {
     pub fn backend_pid(&self) -> Option<u32> {
         match &self.host {
             Attached::Fs(fs) => Some(fs.pid()),
+            Attached::VhostBlk(disk) => Some(disk.pid()),
             _ => None,
         }
     }
@@ -41,6 +43,10 @@ impl AttachedVirtio {
 /// Puts the configuration's device on the VM's PCI bus, with its host side.
 pub fn attach(builder: &mut VmBuilder, setup: VirtioSetup) -> Result<AttachedVirtio, RunError> {
     let (device, host) = match setup {
+        VirtioSetup::Blk(s) if s.vhost_user => {
+            let (d, disk) = vhost_blk::attach(builder)?;
+            (d, Attached::VhostBlk(disk))
+        }
         VirtioSetup::Blk(s) => {
             let (d, disk) = blk::attach(builder, &s)?;
             (d, Attached::Blk(disk))
@@ -99,7 +105,7 @@ pub fn finish(run: &mut ConfigRun, attached: &AttachedVirtio, result: &GuestResu
     // A vhost-user back end's queues are its own: exitless counts no chain or interrupt of
     // theirs. Its interrupts are KVM's injections (the loop has no other source of them).
     let (interrupts, completed) = match attached.setup {
-        VirtioSetup::Fs(_) => (kvm_stat(run, "irq_injections"), run.iterations),
+        s if s.vhost_user() => (kvm_stat(run, "irq_injections"), run.iterations),
         _ => (
             sum(|c| c.interrupts.load(Ordering::Relaxed)),
             sum(|c| c.completed.load(Ordering::Relaxed)),
