@@ -26,12 +26,14 @@ pub mod disk;
 pub mod fs;
 pub mod memory;
 pub mod net;
+pub mod pmem;
 pub mod vhost_user;
 pub use balloon::BalloonConfig;
 pub use disk::DiskConfig;
 pub use fs::FsConfig;
 pub use memory::{MemoryOption, MemoryZoneConfig};
 pub use net::{MacAddr, NetConfig, TapFd, VsockConfig};
+pub use pmem::PmemConfig;
 pub use vhost_user::GenericVhostUserConfig;
 
 /// Default kernel command line.
@@ -112,6 +114,8 @@ pub enum ConfigError {
     FsNeedsSharedMemory,
     #[error("Invalid --balloon '{input}': {reason}")]
     Balloon { input: String, reason: String },
+    #[error("Invalid --pmem '{input}': {reason}")]
+    Pmem { input: String, reason: String },
     #[error("Invalid --generic-vhost-user '{input}': {reason}")]
     GenericVhostUser { input: String, reason: String },
     #[error("{0} needs shared guest memory (a vhost-user back end maps it): use --memory size=SIZE,shared=on (memory.shared=true in the API)")]
@@ -429,6 +433,9 @@ pub struct VmConfig {
     /// Generic vhost-user devices (Cloud Hypervisor's `generic_vhost_user`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub generic_vhost_user: Vec<GenericVhostUserConfig>,
+    /// Persistent memory devices (virtio-pmem), each a file mapped into guest memory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pmem: Vec<PmemConfig>,
 }
 
 impl Default for VmConfig {
@@ -456,6 +463,7 @@ impl Default for VmConfig {
             fs: Vec::new(),
             balloon: None,
             generic_vhost_user: Vec::new(),
+            pmem: Vec::new(),
         }
     }
 }
@@ -496,6 +504,8 @@ pub struct VmConfigOverrides {
     pub balloon: Option<BalloonConfig>,
     /// Generic vhost-user devices given on the command line replace the file's list.
     pub generic_vhost_user: Vec<GenericVhostUserConfig>,
+    /// Persistent memory devices given on the command line replace the file's list.
+    pub pmem: Vec<PmemConfig>,
 }
 
 impl VmConfig {
@@ -564,6 +574,9 @@ impl VmConfig {
         c.balloon = o.balloon.or(c.balloon);
         if !o.generic_vhost_user.is_empty() {
             c.generic_vhost_user = o.generic_vhost_user;
+        }
+        if !o.pmem.is_empty() {
+            c.pmem = o.pmem;
         }
         if c.kernel.as_os_str().is_empty() {
             return Err(ConfigError::NoKernel);
@@ -657,6 +670,12 @@ impl VmConfig {
         for d in &self.disks {
             d.check().map_err(|reason| ConfigError::Disk {
                 input: d.path.display().to_string(),
+                reason,
+            })?;
+        }
+        for p in &self.pmem {
+            p.check().map_err(|reason| ConfigError::Pmem {
+                input: format!("file={}", p.file.display()),
                 reason,
             })?;
         }

@@ -99,6 +99,7 @@ fn full() -> VmConfig {
         generic_vhost_user: vec!["socket=/run/g.sock,device_type=2,queue_sizes=[128]"
             .parse()
             .unwrap()],
+        pmem: vec!["file=/run/p.img,size=2M".parse().unwrap()],
     }
 }
 

@@ -13,6 +13,7 @@ pub mod blk;
 pub mod health;
 pub mod memory_view;
 pub mod net;
+pub mod pmem;
 pub mod rng;
 pub mod running;
 pub mod transport;
