@@ -111,6 +111,11 @@ static int map_high(u64 at, u64 size)
     return 0;
 }
 
+int pci_map_high(u64 at, u64 size)
+{
+    return map_high(at, size);
+}
+
 /* Where 64-bit BAR `i` is now (0 for a 32-bit BAR). */
 static u64 bar_address(u8 slot, int i, int is64)
 {

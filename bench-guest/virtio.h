@@ -188,5 +188,9 @@ void report_virtio_fs(void);
  * checks they read back as zeros, inflates and deflates pages (inflate=N, sync, follow). */
 const char *virtio_balloon_setup(const char *cmdline);
 u64 loop_balloon_check(u64 mib);
+const char *virtio_pmem_setup(const char *cmdline);
+u64 loop_pmem_check(u64 kib);
+/* Identity-maps [at, at + size) above 4 GiB (2 MiB pages, user-accessible); 0 on success. */
+int pci_map_high(u64 at, u64 size);
 
 #endif

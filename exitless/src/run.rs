@@ -148,6 +148,12 @@ pub struct RunOptions {
     /// [default: none]
     #[arg(long, value_name = "socket=PATH,device_type=N,queue_sizes=[Q,...]")]
     generic_vhost_user: Vec<String>,
+    /// A virtio-pmem device: FILE mapped into guest physical memory (created with size= if
+    /// missing, grown to it if shorter; size a multiple of 2M), made durable by the driver's
+    /// flush; discard_writes=on keeps the guest's writes out of the file (repeatable)
+    /// [default: none]
+    #[arg(long, value_name = "file=FILE[,size=SIZE][,discard_writes=on]")]
+    pmem: Vec<String>,
     /// A virtio-balloon device, through which the guest gives memory back to the host:
     /// free_page_reporting=on lets it report its free pages, which exitless discards (the
     /// host's RSS falls); size=SIZE (0, or a size as --memory takes it) is what it is asked to
@@ -260,6 +266,11 @@ fn vm_config(args: &RunOptions) -> anyhow::Result<VmConfig> {
             .iter()
             .map(|g| g.parse())
             .collect::<Result<_, ConfigError>>()?,
+        pmem: args
+            .pmem
+            .iter()
+            .map(|p| p.parse())
+            .collect::<Result<_, ConfigError>>()?,
     };
     let file = args
         .config
@@ -366,6 +377,7 @@ fn shaping_options(args: &RunOptions) -> Vec<&'static str> {
         ("--vsock", args.vsock.is_some()),
         ("--fs", !args.fs.is_empty()),
         ("--generic-vhost-user", !args.generic_vhost_user.is_empty()),
+        ("--pmem", !args.pmem.is_empty()),
         ("--balloon", args.balloon.is_some()),
     ];
     given.into_iter().filter(|g| g.1).map(|g| g.0).collect()

@@ -13,6 +13,7 @@ mod console;
 pub mod head_start;
 mod hotplug;
 mod memory_hotplug;
+mod pmem;
 mod restore;
 mod signals;
 mod snapshot;
@@ -86,6 +87,12 @@ pub enum LaunchError {
         name: String,
         error: crate::devices::virtio::vhost_user::VhostUserError,
     },
+    #[error(transparent)]
+    Pmem(#[from] crate::devices::virtio::pmem::PmemError),
+    #[error(
+        "A restored VM takes no virtio-pmem device yet (its guest memory layout has no pmem area)"
+    )]
+    PmemUnplaced,
     #[error("{name}: {error}")]
     VhostUser {
         name: String,
@@ -201,6 +208,9 @@ pub struct LaunchedVm {
     hotplug_ram: Option<HotplugRam>,
     /// What backs guest RAM, hot-added RAM too.
     memory_backing: Backing,
+    /// Where virtio-pmem regions go; holds their mappings until the VM ends (last: dropped
+    /// after everything that could run the guest).
+    pmem: pmem::PmemArea,
 }
 
 /// What a launch keeps beside the built VM: the console, the devices' socket files, the
@@ -232,6 +242,7 @@ impl LaunchedVm {
             balloon: parts.balloon,
             hotplug_ram: parts.hotplug_ram,
             memory_backing: config.memory_backing(),
+            pmem: pmem::PmemArea::default(),
         };
         (launched, built.vcpus)
     }
@@ -279,6 +290,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     let hotplug_ram = config.hotplug_ram();
     builder.enable_hotplug(hotplug_ram.as_ref().map_or(0, HotplugRam::slots))?;
     let socket_files = add_virtio_devices(&mut builder, config)?;
+    let pmem_area = add_pmem_devices(&mut builder, config)?;
     let balloon = balloon::add_balloon(&mut builder, config)?;
     startup::mark(moment::DEVICES);
     let vcpu_opts = VcpuOptions {
@@ -295,6 +307,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
         hotplug_ram,
     };
     let (mut launched, vcpus) = LaunchedVm::new(built, config, parts);
+    launched.pmem = pmem_area;
     launched.open_stats(&vcpus)?;
     launched.started = Instant::now();
     launched.running = Some(launched.vm.start_ahead(threads_ahead, vcpus)?);
@@ -357,6 +370,22 @@ fn add_virtio_devices(
         files.push((name, file));
     }
     Ok(files)
+}
+
+/// The virtio-pmem devices the config asks for, their files mapped into guest memory; returns
+/// where the next one goes (`vm.add-pmem`).
+fn add_pmem_devices(
+    builder: &mut VmBuilder,
+    config: &VmConfig,
+) -> Result<pmem::PmemArea, LaunchError> {
+    let mut area = pmem::PmemArea::new(config);
+    for (i, p) in config.pmem.iter().enumerate() {
+        let name = device_name(p.id.as_deref(), "virtio-pmem", i);
+        let fd = builder.vm().fd.clone();
+        let dev = area.attach(&fd, p)?;
+        builder.add_virtio(&name, Box::new(dev), Notify::Ioeventfd)?;
+    }
+    Ok(area)
 }
 
 /// A device's name in the profile and `vm.counters`: its API id, else kind and index.

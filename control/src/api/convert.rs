@@ -10,11 +10,12 @@ use serde_json::Value;
 
 use super::schema::{
     BalloonConfig, ConsoleConfig, CpusConfig, DiskConfig, Extra, FsConfig, GenericVhostUserConfig,
-    MemoryConfig, MemoryZoneConfig, NetConfig, PayloadConfig, VmConfig, VsockConfig,
+    MemoryConfig, MemoryZoneConfig, NetConfig, PayloadConfig, PmemConfig, VmConfig, VsockConfig,
 };
 use super::ApiError;
 use vmm::config::{self, MemorySize, SerialOutputMode, TapFd};
 
+mod pmem;
 mod vhost_user;
 
 fn refuse(message: String) -> ApiError {
@@ -48,7 +49,6 @@ fn refuse_set(extra: &Extra, at: &str, fields: &[&str]) -> Result<(), ApiError> 
 
 /// Top-level fields for devices and features exitless does not have.
 const UNSUPPORTED: &[&str] = &[
-    "pmem",
     "devices",
     "user_devices",
     "vdpa",
@@ -99,6 +99,9 @@ impl VmConfig {
         }
         for g in self.generic_vhost_user.iter().flatten() {
             g.check(self.memory.shared, segments)?;
+        }
+        for p in self.pmem.iter().flatten() {
+            p.check(segments)?;
         }
         Ok(())
     }
@@ -152,6 +155,9 @@ impl VmConfig {
         }
         for g in self.generic_vhost_user.iter().flatten() {
             c.generic_vhost_user.push(g.to_config());
+        }
+        for p in self.pmem.iter().flatten() {
+            c.pmem.push(p.to_config());
         }
         if let Some(b) = &self.balloon {
             c.balloon = Some(b.to_balloon_config(c.memory.bytes())?);
@@ -238,6 +244,8 @@ impl VmConfig {
                 let body = GenericVhostUserConfig::from_config;
                 c.generic_vhost_user.iter().map(body).collect()
             }),
+            pmem: (!c.pmem.is_empty())
+                .then(|| c.pmem.iter().map(PmemConfig::from_config).collect()),
             serial: Some(serial_body(&c.serial_output)),
             balloon: c.balloon.as_ref().map(|b| BalloonConfig {
                 size: b.size,
@@ -276,6 +284,9 @@ pub fn name_devices_as_the_api_does(c: &mut config::VmConfig) {
     }
     for (i, g) in c.generic_vhost_user.iter_mut().enumerate() {
         name(&mut g.id, "generic_vhost_user", i);
+    }
+    for (i, p) in c.pmem.iter_mut().enumerate() {
+        name(&mut p.id, "pmem", i);
     }
 }
 

@@ -37,6 +37,7 @@ pub enum ApiRequest {
     VmAddVsock(schema::VsockConfig),
     VmAddFs(schema::FsConfig),
     VmAddGenericVhostUser(schema::GenericVhostUserConfig),
+    VmAddPmem(schema::PmemConfig),
     VmRemoveDevice(schema::VmRemoveDevice),
     VmResize(schema::VmResize),
     VmSnapshot(schema::VmSnapshotConfig),
@@ -79,7 +80,6 @@ pub enum Route {
 /// Cloud Hypervisor endpoints exitless does not offer (answered 400 with why, not 404).
 const NOT_OFFERED: &[&str] = &[
     "vm.add-device",
-    "vm.add-pmem",
     "vm.add-vdpa",
     "vm.add-user-device",
     "vm.coredump",
@@ -133,6 +133,7 @@ pub fn route(req: &http::Request, fds: Vec<OwnedFd>) -> Result<Route, HttpError>
         "vm.add-net" => (Method::Put, ApiRequest::VmAddNet(body(endpoint, b)?, fds)),
         "vm.add-vsock" => (Method::Put, ApiRequest::VmAddVsock(body(endpoint, b)?)),
         "vm.add-fs" => (Method::Put, ApiRequest::VmAddFs(body(endpoint, b)?)),
+        "vm.add-pmem" => (Method::Put, ApiRequest::VmAddPmem(body(endpoint, b)?)),
         "vm.add-generic-vhost-user" => (
             Method::Put,
             ApiRequest::VmAddGenericVhostUser(body(endpoint, b)?),

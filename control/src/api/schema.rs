@@ -242,6 +242,24 @@ pub struct VmConfig {
     pub balloon: Option<BalloonConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generic_vhost_user: Option<Vec<GenericVhostUserConfig>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pmem: Option<Vec<PmemConfig>>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// A persistent memory device (`pmem[]`, `vm.add-pmem`): virtio-pmem over a file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PmemConfig {
+    pub file: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    #[serde(default)]
+    pub discard_writes: bool,
+    #[serde(default)]
+    pub pci_segment: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }

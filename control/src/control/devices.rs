@@ -40,6 +40,9 @@ impl DeviceIds {
         for i in 0..config.generic_vhost_user.len() {
             ids.used.insert(format!("_generic_vhost_user{i}"));
         }
+        for i in 0..config.pmem.len() {
+            ids.used.insert(format!("_pmem{i}"));
+        }
         ids
     }
 
@@ -91,6 +94,9 @@ impl DeviceIds {
         }
         for g in api.generic_vhost_user.iter_mut().flatten() {
             g.id = Some(self.assign(g.id.take(), "_generic_vhost_user")?);
+        }
+        for p in api.pmem.iter_mut().flatten() {
+            p.id = Some(self.assign(p.id.take(), "_pmem")?);
         }
         Ok(())
     }
@@ -216,6 +222,22 @@ impl Vmm {
         slot.added(id, added)
     }
 
+    /// A virtio-pmem device over `p.file`: joins the config before boot, hot-plugged (its
+    /// file mapped into guest memory) once booted.
+    pub(super) fn add_pmem(&mut self, mut p: schema::PmemConfig) -> Added {
+        let slot = self.slot()?;
+        p.check(slot.api.pci_segments()).map_err(invalid)?;
+        let id = slot.ids.assign(p.id.take(), "_pmem")?;
+        p.id = Some(id.clone());
+        let internal = p.to_config();
+        let added = slot.plug(&id, HotplugDevice::Pmem(&internal));
+        if added.is_ok() {
+            slot.config.pmem.push(internal);
+            slot.api.pmem.get_or_insert_with(Vec::new).push(p);
+        }
+        slot.added(id, added)
+    }
+
     /// Removes a device from the configuration at once; a running VM's guest is asked to
     /// eject it, and its resources go when the guest has (Cloud Hypervisor's way).
     pub(super) fn remove_device(&mut self, r: schema::VmRemoveDevice) -> Result<(), ControlError> {
@@ -321,6 +343,12 @@ impl VmSlot {
             if let Some(i) = gs.iter().position(|g| is(&g.id)) {
                 gs.remove(i);
                 self.config.generic_vhost_user.remove(i);
+            }
+        }
+        if let Some(ps) = self.api.pmem.as_mut() {
+            if let Some(i) = ps.iter().position(|p| is(&p.id)) {
+                ps.remove(i);
+                self.config.pmem.remove(i);
             }
         }
         // A running VM's device keeps its id until the guest has ejected it.

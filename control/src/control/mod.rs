@@ -223,6 +223,7 @@ impl Vmm {
             ApiRequest::VmAddVsock(vsock) => self.add_vsock(vsock).into(),
             ApiRequest::VmAddFs(fs) => self.add_fs(fs).into(),
             ApiRequest::VmAddGenericVhostUser(g) => self.add_generic_vhost_user(g).into(),
+            ApiRequest::VmAddPmem(p) => self.add_pmem(p).into(),
             ApiRequest::VmRemoveDevice(r) => done(self.remove_device(r)),
             ApiRequest::VmResize(r) => done(self.resize(r)),
             ApiRequest::VmSnapshot(s) => done(self.snapshot(&s.destination_url)),

@@ -85,6 +85,7 @@ fn request_name(r: &ApiRequest) -> &'static str {
         ApiRequest::VmAddVsock(_) => "vm.add-vsock",
         ApiRequest::VmAddFs(_) => "vm.add-fs",
         ApiRequest::VmAddGenericVhostUser(_) => "vm.add-generic-vhost-user",
+        ApiRequest::VmAddPmem(_) => "vm.add-pmem",
         ApiRequest::VmRemoveDevice(_) => "vm.remove-device",
         ApiRequest::VmResize(_) => "vm.resize",
         ApiRequest::VmSnapshot(_) => "vm.snapshot",

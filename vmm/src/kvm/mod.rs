@@ -130,6 +130,29 @@ pub fn register_region(vm: &VmFd, slot: u32, region: &GuestRegionMmap) -> Result
     unsafe { vm.set_user_memory_region(desc) }.map_err(KvmError::Memory)
 }
 
+/// Registers `len` bytes of this process's memory at `host` as KVM memory slot `slot` at
+/// guest address `gpa` (a virtio-pmem file's mapping). The caller keeps the range mapped for
+/// as long as the VM lives (were it unmapped, KVM would fail the guest's access, not touch
+/// freed memory: it maps through this process's page tables); `slot` is not in use.
+pub fn register_mapping(
+    vm: &VmFd,
+    slot: u32,
+    gpa: u64,
+    len: u64,
+    host: *mut u8,
+) -> Result<(), KvmError> {
+    let desc = kvm_userspace_memory_region {
+        slot,
+        flags: 0,
+        guest_phys_addr: gpa,
+        memory_size: len,
+        userspace_addr: host as u64,
+    };
+    // SAFETY: `host` is a live mapping of `len` bytes that the caller keeps for the VM's
+    // lifetime; the slot is new and the range overlaps no other slot (the caller's placement).
+    unsafe { vm.set_user_memory_region(desc) }.map_err(KvmError::Memory)
+}
+
 /// Makes `vmcall`/`vmmcall` in the guest fail with #UD instead of being rewritten and re-run
 /// (on PVM the rewrite loops forever). Returns false when KVM cannot disable the quirk.
 pub fn disable_hypercall_rewrite(vm: &VmFd) -> bool {

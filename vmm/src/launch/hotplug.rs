@@ -3,7 +3,9 @@
 
 use super::vhost_user_devices::{disk_model, generic_model};
 use super::{device_name, LaunchError, LaunchedVm};
-use crate::config::{DiskConfig, FsConfig, GenericVhostUserConfig, NetConfig, VsockConfig};
+use crate::config::{
+    DiskConfig, FsConfig, GenericVhostUserConfig, NetConfig, PmemConfig, VsockConfig,
+};
 use crate::device_manager::Notify;
 use crate::devices::acpi::Ejected;
 use crate::devices::virtio::net::Net;
@@ -17,6 +19,7 @@ pub enum HotplugDevice<'a> {
     Vsock(&'a VsockConfig),
     Fs(&'a FsConfig),
     GenericVhostUser(&'a GenericVhostUserConfig),
+    Pmem(&'a PmemConfig),
 }
 
 impl LaunchedVm {
@@ -27,6 +30,10 @@ impl LaunchedVm {
         let model: Box<dyn VirtioDevice> = match device {
             HotplugDevice::Disk(d) => {
                 disk_model(id, d, &mut self.devices, self.event_loop.handle())?
+            }
+            HotplugDevice::Pmem(p) => {
+                let fd = self.vm.fd.clone();
+                Box::new(self.pmem.attach(&fd, p)?)
             }
             HotplugDevice::GenericVhostUser(g) => {
                 generic_model(id, g, &mut self.devices, self.event_loop.handle())?
