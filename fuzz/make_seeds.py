@@ -130,6 +130,19 @@ def balloon_chains():
          image(report + inflate + deflate + bad_report + bad_inflate, [0, 2, 3, 4, 6], [(0x3000, pfns)]))
 
 
+def pmem_request():
+    # A flush (type 0, then its 4-byte answer), an unknown type, a request without an answer,
+    # the answer first, an answer outside memory.
+    flush = [desc(0x3000, 4, NEXT, 1), desc(0x3100, 4, WRITE, 0)]
+    unknown = [desc(0x3004, 4, NEXT, 3), desc(0x3104, 4, WRITE, 0)]
+    no_answer = [desc(0x3000, 4, 0, 0)]
+    answer_first = [desc(0x3108, 4, WRITE | NEXT, 6), desc(0x3000, 4, 0, 0)]
+    outside = [desc(0x3000, 4, NEXT, 8), desc(0x7ffffff0, 4, WRITE, 0)]
+    types = struct.pack("<II", 0, 7)
+    save("pmem_request", "seed-flush-and-hostile",
+         image(flush + unknown + no_answer + answer_first + outside, [0, 2, 4, 5, 7], [(0x3000, types)]))
+
+
 def vsock_packets():
     def pkt(flags, src_port, length, op, shut=0, dst_port=None, buf_alloc=0x1000, fwd=0):
         b = struct.pack("<BH", flags, src_port)
@@ -198,6 +211,7 @@ def api_config():
 
 
 for make in (serial, i8042, pci_config, virtio_transport, virtio_status, blk_request, net_chains, balloon_chains,
+             pmem_request,
              vsock_packets,
              coalesced_ring, bench_line, api_http, api_config):
     make()

@@ -41,6 +41,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("blk_request", blk_request),
     ("net_chains", net_chains),
     ("balloon_chains", balloon_chains),
+    ("pmem_request", pmem_request),
     ("vsock_packets", vsock_packets),
     ("coalesced_ring", coalesced_ring),
     ("bench_line", bench_line),
@@ -292,6 +293,23 @@ pub fn balloon_chains(data: &[u8]) {
         };
         let used = take_chain(roles[i % 3], chain, &mem, &health, &stats);
         assert!(matches!(used, None | Some(0)), "used length {used:?}");
+    }
+}
+
+/// virtio-pmem requests from arbitrary memory: a request that parses has its answer inside
+/// guest memory (4 bytes, device-writable); never a panic.
+pub fn pmem_request(data: &[u8]) {
+    use vmm::devices::virtio::pmem::request;
+    let Some((mem, mut queue)) = queue_from(data) else {
+        return;
+    };
+    for _ in 0..32 {
+        let Some(chain) = queue.pop_descriptor_chain(&mem) else {
+            break;
+        };
+        if let Some(r) = request::parse(chain, &mem) {
+            assert!(mem.get_slice(r.answer, 4).is_ok(), "answer outside memory");
+        }
     }
 }
 
