@@ -669,7 +669,10 @@ impl VmConfig {
     fn validate_vhost_user(&self) -> Result<(), ConfigError> {
         for d in &self.disks {
             d.check().map_err(|reason| ConfigError::Disk {
-                input: d.path.display().to_string(),
+                input: match &d.vhost_socket {
+                    Some(s) => format!("socket={}", s.display()),
+                    None => format!("path={}", d.path.display()),
+                },
                 reason,
             })?;
         }

@@ -47,6 +47,28 @@ fn refuse_set(extra: &Extra, at: &str, fields: &[&str]) -> Result<(), ApiError> 
     Ok(())
 }
 
+/// `devices` (VFIO), `user_devices` (vfio-user) and `vdpa`, refused with why (as their
+/// endpoints are).
+fn refuse_host_devices(extra: &Extra) -> Result<(), ApiError> {
+    let fields = [
+        ("devices", "vm.add-device"),
+        ("user_devices", "vm.add-user-device"),
+        ("vdpa", "vm.add-vdpa"),
+    ];
+    for (field, endpoint) in fields {
+        if extra.get(field).is_some_and(asks) {
+            let why = super::REFUSED_HOST_DEVICES
+                .iter()
+                .find(|(e, _)| *e == endpoint)
+                .map_or("", |(_, why)| why);
+            return Err(refuse(format!(
+                "{field} is not supported by exitless: {why}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Top-level fields for devices and features exitless does not have.
 const UNSUPPORTED: &[&str] = &[
     "devices",
@@ -66,6 +88,7 @@ const UNSUPPORTED: &[&str] = &[
 impl VmConfig {
     /// Refuses what exitless cannot honour, naming the field.
     pub fn check(&self) -> Result<(), ApiError> {
+        refuse_host_devices(&self.extra)?;
         refuse_set(&self.extra, "", UNSUPPORTED)?;
         let platform = self.extra.get("platform").and_then(Value::as_object);
         if let Some(p) = platform {

@@ -99,13 +99,28 @@ fn wrong_methods_paths_and_bodies_say_why() {
         message.contains("invalid type") && message.contains("column"),
         "{message}"
     );
+    // Host devices are refused with why.
+    for (endpoint, why) in [
+        ("vm.add-device", "no /dev/vfio"),
+        (
+            "vm.add-user-device",
+            "vfio-user devices are not implemented",
+        ),
+        ("vm.add-vdpa", "no /dev/vhost-vdpa"),
+    ] {
+        let e = routed(Method::Put, &format!("/api/v1/{endpoint}"), "{}").unwrap_err();
+        assert_eq!(e.status, 400);
+        let said = format!("{endpoint} is not supported by exitless: ");
+        assert!(
+            e.message.starts_with(&said) && e.message.contains(why),
+            "{}",
+            e.message
+        );
+    }
+    // vm.add-pmem is offered: a body without its file is a 400 naming the field.
     let e = routed(Method::Put, "/api/v1/vm.add-pmem", "{}").unwrap_err();
     assert_eq!(e.status, 400);
-    assert!(
-        e.message.contains("vm.add-pmem is not supported"),
-        "{}",
-        e.message
-    );
+    assert!(e.message.contains("missing field `file`"), "{}", e.message);
     // vm.add-fs is offered: a body without its fields is a 400 naming the field.
     let e = routed(Method::Put, "/api/v1/vm.add-fs", "{}").unwrap_err();
     assert_eq!(e.status, 400);

@@ -39,7 +39,43 @@ fn features_exitless_lacks_are_refused_by_name() {
         ),
         (
             r#"{"payload":{"kernel":"/k"},"devices":[{"path":"/sys/x"}]}"#,
-            "devices",
+            "devices is not supported by exitless: VFIO",
+        ),
+        (
+            r#"{"payload":{"kernel":"/k"},"vdpa":[{"path":"/dev/vhost-vdpa-0"}]}"#,
+            "no /dev/vhost-vdpa",
+        ),
+        (
+            r#"{"payload":{"kernel":"/k"},"user_devices":[{"socket":"/s"}]}"#,
+            "vfio-user devices are not implemented",
+        ),
+        (
+            r#"{"payload":{"kernel":"/k"},"disks":[{"vhost_user":true,"vhost_socket":"/s"}]}"#,
+            "A vhost-user disk needs shared guest memory",
+        ),
+        (
+            r#"{"payload":{"kernel":"/k"},"memory":{"shared":true},"disks":[{"vhost_user":true,"vhost_socket":"/s","readonly":true}]}"#,
+            "the vhost-user back end's to set",
+        ),
+        (
+            r#"{"payload":{"kernel":"/k"},"disks":[{"path":"/d","vhost_socket":"/s"}]}"#,
+            "vhost_socket needs disks[].vhost_user=true",
+        ),
+        (
+            r#"{"payload":{"kernel":"/k"},"generic_vhost_user":[{"socket":"/s","device_type":2,"queue_sizes":[128]}]}"#,
+            "generic_vhost_user needs memory.shared=true",
+        ),
+        (
+            r#"{"payload":{"kernel":"/k"},"memory":{"shared":true},"generic_vhost_user":[{"socket":"/s","device_type":0,"queue_sizes":[128]}]}"#,
+            "not a virtio device type",
+        ),
+        (
+            r#"{"payload":{"kernel":"/k"},"pmem":[{"file":"/p","size":4096}]}"#,
+            "pmem: size 4096 is not a non-zero multiple of 2 MiB",
+        ),
+        (
+            r#"{"payload":{"kernel":"/k"},"pmem":[{"file":"/p","iommu":true}]}"#,
+            "pmem[].iommu",
         ),
         (
             r#"{"payload":{"kernel":"/k"},"sgx_epc":[{"size":1}]}"#,
@@ -76,6 +112,34 @@ fn features_exitless_lacks_are_refused_by_name() {
         assert_eq!(e.status, 400);
         assert!(e.message.contains(field), "{body}: {}", e.message);
     }
+}
+
+#[test]
+fn vhost_user_disks_generic_devices_and_pmem_convert_and_come_back_in_vm_info() {
+    let body = r#"{"payload":{"kernel":"/k"},"memory":{"size":268435456,"shared":true},
+        "disks":[{"vhost_user":true,"vhost_socket":"/run/b.sock","num_queues":1,"queue_size":128}],
+        "generic_vhost_user":[{"socket":"/run/g.sock","device_type":2,"queue_sizes":[128]}],
+        "pmem":[{"file":"/p.img","size":2097152,"discard_writes":true}]}"#;
+    let vm = parse(body).to_vm_config().unwrap();
+    let d = &vm.disks[0];
+    assert!(d.vhost_user && d.path.as_os_str().is_empty());
+    assert_eq!(
+        d.vhost_socket.as_deref(),
+        Some(std::path::Path::new("/run/b.sock"))
+    );
+    assert_eq!(vm.generic_vhost_user[0].queue_sizes, [128]);
+    assert_eq!(
+        (vm.pmem[0].size, vm.pmem[0].discard_writes),
+        (Some(2 << 20), true)
+    );
+    let back = VmConfig::from_vm_config(&vm);
+    let disk = &back.disks.as_ref().unwrap()[0];
+    assert_eq!((disk.path.as_deref(), disk.vhost_user()), (None, true));
+    assert_eq!(
+        back.generic_vhost_user.unwrap()[0].id.as_deref(),
+        Some("_generic_vhost_user0")
+    );
+    assert_eq!(back.pmem.unwrap()[0].id.as_deref(), Some("_pmem0"));
 }
 
 #[test]
