@@ -175,6 +175,43 @@ fn ch_remote_adds_a_pmem_device() {
         c.request("PUT", "vmm.shutdown", None).unwrap(),
         "vmm.shutdown",
     );
+    // While the VM runs: hot-added (seccomp on, on the API's thread), answered with its bdf.
+    std::fs::remove_file(&serial).ok();
+    let vmm = Vmm::start("pmem-api-hot");
+    let mut c = vmm.client();
+    let body = body.replace(
+        &format!("case=pmem_check iters={KIB}"),
+        "case=hotplug_disk hold",
+    );
+    ok(
+        c.request("PUT", "vm.create", Some(&body)).unwrap(),
+        "vm.create",
+    );
+    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    let start = std::time::Instant::now();
+    while !std::fs::read_to_string(&serial)
+        .unwrap_or_default()
+        .contains("EXITLESS HOTPLUG ready")
+    {
+        assert!(start.elapsed() < std::time::Duration::from_secs(60));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let o = std::process::Command::new(&remote)
+        .arg("--api-socket")
+        .arg(&vmm.socket)
+        .args(["add-pmem", &format!("file={},id=pm1", file.display())])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        said.contains("\"id\":\"pm1\"") && said.contains("0000:00:"),
+        "{said}"
+    );
+    ok(
+        c.request("PUT", "vmm.shutdown", None).unwrap(),
+        "vmm.shutdown",
+    );
     for f in [&kernel, &serial, &file] {
         std::fs::remove_file(f).ok();
     }

@@ -108,6 +108,10 @@ impl VirtioDevice for Pmem {
         })))
     }
 
+    fn snapshot_support(&self) -> Result<(), String> {
+        Err("a virtio-pmem region (its file's mapping and place) is not saved yet".into())
+    }
+
     fn counters(&self) -> Arc<[QueueCounters]> {
         self.queue_counters.clone()
     }

@@ -288,6 +288,10 @@ impl VirtioDevice for VhostUserDevice {
         true
     }
 
+    fn snapshot_support(&self) -> Result<(), String> {
+        Err("its queues are a vhost-user back end's, whose state is not saved yet".into())
+    }
+
     fn counters(&self) -> Arc<[QueueCounters]> {
         Arc::from(Vec::new())
     }
