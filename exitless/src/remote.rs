@@ -58,7 +58,8 @@ enum RemoteCommand {
     Delete,
     /// End the VMM process (vmm.shutdown)
     ShutdownVmm,
-    /// Add a disk: path=FILE[,readonly=on][,direct=on][,lock=off][,id=ID] (vm.add-disk)
+    /// Add a disk: path=FILE[,readonly=on][,direct=on][,lock=off] or vhost_user=on,socket=PATH
+    /// (a vhost-user-blk back end), then [,id=ID] (vm.add-disk)
     AddDisk {
         /// path=FILE[,readonly=on][,direct=on][,lock=off][,id=ID], as run --disk takes it
         /// (lock=off: no lock against a second writer)
@@ -153,6 +154,10 @@ fn disk_body(spec: &str) -> anyhow::Result<String> {
         .filter(|p| !p.starts_with("direct="))
         .collect();
     let disk: DiskConfig = spec.join(",").parse()?;
+    if let (true, Some(socket)) = (disk.vhost_user, &disk.vhost_socket) {
+        let body = serde_json::json!({"vhost_user": true, "vhost_socket": socket, "id": id});
+        return Ok(body.to_string());
+    }
     Ok(serde_json::json!({"path": disk.path, "readonly": disk.readonly, "direct": direct, "id": id}).to_string())
 }
 
@@ -308,6 +313,12 @@ mod tests {
         let v: serde_json::Value =
             serde_json::from_str(&vsock_body("cid=3,socket=/v.sock").unwrap()).unwrap();
         assert_eq!(v["cid"], 3);
+        let vu: serde_json::Value =
+            serde_json::from_str(&disk_body("vhost_user=on,socket=/b.sock,id=v").unwrap()).unwrap();
+        assert_eq!(
+            vu,
+            serde_json::json!({"vhost_user": true, "vhost_socket": "/b.sock", "id": "v"})
+        );
         assert!(disk_body("readonly=on").is_err());
         assert!(vsock_body("cid=1,socket=/v").is_err());
     }
