@@ -352,3 +352,44 @@ fn ch_remote_hot_adds_a_vhost_user_disk_and_a_generic_vhost_user_device() {
         std::fs::remove_file(f).ok();
     }
 }
+
+/// The guest's hostile requests (65,024 segments in one indirect table, far past seg_max)
+/// reach qemu-storage-daemon only: it ends the connection (libvhost-user's "too many
+/// descriptors in indirect table"), exitless says so in one line and puts the device in
+/// DEVICE_NEEDS_RESET, never panics, and the VM ends as the guest ends it.
+#[test]
+fn a_guest_s_hostile_requests_reach_the_daemon_only() {
+    if !kvm_available("vhost_user_blk_hostile") {
+        return;
+    }
+    let image = Image::new("vublk-hostile", 16);
+    let Some(d) = daemon("vhost_user_blk_hostile", &image.0) else {
+        return;
+    };
+    let guest = export_guest("vublk-hostile");
+    let o = common::exitless()
+        .args(["run", "--kernel"])
+        .arg(&guest)
+        .args(["--memory", "size=64M,shared=on", "--timeout", "90"])
+        .arg("--disk")
+        .arg(format!("vhost_user=on,socket={}", d.socket.display()))
+        .args(["--cmdline", "case=virtio_blk_hostile iters=4"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    std::fs::remove_file(&guest).ok();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    let all = format!("{out}\n{err}");
+    assert_eq!(o.status.code(), Some(0), "{all}");
+    assert!(!err.contains("panicked"), "{all}");
+    assert!(out.contains("EXITLESS BLK hostile ready"), "{all}");
+    let gone = format!(
+        "the vhost-user back end at {} closed its socket; the device needs a reset",
+        d.socket.display()
+    );
+    assert_eq!(err.matches(&gone).count(), 1, "{all}");
+    assert_eq!(err.matches("needs a reset").count(), 1, "{all}");
+}
