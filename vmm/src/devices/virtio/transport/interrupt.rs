@@ -249,6 +249,31 @@ impl MsixInterrupt {
         })
     }
 
+    /// The state to save of a device whose vhost-user back end has stopped its queues
+    /// (GET_VRING_BASE: it writes no irqfd any more). A handed-out vector's interrupt that
+    /// waits in its irqfd while the vector is masked is saved as pending, and left in the
+    /// irqfd for the VM that goes on; an unmasked vector's went to KVM.
+    pub fn save_with_stopped_backend(&self) -> Result<InterruptState, String> {
+        let msix = self.msix();
+        let mut state = InterruptState {
+            msix: msix.save(),
+            isr: self.isr.load(Ordering::Acquire),
+        };
+        drop(msix);
+        for (v, handed) in self.handed_out.iter().enumerate() {
+            if !handed.load(Ordering::Acquire) || !self.irqfd_off[v].load(Ordering::Acquire) {
+                continue;
+            }
+            if let Ok(count) = self.irqfds[v].read() {
+                let _ = self.irqfds[v].write(count);
+                if let Some(p) = state.msix.pending.get_mut(v) {
+                    *p = true;
+                }
+            }
+        }
+        Ok(state)
+    }
+
     /// Puts saved state back (before the VM runs): the table, the vector of the
     /// configuration and of each queue, and each programmed vector's MSI route.
     pub fn restore(

@@ -189,7 +189,10 @@ impl Snapshottable for VirtioPciDevice {
             command,
             interrupt_line,
             common: t.common.save(),
-            interrupt: self.irq.save()?,
+            interrupt: match running && backend {
+                true => self.irq.save_with_stopped_backend()?,
+                false => self.irq.save()?,
+            },
             running,
         };
         to_state(&VirtioState {

@@ -114,7 +114,7 @@ impl Frontend {
     }
 }
 
-/// A pipe, both ends close-on-exec, ours non-blocking: (read end, write end).
+/// A pipe, both ends close-on-exec: (read end, write end).
 fn pipe() -> Result<(OwnedFd, OwnedFd), VhostUserError> {
     let mut fds = [-1; 2];
     // SAFETY: pipe2 writes two descriptors into the array it is given, of the size it needs.
@@ -158,24 +158,16 @@ fn wait_ready(fd: RawFd, events: libc::c_short, deadline: Instant) -> io::Result
     }
 }
 
-fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
-    // SAFETY: F_GETFL/F_SETFL on a descriptor this frame owns.
-    unsafe {
-        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-        if flags < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 /// Reads the pipe to its end, at most [`MAX_DEVICE_STATE`] bytes within [`STATE_TIMEOUT`].
+///
+/// The pipe blocks (no fcntl on the devices thread, whose filter lacks it): each read waits
+/// in poll first, and then returns what is there.
 fn read_to_end(fd: OwnedFd, into: &mut Vec<u8>) -> io::Result<()> {
-    set_nonblocking(&fd)?;
     let deadline = Instant::now() + STATE_TIMEOUT;
     let mut file = File::from(fd);
     let mut buf = vec![0u8; 64 << 10];
     loop {
+        wait_ready(file.as_raw_fd(), libc::POLLIN, deadline)?;
         match file.read(&mut buf) {
             Ok(0) => return Ok(()),
             Ok(n) if into.len() + n > MAX_DEVICE_STATE => {
@@ -184,28 +176,25 @@ fn read_to_end(fd: OwnedFd, into: &mut Vec<u8>) -> io::Result<()> {
                 )))
             }
             Ok(n) => into.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                wait_ready(file.as_raw_fd(), libc::POLLIN, deadline)?
-            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
 }
 
-/// Writes all of `state` into the pipe within [`STATE_TIMEOUT`], then closes it.
+/// Writes all of `state` into the pipe within [`STATE_TIMEOUT`], then closes it. The pipe
+/// blocks: each write waits in poll until the pipe has room, and writes at most `PIPE_BUF`
+/// bytes, which then fit without blocking.
 fn write_all(fd: OwnedFd, state: &[u8]) -> io::Result<()> {
-    set_nonblocking(&fd)?;
     let deadline = Instant::now() + STATE_TIMEOUT;
     let mut file = File::from(fd);
     let mut done = 0;
     while done < state.len() {
-        match file.write(&state[done..]) {
+        wait_ready(file.as_raw_fd(), libc::POLLOUT, deadline)?;
+        let end = state.len().min(done + libc::PIPE_BUF);
+        match file.write(&state[done..end]) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                wait_ready(file.as_raw_fd(), libc::POLLOUT, deadline)?
-            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
