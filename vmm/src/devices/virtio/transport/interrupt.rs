@@ -389,6 +389,32 @@ mod tests {
     }
 
     #[test]
+    fn a_back_end_s_interrupt_behind_a_masked_vector_is_saved_pending_and_kept() {
+        let irq = MsixInterrupt::new(3, 2).unwrap();
+        let log = Arc::new(StdMutex::new(Vec::new()));
+        irq.connect(vec![40, 41, 42], Box::new(Irqfds(log.clone())));
+        irq.write_control(1 << 15);
+        irq.table_write(2 * 16 + 12, &0u32.to_le_bytes());
+        irq.set_vector(Some(1), 2);
+        irq.queue_irqfd(1).unwrap().expect("vector 2's irqfd");
+        assert!(
+            irq.save().is_err(),
+            "handed out: the back end may still write"
+        );
+        irq.table_write(2 * 16 + 12, &1u32.to_le_bytes()); // masked: off KVM
+        irq.irqfds()[2].write(1).unwrap(); // the back end's completion waits there
+        let saved = irq.save_with_stopped_backend().unwrap();
+        assert_eq!(saved.msix.pending, [false, false, true]);
+        assert_eq!(
+            irq.irqfds()[2].read().unwrap(),
+            1,
+            "left for the VM that goes on"
+        );
+        let saved = irq.save_with_stopped_backend().unwrap();
+        assert_eq!(saved.msix.pending, [false; 3], "nothing waited");
+    }
+
+    #[test]
     fn queue_interrupts_follow_vectors_masking_and_routes() {
         let irq = MsixInterrupt::new(2, 1).unwrap();
         let log = Arc::new(StdMutex::new(Vec::new()));
