@@ -152,13 +152,10 @@ impl Snapshottable for VirtioPciDevice {
     }
 
     fn snapshot(&self) -> Result<serde_json::Value, String> {
-        match lock(&self.transport).device.device_type() {
-            TYPE_BALLOON => {
-                return Err("the balloon's state (its target and the pages it holds) \
-                            is not saved yet"
-                    .into())
-            }
-            _ => {}
+        if lock(&self.transport).device.device_type() == TYPE_BALLOON {
+            return Err("the balloon's state (its target and the pages it holds) \
+                        is not saved yet"
+                .into());
         }
         let bar = lock(&self.config).bar_base(0);
         if !self.touched() {
