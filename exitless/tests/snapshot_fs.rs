@@ -102,7 +102,7 @@ fn a_file_held_open_through_virtio_fs_goes_on_in_a_restored_vm_with_a_fresh_virt
     let second = Virtiofsd::spawn("snapfs-b", daemon, Some(shared.clone()), true);
     let restored = t.scratch.join("restored.log");
     edit_config(&t.dir, &restored, &second.socket);
-    let _vmm = restored_in(Vmm::start("snap-fs-2"), &t.dir);
+    let restored_vmm = restored_in(Vmm::start("snap-fs-2"), &t.dir);
     let text = wait_file(&restored, "EXITLESS DONE");
     assert!(!text.contains("EXITLESS ERROR"), "{text}");
     assert!(
@@ -122,6 +122,12 @@ fn a_file_held_open_through_virtio_fs_goes_on_in_a_restored_vm_with_a_fresh_virt
         std::fs::read(shared.join("snap-new.bin")).unwrap(),
         records(TICKS)
     );
+    // The restored VM is snapshotted again: its back end's state is saved as the first was.
+    let again = t.scratch.join("again");
+    std::fs::create_dir(&again).unwrap();
+    pause_and_snapshot(&mut restored_vmm.client(), &again);
+    let data = saved_state(&again).devices["_fs0"].data.clone().unwrap();
+    assert!(std::fs::metadata(again.join(data.file)).unwrap().len() > 0);
 }
 
 #[test]
