@@ -32,6 +32,16 @@
  *
  *   EXITLESS SNAPNET n=<round> net_tries=<k> vsock_tries=<k> resets=<transport resets> cid=<c>
  *
+ * `fs=1` opens fs_read= (snap.bin) of the virtio-fs device's shared directory for reading and
+ * writing once, at set-up, and every round writes its 16-byte record at n*16 through that
+ * FUSE file handle and reads all records so far back through it, printing
+ *
+ *   EXITLESS SNAPFS n=<round> bytes=<records read back>
+ *
+ * then, after the rounds, releases it and writes what it read to a new file, fs_write=
+ * (snap-new.bin). Restored mid-run in front of a fresh virtiofsd that loaded the old one's
+ * state, the handle goes on (a lost handle ends the guest with an error).
+ *
  * `bridge=1` first does to the PCI host bridge (00:00.0) what Linux's PCI probe does to every
  * function: each BAR and the ROM BAR written all ones, read back and written back as they
  * were; then it sets the bridge's interrupt line. The result line ends with bridge=1 if the
@@ -45,7 +55,7 @@
 #define PAGE_SIZE 4096UL
 
 struct snapshot_run {
-    u64 pages, ticks, iters, count, bad, virtio, net, bridge;
+    u64 pages, ticks, iters, count, bad, virtio, net, bridge, fs;
 };
 
 #define BRIDGE_LINE 11
@@ -152,6 +162,8 @@ static u64 snapshot_user(u64 arg)
         }
         if (r->net)
             snapshot_net_round(t);
+        if (r->fs)
+            snapshot_fs_round(t);
         tick_count = tick_count + 1;
         puts_("EXITLESS TICK n=");
         put_u64(t);
@@ -159,6 +171,8 @@ static u64 snapshot_user(u64 arg)
         put_u64(tick_count);
         puts_("\n");
     }
+    if (r->fs)
+        snapshot_fs_end(r->ticks);
     for (u64 p = 0; p < r->pages; p++)
         if (*(volatile u64 *)(SNAP_BASE + p * PAGE_SIZE) != pattern(p))
             r->bad++;
@@ -192,6 +206,12 @@ void snapshot_main(const char *cmdline)
     if (r.net) {
         const char *why = virtio_net_setup(cmdline);
         if (why || (why = virtio_vsock_setup(cmdline)))
+            virtio_fail(why);
+    }
+    r.fs = parse_u64(find_arg(cmdline, "fs="));
+    if (r.fs) {
+        const char *why = snapshot_fs_setup(cmdline);
+        if (why)
             virtio_fail(why);
     }
     run_user(snapshot_user, (u64)&r, snapshot_stack + sizeof(snapshot_stack));

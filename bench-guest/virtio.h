@@ -183,6 +183,10 @@ u64 loop_fs_check(u64 n);
 u64 loop_virtio_fs(u64 n);
 u64 loop_fs_hostile(u64 n);
 void report_virtio_fs(void);
+/* case=snapshot fs=1 (virtio_fs.c): a file of the shared directory held open across rounds. */
+const char *snapshot_fs_setup(const char *cmdline);
+void snapshot_fs_round(u64 t);
+void snapshot_fs_end(u64 ticks);
 
 /* virtio-balloon (virtio_balloon.c): balloon_check touches `mib` MiB, reports them free and
  * checks they read back as zeros, inflates and deflates pages (inflate=N, sync, follow). */

@@ -30,6 +30,7 @@
 
 #define L_O_RDONLY 0
 #define L_O_WRONLY 1
+#define L_O_RDWR 2
 #define L_O_CREAT 0100
 #define L_O_TRUNC 01000
 #define L_S_IFREG 0100000
@@ -703,4 +704,69 @@ u64 loop_fs_hostile(u64 n)
         puts_(console_wait_byte(10 * HOSTILE_WAIT_CYCLES) ? "EXITLESS FS released\n"
                                                           : "EXITLESS FS hold timeout\n");
     return 0;
+}
+
+/* ---- case=snapshot fs=1: a file kept open across a snapshot ---- */
+
+static u64 snap_node, snap_fh;
+
+/* Byte `i` of round `t`'s 16-byte record. */
+static u8 snap_byte(u64 t, u64 i) { return (u8)((t * 31 + i * 7 + 1) & 0xff); }
+
+/* At CPL0: the device, FUSE_INIT, and fs_read= (snap.bin) opened for reading and writing
+ * (polled here: the guest runs with IF=0). The handle lives until snapshot_fs_end. */
+const char *snapshot_fs_setup(const char *cmdline)
+{
+    const char *why = fs_start(cmdline);
+    if (why)
+        return why;
+    snap_node = fs_lookup(name_arg("fs_read=", "snap.bin"));
+    snap_fh = fs_open(snap_node, L_O_RDWR);
+    irq_now = use_irq;
+    user_rflags = use_irq ? 0x202 : 0x2;
+    return 0;
+}
+
+/* Round `t`: its record written at t*16 through the open handle, then every record so far
+ * read back through it and checked. */
+void snapshot_fs_round(u64 t)
+{
+    u8 rec[16];
+    u32 len = (u32)((t + 1) * 16);
+    if (len > CHUNK)
+        fs_fail("too many rounds for the file's records", 0, 0);
+    for (u64 i = 0; i < 16; i++)
+        rec[i] = snap_byte(t, i);
+    if (fs_io(snap_node, snap_fh, t * 16, 0, rec, 16) != 16)
+        fs_fail("WRITE took fewer bytes than a record", 0, 0);
+    if (fs_io(snap_node, snap_fh, 0, chunk, 0, len) != len)
+        fs_fail("READ of the records came short", 0, 0);
+    for (u64 i = 0; i < len; i++)
+        if (chunk[i] != snap_byte(i / 16, i % 16))
+            fs_fail("a record read back through the open file differs", 0, 0);
+    puts_("EXITLESS SNAPFS n=");
+    put_u64(t);
+    puts_(" bytes=");
+    put_u64(len);
+    puts_("\n");
+}
+
+/* After `ticks` rounds: the records read once more through the open handle, which is then
+ * released, and written to a new file, fs_write= (snap-new.bin). */
+void snapshot_fs_end(u64 ticks)
+{
+    u32 len = (u32)(ticks * 16);
+    if (fs_io(snap_node, snap_fh, 0, chunk, 0, len) != len)
+        fs_fail("READ of the records came short", 0, 0);
+    fs_flush(snap_node, snap_fh);
+    fs_release(snap_node, snap_fh, L_O_RDWR);
+    const char *name = name_arg("fs_write=", "snap-new.bin");
+    u64 fh, node = fs_create(name, &fh);
+    if (fs_io(node, fh, 0, 0, chunk, len) != len)
+        fs_fail("WRITE took fewer bytes than asked for", name, 0);
+    fs_flush(node, fh);
+    fs_release(node, fh, L_O_WRONLY);
+    u64 nodes[2] = {snap_node, node};
+    fs_forget(nodes, 2);
+    print_io("wrote", name, len, " size=", len);
 }

@@ -177,6 +177,11 @@ const DEVICES: &[libc::c_long] = &[
     // vhost-user: a device's start and reset talk to its back end; SET_MEM_TABLE and
     // SET_VRING_KICK/CALL carry file descriptors (SCM_RIGHTS), which only sendmsg sends.
     libc::SYS_sendmsg,
+    // vhost-user: a snapshot reads a back end's state from a pipe (SET_DEVICE_STATE_FD),
+    // each read after a bounded poll (musl's poll is poll(2), glibc's ppoll(2)).
+    libc::SYS_pipe2,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
     libc::SYS_shutdown,
     libc::SYS_timerfd_settime,
 ];

@@ -17,27 +17,50 @@ pub struct Virtiofsd {
     pub dir: PathBuf,
     pub socket: PathBuf,
     log: PathBuf,
+    /// The directory it serves (its own `shared`, or another daemon's).
+    shared: PathBuf,
 }
 
 impl Virtiofsd {
     /// None (the test reported skipped) unless virtiofsd is installed and this is root.
     pub fn start(test: &str) -> Option<Self> {
-        // The bench's lookup (root, EXITLESS_VIRTIOFSD, PATH, ~/.cargo/bin, distributions').
-        let daemon = match exitless_lab::bench::fs::daemon() {
-            Ok(daemon) => daemon,
+        let daemon = Self::find(test)?;
+        Some(Self::spawn(test, daemon, None, false))
+    }
+
+    /// The daemon the bench's lookup finds (root, EXITLESS_VIRTIOFSD, PATH, ~/.cargo/bin,
+    /// distributions'), or None (the test reported skipped).
+    pub fn find(test: &str) -> Option<vmm::devices::virtio::vhost_user::virtiofsd::Daemon> {
+        match exitless_lab::bench::fs::daemon() {
+            Ok(daemon) => Some(daemon),
             Err(why) => {
                 vmm::test_skip::skip(test, &why);
-                return None;
+                None
             }
-        };
+        }
+    }
+
+    /// `daemon` serving `shared` (else a `shared` folder of its own) on a socket of its own
+    /// named after `test`; with `snapshots`, started as a snapshot needs it
+    /// (`Daemon::command_for_snapshots`).
+    pub fn spawn(
+        test: &str,
+        daemon: vmm::devices::virtio::vhost_user::virtiofsd::Daemon,
+        shared: Option<PathBuf>,
+        snapshots: bool,
+    ) -> Self {
         let dir = std::env::temp_dir().join(format!("exitless-vfs-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("shared")).unwrap();
+        let shared = shared.unwrap_or_else(|| dir.join("shared"));
         // The socket where Kata puts it: <sandbox dir>/virtiofsd.sock.
         let (socket, log) = (dir.join("virtiofsd.sock"), dir.join("virtiofsd.log"));
         let cache = vmm::devices::virtio::vhost_user::virtiofsd::Cache::Auto;
-        let child = daemon
-            .command(&socket, &dir.join("shared"), cache)
+        let mut command = match snapshots {
+            true => daemon.command_for_snapshots(&socket, &shared, cache),
+            false => daemon.command(&socket, &shared, cache),
+        };
+        let child = command
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -48,17 +71,18 @@ impl Virtiofsd {
             dir,
             socket,
             log,
+            shared,
         };
         assert!(
             d.wait_log("Waiting for vhost-user socket connection"),
             "{}",
             d.log_text()
         );
-        Some(d)
+        d
     }
 
     pub fn shared(&self) -> PathBuf {
-        self.dir.join("shared")
+        self.shared.clone()
     }
 
     pub fn log_text(&self) -> String {

@@ -28,9 +28,19 @@ impl DeviceManager {
                 kind: kind.into(),
                 reason,
             })?;
+            let data = device
+                .take_data()
+                .map(|bytes| crate::snapshot::device_data::describe(id, bytes))
+                .transpose()
+                .map_err(|reason| SnapshotError::Device {
+                    id: id.clone(),
+                    kind: kind.into(),
+                    reason,
+                })?;
             let entry = DeviceEntry {
                 kind: kind.into(),
                 state,
+                data,
             };
             if all.insert(id.clone(), entry).is_some() {
                 return Err(SnapshotError::Device {
@@ -69,6 +79,9 @@ impl DeviceManager {
                 .ok_or_else(|| invalid("state.json has no state for it".into()))?;
             if entry.kind != kind {
                 return Err(invalid(format!("state.json saved a {} there", entry.kind)));
+            }
+            if let Some(data) = entry.data {
+                device.put_data(data.bytes).map_err(invalid)?;
             }
             device.restore(entry.state).map_err(invalid)?;
         }

@@ -95,7 +95,9 @@ pub fn restore(
     let check_cpu = |seen: &[kvm_bindings::kvm_cpuid_entry2]| check_host(seen, &state);
     let built = builder.build_restored(&vcpu_opts, &vm_state, &vcpus, &check_cpu)?;
     mark(moment::VCPUS);
-    built.devices.restore_devices(state.devices)?;
+    let mut devices = state.devices;
+    crate::snapshot::device_data::read_all(dir, &mut devices)?;
+    built.devices.restore_devices(devices)?;
     mark(moment::DEVICE_STATE);
     let parts = HostParts {
         serial,
@@ -142,13 +144,7 @@ fn check_fits(config: &VmConfig, state: &SnapshotState) -> Result<(), LaunchErro
     if config.irqchip != IrqchipMode::Kernel {
         return Err(mismatch("only the in-kernel irqchip is restored".into()));
     }
-    // A snapshot refuses these (docs/snapshot.md); config.json may have been edited since.
-    if let Some(fs) = config.fs.first() {
-        let tag = &fs.tag;
-        return Err(mismatch(format!(
-            "config.json has a virtio-fs device (tag {tag}), which a snapshot does not save yet"
-        )));
-    }
+    // A snapshot refuses this (docs/snapshot.md); config.json may have been edited since.
     if config.balloon.is_some() {
         return Err(mismatch(
             "config.json has a balloon, which a snapshot does not save yet".into(),

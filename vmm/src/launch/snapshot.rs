@@ -78,6 +78,7 @@ impl LaunchedVm {
         let max_vcpus = self.template.as_ref().map_or(1, |t| t.topology_cpus());
         let cpu = cpu_features::features_of(&vcpus[0].cpuid);
         remove_old_state(dir)?;
+        crate::snapshot::device_data::write_all(dir, &devices)?;
         let (memory, written) = self.save_memory(dir, zones, verbose, start)?;
         let config_text =
             serde_json::to_vec_pretty(config).map_err(|e| SnapshotError::Encode(e.to_string()))?;

@@ -164,6 +164,23 @@ pub struct MemorySection {
 pub struct DeviceEntry {
     pub kind: String,
     pub state: serde_json::Value,
+    /// What the device saved beside its state ([`super::Snapshottable::take_data`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DeviceData>,
+}
+
+/// A device's bytes beyond its JSON state, in a file of the snapshot's directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceData {
+    /// The file's name in the snapshot's directory (`device-<id>.bin`).
+    pub file: String,
+    pub size: u64,
+    /// `crc32:` and 8 hex digits of the bytes.
+    pub crc32: String,
+    /// The bytes, between the device and the file (not in `state.json`).
+    #[serde(skip)]
+    pub bytes: Vec<u8>,
 }
 
 /// The whole of `state.json`.

@@ -13,6 +13,7 @@
 
 pub mod blob;
 pub mod cpu_features;
+pub mod device_data;
 pub mod format;
 pub mod memory_file;
 
@@ -123,6 +124,17 @@ pub trait Snapshottable: Send + Sync {
     /// The snapshot is over, written or not (guest memory included): what
     /// [`Snapshottable::snapshot`] held still for it goes on.
     fn snapshot_ended(&self) {}
+    /// Bytes the device's state has beyond its JSON (a vhost-user back end's own state),
+    /// taken once right after [`Snapshottable::snapshot`]: a snapshot writes them to a file
+    /// beside `state.json` (its entry's `data`), a migration sends them.
+    fn take_data(&self) -> Option<Vec<u8>> {
+        None
+    }
+    /// On restore, before [`Snapshottable::restore`]: the bytes [`Snapshottable::take_data`]
+    /// gave (read from a file: the device checks them, or its back end does).
+    fn put_data(&self, _data: Vec<u8>) -> Result<(), String> {
+        Err("it saves nothing beside its state, and the snapshot has data for it".into())
+    }
 }
 
 /// A device's state struct as JSON.

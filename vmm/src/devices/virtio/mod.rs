@@ -343,6 +343,23 @@ pub trait VirtioDevice: Send {
     /// A snapshot's state was put back and the device is about to start from its rings:
     /// what the guest must be told (vsock's transport reset) is told once it can be.
     fn restored(&mut self) {}
+    /// Whether the device's back end holds state beyond the rings and the transport that a
+    /// snapshot must move (a vhost-user back end's own: virtiofsd's open files), through
+    /// [`VirtioDevice::save_backend_state`] and [`VirtioDevice::load_backend_state`].
+    fn has_backend_state(&self) -> bool {
+        false
+    }
+    /// A snapshot's, on the devices thread, once the rings drained and the device is
+    /// quiesced: stop the back end's queues and read its state. The queues start again at
+    /// [`VirtioDevice::unquiesce`], which then also runs on the devices thread.
+    fn save_backend_state(&mut self) -> Result<Vec<u8>, String> {
+        Err("it has no back end state".into())
+    }
+    /// A restore's, before the device starts from its rings: hand the new back end the state
+    /// [`VirtioDevice::save_backend_state`] read (bytes from a file: the back end checks them).
+    fn load_backend_state(&mut self, _state: &[u8]) -> Result<(), String> {
+        Err("it has no back end state".into())
+    }
     /// Per-queue counters, by queue index.
     fn counters(&self) -> Arc<[QueueCounters]>;
     /// What the device counts beyond its queues (frames, drops, connections), by name.

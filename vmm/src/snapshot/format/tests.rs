@@ -46,6 +46,7 @@ pub fn sample() -> SnapshotState {
         DeviceEntry {
             kind: "serial".into(),
             state: serde_json::json!({"ier": 1}),
+            data: None,
         },
     );
     SnapshotState {

@@ -249,6 +249,31 @@ impl MsixInterrupt {
         })
     }
 
+    /// The state to save of a device whose vhost-user back end has stopped its queues
+    /// (GET_VRING_BASE: it writes no irqfd any more). A handed-out vector's interrupt that
+    /// waits in its irqfd while the vector is masked is saved as pending, and left in the
+    /// irqfd for the VM that goes on; an unmasked vector's went to KVM.
+    pub fn save_with_stopped_backend(&self) -> Result<InterruptState, String> {
+        let msix = self.msix();
+        let mut state = InterruptState {
+            msix: msix.save(),
+            isr: self.isr.load(Ordering::Acquire),
+        };
+        drop(msix);
+        for (v, handed) in self.handed_out.iter().enumerate() {
+            if !handed.load(Ordering::Acquire) || !self.irqfd_off[v].load(Ordering::Acquire) {
+                continue;
+            }
+            if let Ok(count) = self.irqfds[v].read() {
+                let _ = self.irqfds[v].write(count);
+                if let Some(p) = state.msix.pending.get_mut(v) {
+                    *p = true;
+                }
+            }
+        }
+        Ok(state)
+    }
+
     /// Puts saved state back (before the VM runs): the table, the vector of the
     /// configuration and of each queue, and each programmed vector's MSI route.
     pub fn restore(
@@ -361,6 +386,32 @@ mod tests {
             4,
             "no longer followed after reset"
         );
+    }
+
+    #[test]
+    fn a_back_end_s_interrupt_behind_a_masked_vector_is_saved_pending_and_kept() {
+        let irq = MsixInterrupt::new(3, 2).unwrap();
+        let log = Arc::new(StdMutex::new(Vec::new()));
+        irq.connect(vec![40, 41, 42], Box::new(Irqfds(log.clone())));
+        irq.write_control(1 << 15);
+        irq.table_write(2 * 16 + 12, &0u32.to_le_bytes());
+        irq.set_vector(Some(1), 2);
+        irq.queue_irqfd(1).unwrap().expect("vector 2's irqfd");
+        assert!(
+            irq.save().is_err(),
+            "handed out: the back end may still write"
+        );
+        irq.table_write(2 * 16 + 12, &1u32.to_le_bytes()); // masked: off KVM
+        irq.irqfds()[2].write(1).unwrap(); // the back end's completion waits there
+        let saved = irq.save_with_stopped_backend().unwrap();
+        assert_eq!(saved.msix.pending, [false, false, true]);
+        assert_eq!(
+            irq.irqfds()[2].read().unwrap(),
+            1,
+            "left for the VM that goes on"
+        );
+        let saved = irq.save_with_stopped_backend().unwrap();
+        assert_eq!(saved.msix.pending, [false; 3], "nothing waited");
     }
 
     #[test]

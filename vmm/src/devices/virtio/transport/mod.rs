@@ -93,6 +93,10 @@ pub struct VirtioPciDevice {
     /// The guest wrote its configuration space or its BAR: its driver has started setting it
     /// up, so it is no longer in its power-on state (what a snapshot can save of it today).
     touched: AtomicBool,
+    /// A back end's state (`VirtioDevice::has_backend_state`) between a snapshot reading it
+    /// and the device manager taking it, or between a restore handing it over and the
+    /// device's restore loading it.
+    backend_state: Mutex<Option<Vec<u8>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -183,6 +187,7 @@ impl VirtioPciDevice {
             counters,
             me: me.clone(),
             touched: AtomicBool::new(false),
+            backend_state: Mutex::default(),
         }))
     }
 

@@ -22,7 +22,9 @@ use super::common::{CommonState, QueueRegs, STATUS_DRIVER_OK};
 use super::interrupt::InterruptState;
 use super::{lock, Phase, VirtioPciDevice, BAR_SIZE};
 use crate::devices::pci::BarKind;
-use crate::devices::virtio::{TYPE_BALLOON, TYPE_BLOCK, TYPE_FS, TYPE_NET, TYPE_RNG, TYPE_VSOCK};
+use crate::devices::virtio::{
+    VirtioDevice, TYPE_BALLOON, TYPE_BLOCK, TYPE_FS, TYPE_NET, TYPE_RNG, TYPE_VSOCK,
+};
 use crate::snapshot::{from_state, to_state, Snapshottable};
 
 /// How long a device has to finish a start or reset, and to drain its rings.
@@ -109,6 +111,26 @@ impl VirtioPciDevice {
     }
 }
 
+impl VirtioPciDevice {
+    /// Runs `work` on the device on the devices thread and waits for it (not from that
+    /// thread). The transport's lock is taken there, not here.
+    fn on_loop<R: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut dyn VirtioDevice) -> R + Send + 'static,
+    ) -> Result<R, String> {
+        let me = self.me.upgrade().ok_or("the device is gone")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.event_loop
+            .call(move |_| {
+                let result = work(lock(&me.transport).device.as_mut());
+                let _ = tx.send(result);
+            })
+            .map_err(|e| e.to_string())?;
+        rx.recv()
+            .map_err(|_| "the device event loop dropped the work".to_string())
+    }
+}
+
 /// Whether the device has used every chain the driver made available (split ring: the
 /// available and used indexes are 2 bytes into their rings).
 fn drained(q: &QueueRegs, mem: &vm_memory::GuestMemoryMmap) -> bool {
@@ -130,20 +152,10 @@ impl Snapshottable for VirtioPciDevice {
     }
 
     fn snapshot(&self) -> Result<serde_json::Value, String> {
-        match lock(&self.transport).device.device_type() {
-            TYPE_FS => {
-                return Err(
-                    "a vhost-user device's state is its back end's (virtiofsd), \
-                            which is not saved yet"
-                        .into(),
-                )
-            }
-            TYPE_BALLOON => {
-                return Err("the balloon's state (its target and the pages it holds) \
-                            is not saved yet"
-                    .into())
-            }
-            _ => {}
+        if lock(&self.transport).device.device_type() == TYPE_BALLOON {
+            return Err("the balloon's state (its target and the pages it holds) \
+                        is not saved yet"
+                .into());
         }
         let bar = lock(&self.config).bar_base(0);
         if !self.touched() {
@@ -157,14 +169,28 @@ impl Snapshottable for VirtioPciDevice {
         let support = lock(&self.transport).device.snapshot_support();
         support.map_err(|why| format!("its driver has set it up, and {why}"))?;
         self.settle()?;
+        let (running, backend) = {
+            let t = lock(&self.transport);
+            let running = matches!(t.phase, Phase::Running(_));
+            (running, t.device.has_backend_state())
+        };
+        if running && backend {
+            // On the devices thread, where the back end's queues were started (nothing else
+            // talks to it meanwhile); the transport's lock is not held while waiting.
+            let state = self.on_loop(|device| device.save_backend_state())??;
+            *lock(&self.backend_state) = Some(state);
+        }
         let (command, interrupt_line) = lock(&self.config).guest_writable();
         let t = lock(&self.transport);
         let transport = TransportState {
             command,
             interrupt_line,
             common: t.common.save(),
-            interrupt: self.irq.save()?,
-            running: matches!(t.phase, Phase::Running(_)),
+            interrupt: match running && backend {
+                true => self.irq.save_with_stopped_backend()?,
+                false => self.irq.save()?,
+            },
+            running,
         };
         to_state(&VirtioState {
             untouched: false,
@@ -174,7 +200,27 @@ impl Snapshottable for VirtioPciDevice {
     }
 
     fn snapshot_ended(&self) {
-        lock(&self.transport).device.unquiesce();
+        lock(&self.backend_state).take();
+        if !lock(&self.transport).device.has_backend_state() {
+            return lock(&self.transport).device.unquiesce();
+        }
+        // A back end's queues start again where they were stopped: on the devices thread.
+        if let Err(e) = self.on_loop(|device| device.unquiesce()) {
+            self.health
+                .fail(&format!("its back end was not started again: {e}"));
+        }
+    }
+
+    fn take_data(&self) -> Option<Vec<u8>> {
+        lock(&self.backend_state).take()
+    }
+
+    fn put_data(&self, data: Vec<u8>) -> Result<(), String> {
+        if !lock(&self.transport).device.has_backend_state() {
+            return Err("it has no back end whose state could be saved beside it".into());
+        }
+        *lock(&self.backend_state) = Some(data);
+        Ok(())
     }
 
     fn restore(&self, state: serde_json::Value) -> Result<(), String> {
@@ -210,6 +256,15 @@ impl Snapshottable for VirtioPciDevice {
         }
         if t.common.status & STATUS_DRIVER_OK == 0 {
             return Err("saved running without DRIVER_OK".into());
+        }
+        if t.device.has_backend_state() {
+            // The new back end takes the old one's state before its queues start (here, on
+            // the restoring thread: the device is not running, nothing watches its socket).
+            let state = lock(&self.backend_state).take();
+            let state = state.ok_or("the snapshot has no state of its back end")?;
+            t.device
+                .load_backend_state(&state)
+                .map_err(|e| format!("its back end did not take its saved state: {e}"))?;
         }
         // Started on the event loop as a driver's DRIVER_OK starts it: the queues resume
         // from the used rings, which the snapshot drained.

@@ -139,6 +139,20 @@ impl Connection {
         })
     }
 
+    /// Sends `code` with `body` and `fds` (SET_DEVICE_STATE_FD's pipe) and returns the back
+    /// end's reply.
+    pub fn ask_with_fds<T: ByteValued + VhostUserMsgValidator + Default>(
+        &mut self,
+        code: FrontendReq,
+        body: &[u8],
+        fds: &[RawFd],
+    ) -> Result<T, VhostUserError> {
+        self.guarded(|c| {
+            c.write_message(code, body, fds, false)?;
+            c.read_reply(code)
+        })
+    }
+
     /// Runs one exchange unless the connection is broken; a failure breaks it.
     fn guarded<T>(
         &mut self,

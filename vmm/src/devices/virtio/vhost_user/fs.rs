@@ -54,6 +54,23 @@ pub struct Fs {
     /// Set by the watch when the back end closed its socket: nothing more is asked of it.
     gone: Arc<AtomicBool>,
     counters: Arc<FsCounters>,
+    /// What the last start handed the back end, to start it again after a snapshot stopped
+    /// its queues to read its state.
+    last_start: Option<LastStart>,
+}
+
+/// A start's memory, features and queues (their fds are the transport's, alive while it
+/// runs), and whether a snapshot stopped them.
+struct LastStart {
+    mem: crate::devices::virtio::memory_view::SharedGuestMemory,
+    features: u64,
+    vrings: Vec<Vring>,
+    health: Arc<DeviceHealth>,
+    /// What keeps the vrings' kick eventfds and call irqfds open.
+    _kicks: Vec<Arc<vmm_sys_util::eventfd::EventFd>>,
+    _interrupt: Arc<dyn crate::devices::virtio::VirtioInterrupt>,
+    /// Where each queue stopped (GET_VRING_BASE) while a snapshot read the back end's state.
+    stopped_at: Option<Vec<(u16, u32)>>,
 }
 
 impl Fs {
@@ -83,6 +100,7 @@ impl Fs {
             watch_socket: Arc::new(watch_socket),
             gone: Arc::default(),
             counters: Arc::default(),
+            last_start: None,
         })
     }
 
@@ -122,7 +140,37 @@ impl Fs {
             });
         }
         // The whole table as it is now: regions hot-added before this start included.
-        self.frontend().start(&a.mem.memory(), a.features, &vrings)
+        self.frontend()
+            .start(&a.mem.memory(), a.features, &vrings)?;
+        self.last_start = Some(LastStart {
+            mem: a.mem.clone(),
+            features: a.features,
+            vrings,
+            health: a.health.clone(),
+            _kicks: a.queues.iter().map(|q| q.notify.clone()).collect(),
+            _interrupt: a.interrupt.clone(),
+            stopped_at: None,
+        });
+        Ok(())
+    }
+
+    /// After a snapshot read the back end's state: its queues start again where they
+    /// stopped, with the same memory, rings and eventfds.
+    fn start_again(&mut self) -> Result<(), VhostUserError> {
+        let Some(last) = self.last_start.as_mut() else {
+            return Ok(());
+        };
+        let Some(stopped_at) = last.stopped_at.take() else {
+            return Ok(());
+        };
+        let mut vrings = last.vrings.clone();
+        for v in &mut vrings {
+            if let Some(&(_, base)) = stopped_at.iter().find(|(q, _)| *q == v.index) {
+                v.base = base as u16;
+            }
+        }
+        let (mem, features) = (last.mem.memory(), last.features);
+        self.frontend().start(&mem, features, &vrings)
     }
 }
 
@@ -176,7 +224,58 @@ impl VirtioDevice for Fs {
         })))
     }
 
+    fn snapshot_support(&self) -> Result<(), String> {
+        let f = self.frontend();
+        match f.has_device_state() {
+            true => Ok(()),
+            false => Err(format!(
+                "its vhost-user back end at {} does not offer VHOST_USER_PROTOCOL_F_DEVICE_STATE, \
+                 so its state (the files the guest has open) cannot be saved (virtiofsd 1.x can: \
+                 the Rust one; QEMU's C virtiofsd cannot)",
+                f.path().display()
+            )),
+        }
+    }
+
+    fn has_backend_state(&self) -> bool {
+        true
+    }
+
+    fn save_backend_state(&mut self) -> Result<Vec<u8>, String> {
+        if self.gone.load(Ordering::Acquire) {
+            return Err("its vhost-user back end closed its socket".into());
+        }
+        let Some(last) = self.last_start.as_mut() else {
+            return Err("it runs without having handed its queues to the back end".into());
+        };
+        let mut frontend = self.frontend.lock().unwrap_or_else(|e| e.into_inner());
+        // The back end's queues stop first (the device-state protocol's "stopped" phase).
+        let stopped = frontend.stop().map_err(|e| e.to_string())?;
+        last.stopped_at = Some(stopped);
+        frontend
+            .save_device_state()
+            .map_err(|e| format!("its vhost-user back end: {e}"))
+    }
+
+    fn load_backend_state(&mut self, state: &[u8]) -> Result<(), String> {
+        self.frontend()
+            .load_device_state(state)
+            .map_err(|e| e.to_string())
+    }
+
+    fn unquiesce(&mut self) {
+        if let Err(e) = self.start_again() {
+            self.counters.failed_starts.fetch_add(1, Ordering::Relaxed);
+            if let Some(last) = &self.last_start {
+                last.health.fail(&format!(
+                    "its back end did not start again after a snapshot: {e}"
+                ));
+            }
+        }
+    }
+
     fn reset(&mut self) {
+        self.last_start = None;
         if self.gone.load(Ordering::Acquire) {
             // Said once when it went; its queues went with it.
             return self.frontend().forget_queues();

@@ -20,6 +20,7 @@
 //! [`fs`] is virtio-fs on it.
 
 pub mod connection;
+pub mod device_state;
 pub mod fs;
 #[cfg(test)]
 mod tests;
@@ -51,10 +52,12 @@ pub use connection::Connection;
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
 /// The protocol features exitless uses when the back end offers them: REPLY_ACK (every
 /// request acknowledged, so a refused one is seen), MQ (the back end says how many queues it
-/// serves), CONFIGURE_MEM_SLOTS (memory regions added one at a time, for memory hotplug).
+/// serves), CONFIGURE_MEM_SLOTS (memory regions added one at a time, for memory hotplug),
+/// DEVICE_STATE (the back end's own state saved and loaded: snapshots, migration).
 pub const WANTED_PROTOCOL_FEATURES: VhostUserProtocolFeatures = VhostUserProtocolFeatures::MQ
     .union(VhostUserProtocolFeatures::REPLY_ACK)
-    .union(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS);
+    .union(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+    .union(VhostUserProtocolFeatures::DEVICE_STATE);
 
 /// Errors talking to a vhost-user back end.
 #[derive(Debug, Error)]
@@ -110,9 +113,12 @@ pub enum VhostUserError {
     NoIrqfd(std::io::Error),
     #[error("Cannot make the eventfd a polled queue's back end signals: {0}")]
     PolledCall(std::io::Error),
+    #[error("The back end's state cannot be moved: {0}")]
+    State(String),
 }
 
 /// One queue as the back end gets it.
+#[derive(Debug, Clone)]
 pub struct Vring {
     pub index: u16,
     pub size: u16,

@@ -103,6 +103,18 @@ impl Daemon {
         command
     }
 
+    /// [`Daemon::command`], and for a daemon that can hand over its state (the Rust one) what
+    /// a snapshot or a migration of it needs: `--migration-mode find-paths` (the inodes the
+    /// guest holds travel as paths in the shared directory, opened again by the daemon that
+    /// loads them). QEMU's C daemon has no such state transfer: a snapshot refuses it.
+    pub fn command_for_snapshots(&self, socket: &Path, shared: &Path, cache: Cache) -> Command {
+        let mut command = self.command(socket, shared, cache);
+        if self.flavour == Flavour::Rust {
+            command.args(["--migration-mode", "find-paths"]);
+        }
+        command
+    }
+
     /// The pid file the daemon writes for `socket` (and leaves behind when killed): the Rust
     /// one beside the socket, the C one under /run/virtiofsd named after the socket's path.
     pub fn pid_file(&self, socket: &Path) -> PathBuf {
