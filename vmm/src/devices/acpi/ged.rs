@@ -13,6 +13,8 @@ use crate::snapshot::{from_state, to_state, Snapshottable};
 pub const CPU_CHANGED: u8 = 1 << 0;
 pub const PCI_CHANGED: u8 = 1 << 1;
 pub const MEMORY_CHANGED: u8 = 1 << 2;
+/// The power button was pressed (`vm.power-button`): `_EVT` notifies `\_SB_.PWRB`.
+pub const POWER_BUTTON: u8 = 1 << 3;
 
 /// The GED: its pending bits and the eventfd KVM turns into its interrupt (an irqfd).
 #[derive(Debug)]
