@@ -244,6 +244,26 @@ pub struct VmConfig {
     pub extra: Extra,
 }
 
+/// `vm.resize-disk`: the disk's id and its new size in bytes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VmResizeDisk {
+    pub id: String,
+    pub desired_size: u64,
+}
+
+/// `vm.resize-zone`: the memory zone's id and its new size in bytes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VmResizeZone {
+    pub id: String,
+    pub desired_ram: u64,
+}
+
+/// `vm.coredump`: where the ELF core goes (`file:///path`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VmCoredumpData {
+    pub destination_url: String,
+}
+
 /// `vm.snapshot`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct VmSnapshotConfig {

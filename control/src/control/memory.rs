@@ -39,3 +39,17 @@ impl VmSlot {
         }
     }
 }
+
+impl VmSlot {
+    /// `vm.resize-zone`: not offered yet (zones with a hotplug size are refused at
+    /// `vm.create`), so no zone can grow.
+    pub(super) fn resize_zone(&mut self, id: &str, _desired: u64) -> Result<(), ControlError> {
+        let zones = self.api.memory.zones.as_deref().unwrap_or_default();
+        if !zones.iter().any(|z| z.id == id) {
+            return Err(ControlError::UnknownDevice(id.to_string()));
+        }
+        Err(ControlError::Unsupported(format!(
+            "vm.resize-zone: memory zone {id} has no hotplug_size"
+        )))
+    }
+}
