@@ -376,3 +376,81 @@ fn coredump_of_a_paused_guest_reads_in_gdb() {
     }
     let _ = std::fs::remove_file(&kernel);
 }
+
+/// `resize-zone`: a VM of two zones, `mem0` with a 512 MiB `hotplug_size`, grows `mem0` by
+/// 256 MiB: the bench guest's memory hotplug driver finds, maps and verifies the new memory;
+/// `vm.info` shows the zone's `hotplugged_size`; beyond the zone's limit, a zone without
+/// `hotplug_size`, an unknown zone: refused; a smaller size changes nothing.
+#[test]
+fn resize_zone_grows_a_zone_the_guest_uses() {
+    if !kvm_available("api_ops_resize_zone") {
+        return;
+    }
+    let ch = ch_remote("api_ops_resize_zone");
+    let kernel = export_guest("ops-zone");
+    for bin in builds() {
+        let serial = scratch("zone", "log");
+        let _ = std::fs::remove_file(&serial);
+        let vmm = Vmm::start_build(&bin, "ops-zone");
+        let zones = serde_json::json!({"memory": {"size": 0, "zones": [
+            {"id": "mem0", "size": 128u64 << 20, "hotplug_size": 512u64 << 20},
+            {"id": "mem1", "size": 128u64 << 20},
+        ]}});
+        boot(
+            &vmm,
+            &kernel,
+            &serial,
+            "case=memory_hotplug_check hold",
+            1,
+            zones,
+        );
+        wait_serial(&serial, "EXITLESS MEMORY ready");
+        for (body, code, why) in [
+            (
+                r#"{"id":"mem0","desired_ram":805306368}"#,
+                400,
+                "limit of 671088640 bytes",
+            ),
+            (
+                r#"{"id":"mem1","desired_ram":268435456}"#,
+                400,
+                "has no hotplug_size",
+            ),
+            (
+                r#"{"id":"nothing","desired_ram":268435456}"#,
+                404,
+                "nothing",
+            ),
+        ] {
+            let r = status(&vmm, "vm.resize-zone", Some(body));
+            assert_eq!(r.status, code, "{body}: {}", r.body);
+            assert!(r.body.contains(why), "{body}: {}", r.body);
+        }
+        ok(
+            status(
+                &vmm,
+                "vm.resize-zone",
+                Some(r#"{"id":"mem0","desired_ram":134217728}"#),
+            ),
+            "same size",
+        );
+        let body = serde_json::json!({"id": "mem0", "desired_ram": 384u64 << 20});
+        let args = ["resize-zone", "--id", "mem0", "--size", "384M"];
+        let (done, said) = operate(&vmm, ch.as_deref(), &args, "vm.resize-zone", Some(body));
+        assert!(done, "resize-zone: {said}");
+        let text = wait_serial(&serial, "EXITLESS MEMORY hotplug");
+        let want = "EXITLESS MEMORY hotplug slot=0 base=0x0000000100000000 bytes=268435456 \
+                    verified=268435456";
+        assert!(text.contains(want), "{text}");
+        let info = json(&vmm.client().request("GET", "vm.info", None).unwrap());
+        assert_eq!(info["memory_actual_size"], 512u64 << 20, "{info}");
+        let zone = &info["config"]["memory"]["zones"][0];
+        assert_eq!(zone["hotplugged_size"], 256u64 << 20, "{info}");
+        assert_eq!(info["config"]["memory"]["size"], 0, "{info}");
+        let r = status(&vmm, "vm.resize", Some(r#"{"desired_ram":1073741824}"#));
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert!(r.body.contains("use vm.resize-zone"), "{}", r.body);
+        let _ = std::fs::remove_file(&serial);
+    }
+    let _ = std::fs::remove_file(&kernel);
+}

@@ -85,6 +85,12 @@ pub struct MemoryZoneConfig {
     pub hugepages: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hugepage_size: Option<u64>,
+    /// How much `vm.resize-zone` may add to the zone (through ACPI memory hotplug).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hotplug_size: Option<u64>,
+    /// How much `vm.resize-zone` added (set by exitless; refused in `vm.create`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hotplugged_size: Option<u64>,
     #[serde(flatten)]
     pub extra: Extra,
 }

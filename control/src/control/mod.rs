@@ -336,9 +336,9 @@ impl Vmm {
             config: slot.api.clone(),
             state: slot.state.to_string(),
             memory_actual_size: slot
-                .config
-                .memory
-                .bytes()
+                .booted
+                .as_ref()
+                .map_or(slot.config.memory.bytes(), |vm| vm.memory_size())
                 .saturating_sub(ballooned.unwrap_or(0)),
             device_tree: Default::default(),
         })
