@@ -456,6 +456,9 @@ mod tests {
             "Device (S1F)",
             "Method (CSCN",
             "Device (C007)",
+            "Device (\\_SB.PWRB)",
+            "Notify (\\_SB.PWRB, 0x80)",
+            "Name (_S5, Package (0x01)",
         ] {
             assert!(dsl.contains(name), "{name} missing from:\n{dsl}");
         }
