@@ -87,6 +87,75 @@ impl Vmm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{ApiRequest as R, ApiResponse};
+
+    fn refused(vmm: &mut Vmm, r: R) -> (u16, String) {
+        match vmm.handle(r) {
+            ApiResponse::Error(e) => (e.status, e.message),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Before boot every operation is refused with the state named; unknown disks and zones
+    /// are 404, a zone without hotplug_size 400, whatever the state.
+    #[test]
+    fn operations_on_a_vm_not_booted_are_refused_by_state_or_name() {
+        let mut vmm = Vmm::new();
+        assert_eq!(refused(&mut vmm, R::VmNmi).0, 404, "no VM");
+        let body = serde_json::json!({
+            "payload": {"kernel": "/k"},
+            "memory": {"size": 0, "zones": [
+                {"id": "z0", "size": 64u64 << 20, "hotplug_size": 256u64 << 20},
+                {"id": "z1", "size": 64u64 << 20}]},
+            "disks": [{"path": "/d.img"}],
+        });
+        let create = R::VmCreate(Box::new(serde_json::from_value(body).unwrap()));
+        assert!(matches!(vmm.handle(create), ApiResponse::NoContent));
+        let disk = |id: &str| {
+            R::VmResizeDisk(schema::VmResizeDisk {
+                id: id.into(),
+                desired_size: 1 << 30,
+            })
+        };
+        let zone = |id: &str, bytes: u64| {
+            R::VmResizeZone(schema::VmResizeZone {
+                id: id.into(),
+                desired_ram: bytes,
+            })
+        };
+        let core = R::VmCoredump(schema::VmCoredumpData {
+            destination_url: "file:///tmp/c".into(),
+        });
+        for (r, state) in [
+            (R::VmPowerButton, "vm.power-button needs it Running"),
+            (R::VmNmi, "vm.nmi needs it Running or Paused"),
+            (disk("_disk0"), "vm.resize-disk needs it Running or Paused"),
+            (
+                zone("z0", 128 << 20),
+                "vm.resize-zone needs it Running or Paused",
+            ),
+            (core, "vm.coredump needs it Paused"),
+        ] {
+            let (code, message) = refused(&mut vmm, r);
+            assert_eq!(code, 405, "{message}");
+            assert!(
+                message.contains("Created") && message.contains(state),
+                "{message}"
+            );
+        }
+        assert_eq!(refused(&mut vmm, disk("_disk9")).0, 404);
+        assert_eq!(refused(&mut vmm, zone("nothing", 1 << 30)).0, 404);
+        let (code, message) = refused(&mut vmm, zone("z1", 128 << 20));
+        assert!(
+            code == 400 && message.contains("z1 has no hotplug_size"),
+            "{message}"
+        );
+        let (code, message) = refused(&mut vmm, zone("z0", 512 << 20));
+        assert!(
+            code == 400 && message.contains("limit of 335544320"),
+            "{message}"
+        );
+    }
 
     #[test]
     fn a_core_goes_to_an_absolute_file_url_only() {
