@@ -291,7 +291,8 @@ fn gdb(elf: &Path, core: &Path, commands: &[&str]) -> String {
     )
 }
 
-/// `coredump` of a paused two-vCPU guest that took an NMI: gdb reads the guest's ELF with
+/// `coredump` of a paused two-vCPU guest that took an NMI (sent while it was paused): gdb
+/// reads the guest's ELF with
 /// the core: two threads, the boot vCPU halted in `bench_main` at CPL0, and the guest's
 /// variables (its NMI count). A running VM: 405; a URL that is not a file: 400.
 #[test]
@@ -326,7 +327,10 @@ fn coredump_of_a_paused_guest_reads_in_gdb() {
             Value::Null,
         );
         wait_serial(&serial, "EXITLESS NMI ready");
-        ok(status(&vmm, "vm.nmi", None), "vm.nmi");
+        // An NMI sent while paused is queued and taken once the VM runs.
+        ok(status(&vmm, "vm.pause", None), "vm.pause");
+        ok(status(&vmm, "vm.nmi", None), "vm.nmi while paused");
+        ok(status(&vmm, "vm.resume", None), "vm.resume");
         wait_serial(&serial, "EXITLESS DONE");
         let url = format!("file://{}", core.display());
         let body = serde_json::json!({"destination_url": url}).to_string();
