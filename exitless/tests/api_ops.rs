@@ -292,9 +292,9 @@ fn gdb(elf: &Path, core: &Path, commands: &[&str]) -> String {
 }
 
 /// `coredump` of a paused two-vCPU guest that took an NMI (sent while it was paused): gdb
-/// reads the guest's ELF with
-/// the core: two threads, the boot vCPU halted in `bench_main` at CPL0, and the guest's
-/// variables (its NMI count). A running VM: 405; a URL that is not a file: 400.
+/// reads the guest's ELF with the core: two threads, the boot vCPU halted in `bench_main` at
+/// CPL0, and the guest's variables (its NMI count). A running VM: 405; a URL that is not a
+/// file: 400.
 #[test]
 fn coredump_of_a_paused_guest_reads_in_gdb() {
     if !kvm_available("api_ops_coredump") {
