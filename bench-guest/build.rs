@@ -23,6 +23,7 @@ const SOURCES: &[&str] = &[
     "virtio_fs.c",
     "snapshot.c",
     "virtio_balloon.c",
+    "operations.c",
 ];
 const HEADERS: &[&str] = &["layout.h", "guest.h", "virtio.h", "link.ld"];
 const FLAGS: &[&str] = &[

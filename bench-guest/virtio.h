@@ -193,4 +193,9 @@ void snapshot_fs_end(u64 ticks);
 const char *virtio_balloon_setup(const char *cmdline);
 u64 loop_balloon_check(u64 mib);
 
+const char *operations_setup(const char *cmdline);
+u64 loop_power_button(u64 n);
+u64 loop_nmi_check(u64 n);
+u64 loop_resize_check(u64 n);
+
 #endif

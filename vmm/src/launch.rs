@@ -10,15 +10,18 @@ use thiserror::Error;
 
 mod balloon;
 mod console;
+mod coredump;
 pub mod head_start;
 mod hotplug;
 mod memory_hotplug;
+mod operations;
 mod restore;
 mod signals;
 mod snapshot;
 mod start_up_memory;
 use console::{attach_idle_flush, attach_stdin, console_output};
 pub use hotplug::HotplugDevice;
+pub use operations::OperationError;
 pub use restore::{restore, RestoreOptions};
 pub use signals::{install_signal_handlers, stop_signal, take_report_request};
 pub use snapshot::SnapshotSummary;
@@ -106,6 +109,8 @@ pub enum LaunchError {
     Memory(#[from] crate::memory::MemoryError),
     #[error(transparent)]
     MemoryHotplug(#[from] crate::memory::hotplug::MemoryHotplugError),
+    #[error(transparent)]
+    Operation(#[from] OperationError),
 }
 
 impl LaunchError {
@@ -131,6 +136,7 @@ impl LaunchError {
             LaunchError::Snapshot(e) | LaunchError::Build(BuildError::Snapshot(e)) => {
                 e.is_input_fault()
             }
+            LaunchError::Operation(e) => e.is_input_fault(),
             _ => false,
         }
     }

@@ -24,6 +24,7 @@ pub mod boot;
 pub mod builder;
 pub mod bus;
 pub mod config;
+pub mod coredump;
 pub mod device_manager;
 pub mod devices;
 pub mod event_loop;

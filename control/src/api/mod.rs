@@ -41,6 +41,13 @@ pub enum ApiRequest {
     VmSnapshot(schema::VmSnapshotConfig),
     /// With the tap fds `net_fds` describes (SCM_RIGHTS).
     VmRestore(schema::RestoreConfig, Vec<OwnedFd>),
+    /// The ACPI power button.
+    VmPowerButton,
+    /// An NMI to every vCPU.
+    VmNmi,
+    VmResizeDisk(schema::VmResizeDisk),
+    VmResizeZone(schema::VmResizeZone),
+    VmCoredump(schema::VmCoredumpData),
     VmmShutdown,
 }
 
@@ -82,11 +89,6 @@ const NOT_OFFERED: &[&str] = &[
     "vm.add-vdpa",
     "vm.add-user-device",
     "vm.add-generic-vhost-user",
-    "vm.coredump",
-    "vm.resize-disk",
-    "vm.resize-zone",
-    "vm.power-button",
-    "vm.nmi",
     "vm.send-migration",
     "vm.receive-migration",
 ];
@@ -137,6 +139,11 @@ pub fn route(req: &http::Request, fds: Vec<OwnedFd>) -> Result<Route, HttpError>
         "vm.resize" => (Method::Put, ApiRequest::VmResize(optional(endpoint, b)?)),
         "vm.snapshot" => (Method::Put, ApiRequest::VmSnapshot(body(endpoint, b)?)),
         "vm.restore" => (Method::Put, ApiRequest::VmRestore(body(endpoint, b)?, fds)),
+        "vm.power-button" => (Method::Put, ApiRequest::VmPowerButton),
+        "vm.nmi" => (Method::Put, ApiRequest::VmNmi),
+        "vm.resize-disk" => (Method::Put, ApiRequest::VmResizeDisk(body(endpoint, b)?)),
+        "vm.resize-zone" => (Method::Put, ApiRequest::VmResizeZone(body(endpoint, b)?)),
+        "vm.coredump" => (Method::Put, ApiRequest::VmCoredump(body(endpoint, b)?)),
         e if NOT_OFFERED.contains(&e) => {
             return Err(HttpError::new(
                 400,

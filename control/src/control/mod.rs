@@ -14,6 +14,7 @@
 
 mod devices;
 mod memory;
+mod operations;
 pub mod serve;
 mod snapshot;
 
@@ -226,6 +227,11 @@ impl Vmm {
             ApiRequest::VmResize(r) => done(self.resize(r)),
             ApiRequest::VmSnapshot(s) => done(self.snapshot(&s.destination_url)),
             ApiRequest::VmRestore(r, fds) => done(self.restore(r, fds)),
+            ApiRequest::VmPowerButton => done(self.power_button()),
+            ApiRequest::VmNmi => done(self.nmi()),
+            ApiRequest::VmResizeDisk(r) => done(self.resize_disk(r)),
+            ApiRequest::VmResizeZone(r) => done(self.resize_zone(r)),
+            ApiRequest::VmCoredump(c) => done(self.coredump(&c.destination_url)),
             ApiRequest::VmmShutdown => {
                 let r = self.delete();
                 self.exit = Some(VmmExit(0));
@@ -330,9 +336,9 @@ impl Vmm {
             config: slot.api.clone(),
             state: slot.state.to_string(),
             memory_actual_size: slot
-                .config
-                .memory
-                .bytes()
+                .booted
+                .as_ref()
+                .map_or(slot.config.memory.bytes(), |vm| vm.memory_size())
                 .saturating_sub(ballooned.unwrap_or(0)),
             device_tree: Default::default(),
         })

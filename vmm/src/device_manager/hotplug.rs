@@ -1,5 +1,5 @@
 //! The device manager's hotplug: the ACPI controllers on the MMIO bus and what happens when
-//! a device or a vCPU is added, asked to go, or ejected by the guest, or when memory is added
+//! a device or a vCPU is added, the power button pressed (and the guest's ACPI power-off), asked to go, or ejected by the guest, or when memory is added
 //! (the guest told through the memory controller once the
 //! [`MemoryListener`](crate::memory::hotplug::MemoryListener)s have the new region).
 
@@ -10,9 +10,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{routing_lock, BusKind, DeviceManager, DeviceManagerError};
 use crate::devices::acpi::cpu_hotplug::CpuHotplug;
-use crate::devices::acpi::ged::{Ged, CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED};
+use crate::devices::acpi::ged::{Ged, CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED, POWER_BUTTON};
 use crate::devices::acpi::memory_hotplug::{MemoryHotplug, MEMORY_HOTPLUG_LEN};
 use crate::devices::acpi::pci_hotplug::PciHotplug;
+use crate::devices::acpi::sleep::{SleepControl, SLEEP_LEN, SLEEP_PORT};
 use crate::devices::acpi::{self, Ejected, PendingEjects};
 use crate::memory::hotplug::MemoryListener;
 
@@ -99,6 +100,14 @@ impl DeviceManager {
         self.add(mmio, "pci-hotplug", addr, len, hotplug.pci.clone())?;
         let (addr, len) = (acpi::CPU_HOTPLUG_ADDR, acpi::CPU_HOTPLUG_LEN);
         self.add(mmio, "cpu-hotplug", addr, len, hotplug.cpu.clone())?;
+        let sleep = Arc::new(SleepControl::default());
+        self.add(
+            BusKind::Pio,
+            "acpi-sleep",
+            SLEEP_PORT.into(),
+            SLEEP_LEN,
+            sleep,
+        )?;
         self.register_snapshottable("ged", hotplug.ged.clone());
         self.register_snapshottable("pci-hotplug", hotplug.pci.clone());
         self.register_snapshottable("cpu-hotplug", hotplug.cpu.clone());
@@ -133,6 +142,14 @@ impl DeviceManager {
         routing_lock(&h.cpu).cpu_added(id);
         h.notify(CPU_CHANGED);
         Ok(())
+    }
+
+    /// Presses the power button: the GED tells the guest, whose ACPI code then powers off.
+    pub fn press_power_button(&self) -> Result<(), DeviceManagerError> {
+        let h = self.hotplug()?;
+        h.ged
+            .notify(POWER_BUTTON)
+            .map_err(|e| DeviceManagerError::Device("ged".into(), e))
     }
 
     /// Asks the guest to give back CPU `id`.

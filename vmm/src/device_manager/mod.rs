@@ -403,6 +403,7 @@ impl DeviceManager {
         if let Some(h) = &self.hotplug {
             platform.dsdt_aml.extend(h.dsdt_aml());
             platform.max_vcpus = h.max_vcpus();
+            platform.sleep_port = Some(crate::devices::acpi::sleep::SLEEP_PORT);
         }
         platform
     }

@@ -307,6 +307,12 @@ pub trait VirtioDevice: Send {
     fn activate(&mut self, activation: Activation) -> Result<Subscriber, VirtioError>;
     /// The driver reset the device: anything beyond the queue work to forget.
     fn reset(&mut self) {}
+    /// The host asks the device to grow to `bytes` (`vm.resize-disk`): Ok(true) when its
+    /// configuration changed (the transport then tells the driver), Ok(false) when it has
+    /// that size already, Err(why) when it cannot (a device without a size, a shrink).
+    fn resize(&mut self, _bytes: u64) -> Result<bool, String> {
+        Err("it is not a disk".into())
+    }
     /// Whether stopping the VM resets the device first, on the event loop (a vhost-user back
     /// end is told to stop its queues); other devices end with the loop.
     fn resets_on_stop(&self) -> bool {
