@@ -32,6 +32,10 @@
  *
  *   EXITLESS SNAPNET n=<round> net_tries=<k> vsock_tries=<k> resets=<transport resets> cid=<c>
  *
+ * `hotplug=1` (snapshot_hotplug.c) first takes memory, a disk and a vCPU as the host adds
+ * them (and with `balloon=1` inflates the balloon to its target), and checks them every
+ * round; the result line adds hotplug_ok=<0|1>.
+ *
  * `bridge=1` first does to the PCI host bridge (00:00.0) what Linux's PCI probe does to every
  * function: each BAR and the ROM BAR written all ones, read back and written back as they
  * were; then it sets the bridge's interrupt line. The result line ends with bridge=1 if the
@@ -45,7 +49,8 @@
 #define PAGE_SIZE 4096UL
 
 struct snapshot_run {
-    u64 pages, ticks, iters, count, bad, virtio, net, bridge;
+    u64 pages, ticks, iters, count, bad, virtio, net, bridge, hotplug;
+    const char *cmdline;
 };
 
 #define BRIDGE_LINE 11
@@ -136,6 +141,8 @@ static u64 pattern(u64 page) { return (SNAP_BASE + page * PAGE_SIZE) ^ SNAP_SEED
 static u64 snapshot_user(u64 arg)
 {
     struct snapshot_run *r = (struct snapshot_run *)arg;
+    if (r->hotplug)
+        snapshot_hotplug_prepare(r->cmdline);
     for (u64 p = 0; p < r->pages; p++)
         *(volatile u64 *)(SNAP_BASE + p * PAGE_SIZE) = pattern(p);
     for (u64 t = 0; t < r->ticks; t++) {
@@ -152,6 +159,8 @@ static u64 snapshot_user(u64 arg)
         }
         if (r->net)
             snapshot_net_round(t);
+        if (r->hotplug)
+            snapshot_hotplug_round(t);
         tick_count = tick_count + 1;
         puts_("EXITLESS TICK n=");
         put_u64(t);
@@ -188,6 +197,8 @@ void snapshot_main(const char *cmdline)
     r.bridge = parse_u64(find_arg(cmdline, "bridge="));
     if (r.bridge)
         snapshot_size_bridge();
+    r.hotplug = parse_u64(find_arg(cmdline, "hotplug="));
+    r.cmdline = cmdline;
     r.net = parse_u64(find_arg(cmdline, "net="));
     if (r.net) {
         const char *why = virtio_net_setup(cmdline);
@@ -209,6 +220,10 @@ void snapshot_main(const char *cmdline)
     }
     if (r.virtio)
         report_virtio_blk();
+    if (r.hotplug) {
+        puts_(" hotplug_ok=");
+        put_u64(snapshot_hotplug_ok());
+    }
     puts_("\nEXITLESS DONE\n");
     if (find_arg(cmdline, "hold"))
         for (;;)

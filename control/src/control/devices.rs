@@ -338,9 +338,19 @@ impl VmSlot {
         };
         let (cpus, devices) = vm.complete_ejects();
         for id in cpus {
+            let asked = self.pending_removal.contains(&id);
             self.pending_removal.retain(|p| *p != id);
-            if let Err(e) = vm.remove_vcpu(usize::from(id)) {
-                eprintln!("exitless: vCPU {id} ejected by the guest but not stopped: {e}");
+            match vm.remove_vcpu(usize::from(id)) {
+                // A CPU the guest gave back on its own: the config says one fewer (a
+                // vm.resize that asked for it said so already).
+                Ok(()) if !asked && self.config.cpus > 1 => {
+                    self.config.cpus -= 1;
+                    self.api.cpus.boot_vcpus = self.config.cpus;
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    eprintln!("exitless: vCPU {id} ejected by the guest but not stopped: {e}")
+                }
             }
         }
         for name in devices {

@@ -24,6 +24,8 @@ pub struct Hotplug {
     /// With `memory.hotplug_size`: the memory slots.
     memory: Option<Arc<Mutex<MemoryHotplug>>>,
     ejected: Arc<PendingEjects>,
+    /// Removals asked of the guest and not yet ejected (a snapshot waits for them).
+    asked: Mutex<Vec<Ejected>>,
     max_vcpus: u8,
 }
 
@@ -85,6 +87,7 @@ impl DeviceManager {
             memory: (memory_slots > 0)
                 .then(|| Arc::new(Mutex::new(MemoryHotplug::new(memory_slots)))),
             ejected,
+            asked: Mutex::new(Vec::new()),
             max_vcpus: max.max(boot),
         };
         let mmio = BusKind::Mmio;
@@ -123,6 +126,7 @@ impl DeviceManager {
             return Err(DeviceManagerError::NoSlot(slot));
         }
         routing_lock(&h.pci).removal_requested(slot);
+        routing_lock(&h.asked).push(Ejected::PciSlot(slot));
         h.notify(PCI_CHANGED);
         Ok(())
     }
@@ -139,6 +143,7 @@ impl DeviceManager {
     pub fn request_cpu_removal(&self, id: u8) -> Result<(), DeviceManagerError> {
         let h = self.hotplug()?;
         routing_lock(&h.cpu).removal_requested(id);
+        routing_lock(&h.asked).push(Ejected::Cpu(id));
         h.notify(CPU_CHANGED);
         Ok(())
     }
@@ -177,8 +182,49 @@ impl DeviceManager {
 
     /// What the guest ejected since the last call (each slot or CPU once).
     pub fn take_ejected(&self) -> Vec<Ejected> {
-        self.hotplug
-            .as_ref()
-            .map_or_else(Vec::new, |h| h.ejected.take())
+        let Some(h) = self.hotplug.as_ref() else {
+            return Vec::new();
+        };
+        let ejected = h.ejected.take();
+        routing_lock(&h.asked).retain(|a| !ejected.contains(a));
+        ejected
+    }
+
+    /// A removal the guest was asked for and has not completed (or whose eject the VMM has
+    /// not completed yet), said in words; None if there is none.
+    pub fn pending_ejection(&self) -> Option<String> {
+        let h = self.hotplug.as_ref()?;
+        if h.ejected.any() {
+            return Some("the guest ejected a device or CPU whose removal is not done yet".into());
+        }
+        let asked = routing_lock(&h.asked);
+        let first = asked.first()?;
+        Some(match first {
+            Ejected::Cpu(id) => {
+                format!("CPU {id} was asked to go and the guest has not ejected it")
+            }
+            Ejected::PciSlot(slot) => {
+                let name = self.virtio.iter().find(|p| p.slot == *slot);
+                let name = name.map_or("?", |p| p.device.name());
+                format!("device {name} (PCI slot {slot}) was asked to go and the guest has not ejected it")
+            }
+        })
+    }
+
+    /// Memory slot `slot` holds the `len` bytes at `base` again (a restore: the memory is
+    /// mapped, the guest already knows it; the controller's saved state follows). Nobody is
+    /// told.
+    pub fn memory_restored(
+        &self,
+        slot: usize,
+        base: u64,
+        len: u64,
+    ) -> Result<(), DeviceManagerError> {
+        let memory = self.hotplug()?.memory.as_ref();
+        let memory = memory.ok_or(DeviceManagerError::NoMemoryHotplug)?;
+        match routing_lock(memory).region_added(slot, base, len) {
+            true => Ok(()),
+            false => Err(DeviceManagerError::NoMemorySlot(slot)),
+        }
     }
 }

@@ -138,13 +138,25 @@ impl MutBusDevice for MemoryHotplug {
     }
 }
 
-/// The controller's saved register: the selected slot (every slot is empty: a VM with
-/// memory hot-added is not snapshotted yet).
+/// The controller's saved state: the selected slot, and each slot's region and status
+/// (memory hot-added while the VM ran; empty slots are all zeros).
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MemoryHotplugState {
     selected: u32,
     slots: usize,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    regions: Vec<SlotState>,
+}
+
+/// One slot that holds memory.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SlotState {
+    slot: usize,
+    base: u64,
+    len: u64,
+    status: u8,
 }
 
 fn lock(m: &std::sync::Mutex<MemoryHotplug>) -> std::sync::MutexGuard<'_, MemoryHotplug> {
@@ -158,17 +170,24 @@ impl Snapshottable for std::sync::Mutex<MemoryHotplug> {
 
     fn snapshot(&self) -> Result<serde_json::Value, String> {
         let c = lock(self);
-        if c.slots.iter().any(|s| *s != Slot::default()) {
-            return Err("memory was hot-added (vm.resize desired_ram), \
-                        and a snapshot cannot save that yet"
-                .into());
-        }
+        let filled = c.slots.iter().enumerate().filter(|(_, s)| s.status != 0);
+        let regions = filled
+            .map(|(slot, s)| SlotState {
+                slot,
+                base: s.base,
+                len: s.len,
+                status: s.status,
+            })
+            .collect();
         to_state(&MemoryHotplugState {
             selected: c.selected,
             slots: c.slots.len(),
+            regions,
         })
     }
 
+    /// The restored VM has the slots' memory already (from the snapshot's memory section):
+    /// the slots must be the ones it mapped there ([`MemoryHotplug::region_added`]).
     fn restore(&self, state: serde_json::Value) -> Result<(), String> {
         let s: MemoryHotplugState = from_state(state)?;
         let mut c = lock(self);
@@ -179,6 +198,33 @@ impl Snapshottable for std::sync::Mutex<MemoryHotplug> {
                 c.slots.len()
             ));
         }
+        let mut slots = vec![Slot::default(); c.slots.len()];
+        for r in &s.regions {
+            let mapped = c.slots.get(r.slot).filter(|m| m.status != 0);
+            match mapped {
+                Some(m) if m.base == r.base && m.len == r.len && r.status & ENABLED != 0 => {
+                    slots[r.slot] = Slot {
+                        base: r.base,
+                        len: r.len,
+                        status: r.status & (ENABLED | INSERTING),
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "slot {} held {:#x} bytes at {:#x}, which the restored VM's memory \
+                         does not have there",
+                        r.slot, r.len, r.base
+                    ))
+                }
+            }
+        }
+        if let Some(i) = (0..slots.len()).find(|&i| c.slots[i].status != 0 && slots[i].status == 0)
+        {
+            return Err(format!(
+                "state.json has nothing in slot {i}, which holds memory"
+            ));
+        }
+        c.slots = slots;
         c.selected = s.selected;
         Ok(())
     }

@@ -79,6 +79,15 @@ impl PciRoot {
         Some(slot as u8)
     }
 
+    /// Puts `device` in `slot` (a restore puts a function back where it was); None if
+    /// the slot is the host bridge's, taken, or not on the bus.
+    pub fn add_at(&self, slot: u8, device: Arc<dyn PciDevice>) -> Option<u8> {
+        let mut slots = lock(&self.slots);
+        let free = slots.get_mut(usize::from(slot)).filter(|s| s.is_none())?;
+        *free = Some(device);
+        Some(slot)
+    }
+
     /// The slots holding a function, a bit per slot (bit 0: the host bridge).
     pub fn occupied(&self) -> u32 {
         let slots = lock(&self.slots);

@@ -44,6 +44,7 @@ pub fn sample() -> SnapshotState {
     devices.insert(
         "com1".to_string(),
         DeviceEntry {
+            pci: None,
             kind: "serial".into(),
             state: serde_json::json!({"ier": 1}),
         },

@@ -47,6 +47,9 @@ struct TransportState {
     common: CommonState,
     interrupt: InterruptState,
     running: bool,
+    /// The device's own state ([`VirtioDevice`]'s `save_state`: the balloon's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    device: Option<serde_json::Value>,
 }
 
 impl VirtioPciDevice {
@@ -130,20 +133,12 @@ impl Snapshottable for VirtioPciDevice {
     }
 
     fn snapshot(&self) -> Result<serde_json::Value, String> {
-        match lock(&self.transport).device.device_type() {
-            TYPE_FS => {
-                return Err(
-                    "a vhost-user device's state is its back end's (virtiofsd), \
-                            which is not saved yet"
-                        .into(),
-                )
-            }
-            TYPE_BALLOON => {
-                return Err("the balloon's state (its target and the pages it holds) \
-                            is not saved yet"
-                    .into())
-            }
-            _ => {}
+        if lock(&self.transport).device.device_type() == TYPE_FS {
+            return Err(
+                "a vhost-user device's state is its back end's (virtiofsd), \
+                        which is not saved yet"
+                    .into(),
+            );
         }
         let bar = lock(&self.config).bar_base(0);
         if !self.touched() {
@@ -165,6 +160,7 @@ impl Snapshottable for VirtioPciDevice {
             common: t.common.save(),
             interrupt: self.irq.save()?,
             running: matches!(t.phase, Phase::Running(_)),
+            device: t.device.save_state(),
         };
         to_state(&VirtioState {
             untouched: false,
@@ -200,6 +196,9 @@ impl Snapshottable for VirtioPciDevice {
         config.set_guest_writable(saved.command, saved.interrupt_line);
         drop(config);
         let mut t = lock(&self.transport);
+        if let Some(own) = saved.device {
+            t.device.load_state(own)?;
+        }
         t.common.load(&saved.common)?;
         let vectors: Vec<u16> = t.common.queues.iter().map(|q| q.vector).collect();
         self.irq

@@ -1,0 +1,131 @@
+//! A VM changed while it ran, as Kata changes one for each container (shared memory, memory
+//! grown with `vm.resize`, a disk hot-added, a vCPU added, the balloon inflated), paused,
+//! snapshotted and restored in a fresh VMM: the bench guest's `case=snapshot hotplug=1`
+//! (bench-guest/snapshot_hotplug.c) goes on checking its grown memory, reading its hot-added
+//! disk and waking its added vCPU every round, its balloon still inflated.
+
+mod common;
+
+use std::path::Path;
+
+use common::api_vmm::{json, ok, Vmm};
+use common::snapshot::{
+    pause_and_snapshot, restored_in, saved_state, shutdown, wait_file, SnapTest,
+};
+use common::Image;
+use exitless_control::api::client::ApiClient;
+use serde_json::{json, Value};
+
+const MIB: u64 = 1 << 20;
+const CMDLINE: &str = "case=snapshot ticks=6 iters=20000 touch_mib=8 hotplug=1 balloon=1 hold";
+/// The balloon's target: 1024 pages of 4 KiB.
+const BALLOON: u64 = 4 * MIB;
+
+fn request(c: &mut ApiClient, path: &str, body: Value) -> Value {
+    let r = c.request("PUT", path, Some(&body.to_string())).unwrap();
+    let r = ok(r, path);
+    if r.body.trim().is_empty() {
+        return Value::Null;
+    }
+    json(&r)
+}
+
+/// Rounds of the restored guest (`EXITLESS SNAPHP n=...` lines), each checked clean; the
+/// number of them.
+fn clean_rounds(text: &str) -> usize {
+    let rounds: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("EXITLESS SNAPHP n="))
+        .collect();
+    for l in &rounds {
+        assert!(l.contains(" mem_bad=0 disk_bad=0 "), "{l}\n{text}");
+        assert!(l.ends_with(&format!(" balloon={}", BALLOON / 4096)), "{l}");
+    }
+    rounds.len()
+}
+
+/// Points config.json's console at `serial`.
+fn console_to(dir: &Path, serial: &Path) -> Value {
+    let path = dir.join("config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["serial"]["file"] = json!(serial);
+    std::fs::write(&path, config.to_string()).unwrap();
+    config
+}
+
+#[test]
+fn a_vm_resized_hot_plugged_and_ballooned_goes_on_from_its_snapshot_in_a_fresh_vmm() {
+    let Some(t) = SnapTest::start("snapshot_hotplug", "hotplug") else {
+        return;
+    };
+    let (scratch, dir) = (&t.scratch, &t.dir);
+    let serial = scratch.join("serial.log");
+    let image = Image::new("snap-hotplug-disk", 1);
+    let body = json!({
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 2},
+        "memory": {"size": 256 * MIB, "shared": true, "hotplug_size": 512 * MIB},
+        "payload": {"kernel": t.guest, "cmdline": CMDLINE},
+        "serial": {"mode": "File", "file": serial},
+        "balloon": {"size": BALLOON, "free_page_reporting": true},
+    });
+    let vmm = Vmm::start("snap-hotplug");
+    let mut c = vmm.client();
+    request(&mut c, "vm.create", body);
+    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    // Kata's order: memory, then the container's disk, then its vCPUs.
+    wait_file(&serial, "EXITLESS SNAPHP ready");
+    request(&mut c, "vm.resize", json!({"desired_ram": 384 * MIB}));
+    wait_file(&serial, "EXITLESS SNAPHP memory");
+    let added = request(&mut c, "vm.add-disk", json!({"path": image.0}));
+    assert_eq!(added["id"], "_disk0", "{added}");
+    wait_file(&serial, "EXITLESS SNAPHP disk");
+    request(&mut c, "vm.resize", json!({"desired_vcpus": 2}));
+    let text = wait_file(&serial, "EXITLESS SNAPHP n=1 ");
+    assert!(text.contains("EXITLESS SNAPHP cpu id=1"), "{text}");
+    pause_and_snapshot(&mut c, dir);
+    let before = clean_rounds(&std::fs::read_to_string(&serial).unwrap());
+    shutdown(&mut c);
+    drop(vmm);
+
+    // The state: the vCPU added, the memory hot-added, the disk where it was, the balloon.
+    let state = saved_state(dir);
+    let ids: Vec<u8> = state.vcpus.iter().map(|v| v.id).collect();
+    assert_eq!(ids, [0, 1]);
+    assert_eq!(
+        (state.memory.size, state.memory.hotplugged),
+        (384 * MIB, 128 * MIB)
+    );
+    let disk = &state.devices["_disk0"];
+    assert_eq!(disk.kind, "virtio-blk");
+    assert!(disk.pci.is_some(), "{disk:?}");
+    let balloon = &state.devices["_balloon0"].state["transport"]["device"];
+    assert_eq!(balloon["actual_pages"], BALLOON / 4096, "{balloon}");
+    let slots = &state.devices["memory-hotplug"].state["regions"];
+    assert_eq!(slots[0]["base"], 4u64 << 30, "{slots}");
+
+    // config.json describes the VM as it is.
+    let restored = scratch.join("restored.log");
+    let config = console_to(dir, &restored);
+    assert_eq!(config["cpus"]["boot_vcpus"], 2, "{config}");
+    assert_eq!(config["memory"]["size"], 384 * MIB, "{config}");
+    assert_eq!(config["disks"][0]["id"], "_disk0", "{config}");
+
+    let vmm = restored_in(Vmm::start("snap-hotplug-2"), dir);
+    let text = wait_file(&restored, "EXITLESS DONE");
+    assert!(text.contains(" hotplug_ok=1"), "{text}");
+    assert!(text.contains(" ok=1"), "{text}");
+    let after = clean_rounds(&text);
+    assert!(
+        after >= 1 && before + after >= 6,
+        "{before} + {after} rounds\n{text}"
+    );
+    let mut c = vmm.client();
+    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
+    assert_eq!(info["config"]["cpus"]["boot_vcpus"], 2, "{info}");
+    assert_eq!(info["config"]["memory"]["size"], 384 * MIB, "{info}");
+    // The restored VM can still grow: the hotplug area goes on after what was added.
+    request(&mut c, "vm.resize", json!({"desired_ram": 512 * MIB}));
+    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
+    assert_eq!(info["config"]["memory"]["size"], 512 * MIB, "{info}");
+    shutdown(&mut c);
+}
