@@ -285,4 +285,33 @@ mod tests {
         c.write(MSEL, &[1]).unwrap();
         assert_eq!(c.faults(), 5);
     }
+
+    /// A slot holding memory is saved with its region and status, and restored onto a VM
+    /// whose memory has that region in that slot; anything else is refused.
+    #[test]
+    fn slots_holding_memory_are_saved_and_restored_onto_the_same_regions() {
+        use std::sync::Mutex;
+        let region = |slots: usize, slot: usize| {
+            let mut c = MemoryHotplug::new(slots);
+            assert!(c.region_added(slot, 1 << 32, 1 << 27));
+            Mutex::new(c)
+        };
+        let saved_vm = region(4, 1);
+        select(&mut lock(&saved_vm), 1);
+        lock(&saved_vm).write(MSTA, &[INSERTING]).unwrap();
+        let saved = saved_vm.snapshot().unwrap();
+        let restored = region(4, 1);
+        restored.restore(saved.clone()).unwrap();
+        let mut c = lock(&restored);
+        assert!(c.acknowledged(1), "the guest's acknowledgement kept");
+        assert_eq!(read(&mut c, MSEL, 4), 1);
+        assert_eq!(read(&mut c, MHBL, 8), 1 << 32);
+        drop(c);
+        let e = Mutex::new(MemoryHotplug::new(4)).restore(saved.clone());
+        assert!(e.unwrap_err().contains("slot 1 held 0x8000000 bytes at 0x100000000"));
+        let e = region(4, 2).restore(saved.clone()).unwrap_err();
+        assert!(e.contains("slot 1 held"), "{e}");
+        let e = region(8, 1).restore(saved).unwrap_err();
+        assert!(e.contains("it had 4 slots"), "{e}");
+    }
 }
