@@ -553,7 +553,11 @@ fn virtio_fs_is_refused_by_name_and_a_balloon_and_hot_added_memory_are_restored(
     let vmm = restored_in(Vmm::start("snap-hotplug-2"), &again);
     assert_goes_on(&wait_file(&restored, "EXITLESS DONE"), last + 1);
     let info = c_info(&vmm);
-    assert_eq!(info["config"]["memory"]["size"], 268435456 + 134217728, "{info}");
+    assert_eq!(
+        info["config"]["memory"]["size"],
+        268435456 + 134217728,
+        "{info}"
+    );
 }
 
 /// vm.info of the VM in `vmm`.

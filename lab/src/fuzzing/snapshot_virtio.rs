@@ -127,7 +127,8 @@ mod tests {
             }
             let kind = state["devices"][id]["kind"].as_str().unwrap();
             let dev = functions.device(kind).unwrap();
-            dev.restore(saved.clone()).unwrap_or_else(|e| panic!("{id}: {e}"));
+            dev.restore(saved.clone())
+                .unwrap_or_else(|e| panic!("{id}: {e}"));
             if id == "_balloon0" {
                 saved["transport"]["device"] = serde_json::json!({"actual_pages": 1});
                 let e = functions.device(kind).unwrap().restore(saved).unwrap_err();

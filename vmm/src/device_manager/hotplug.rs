@@ -24,8 +24,6 @@ pub struct Hotplug {
     /// With `memory.hotplug_size`: the memory slots.
     memory: Option<Arc<Mutex<MemoryHotplug>>>,
     ejected: Arc<PendingEjects>,
-    /// Removals asked of the guest and not yet ejected (a snapshot waits for them).
-    asked: Mutex<Vec<Ejected>>,
     max_vcpus: u8,
 }
 
@@ -87,7 +85,6 @@ impl DeviceManager {
             memory: (memory_slots > 0)
                 .then(|| Arc::new(Mutex::new(MemoryHotplug::new(memory_slots)))),
             ejected,
-            asked: Mutex::new(Vec::new()),
             max_vcpus: max.max(boot),
         };
         let mmio = BusKind::Mmio;
@@ -126,7 +123,6 @@ impl DeviceManager {
             return Err(DeviceManagerError::NoSlot(slot));
         }
         routing_lock(&h.pci).removal_requested(slot);
-        routing_lock(&h.asked).push(Ejected::PciSlot(slot));
         h.notify(PCI_CHANGED);
         Ok(())
     }
@@ -143,7 +139,6 @@ impl DeviceManager {
     pub fn request_cpu_removal(&self, id: u8) -> Result<(), DeviceManagerError> {
         let h = self.hotplug()?;
         routing_lock(&h.cpu).removal_requested(id);
-        routing_lock(&h.asked).push(Ejected::Cpu(id));
         h.notify(CPU_CHANGED);
         Ok(())
     }
@@ -180,35 +175,40 @@ impl DeviceManager {
         Ok(())
     }
 
-    /// What the guest ejected since the last call (each slot or CPU once).
+    /// What the guest ejected since the last call (each slot or CPU once); the controllers
+    /// no longer wait for them.
     pub fn take_ejected(&self) -> Vec<Ejected> {
         let Some(h) = self.hotplug.as_ref() else {
             return Vec::new();
         };
         let ejected = h.ejected.take();
-        routing_lock(&h.asked).retain(|a| !ejected.contains(a));
+        for e in &ejected {
+            match *e {
+                Ejected::Cpu(id) => routing_lock(&h.cpu).removal_done(id),
+                Ejected::PciSlot(slot) => routing_lock(&h.pci).removal_done(slot),
+            }
+        }
         ejected
     }
 
-    /// A removal the guest was asked for and has not completed (or whose eject the VMM has
-    /// not completed yet), said in words; None if there is none.
-    pub fn pending_ejection(&self) -> Option<String> {
-        let h = self.hotplug.as_ref()?;
-        if h.ejected.any() {
-            return Some("the guest ejected a device or CPU whose removal is not done yet".into());
-        }
-        let asked = routing_lock(&h.asked);
-        let first = asked.first()?;
-        Some(match first {
-            Ejected::Cpu(id) => {
-                format!("CPU {id} was asked to go and the guest has not ejected it")
-            }
-            Ejected::PciSlot(slot) => {
-                let name = self.virtio.iter().find(|p| p.slot == *slot);
-                let name = name.map_or("?", |p| p.device.name());
-                format!("device {name} (PCI slot {slot}) was asked to go and the guest has not ejected it")
-            }
-        })
+    /// Whether the guest ejected something whose removal the VM's owner has not done yet.
+    pub fn ejects_waiting(&self) -> bool {
+        self.hotplug.as_ref().is_some_and(|h| h.ejected.any())
+    }
+
+    /// What the guest was asked to give back and still has: the CPUs' ids, and the devices'
+    /// names (a snapshot saves them as they are; a restore asks again, see docs/snapshot.md).
+    pub fn pending_removals(&self) -> (Vec<u8>, Vec<String>) {
+        let Some(h) = self.hotplug.as_ref() else {
+            return (Vec::new(), Vec::new());
+        };
+        let cpus = routing_lock(&h.cpu).asked().to_vec();
+        let slots = routing_lock(&h.pci).asked();
+        let devices = self
+            .virtio
+            .iter()
+            .filter(|p| slots & (1 << (p.slot & 31)) != 0);
+        (cpus, devices.map(|p| p.device.name().to_string()).collect())
     }
 
     /// Memory slot `slot` holds the `len` bytes at `base` again (a restore: the memory is

@@ -112,12 +112,10 @@ impl LaunchedVm {
                 "only a VM with the in-kernel irqchip (--irqchip kernel) can be snapshotted",
             ));
         }
-        // config.json lists what the VM will have once the removal is done, the VM still
-        // has it: resume the VM until the guest has ejected it.
-        if let Some(why) = self.devices.pending_ejection() {
-            return Err(unsupported(&format!(
-                "{why}; resume the VM until it has, then snapshot it"
-            )));
+        if self.devices.ejects_waiting() {
+            return Err(unsupported(
+                "the guest ejected a device or CPU whose removal is not done yet; try again",
+            ));
         }
         Ok(())
     }

@@ -308,7 +308,9 @@ mod tests {
         assert_eq!(read(&mut c, MHBL, 8), 1 << 32);
         drop(c);
         let e = Mutex::new(MemoryHotplug::new(4)).restore(saved.clone());
-        assert!(e.unwrap_err().contains("slot 1 held 0x8000000 bytes at 0x100000000"));
+        assert!(e
+            .unwrap_err()
+            .contains("slot 1 held 0x8000000 bytes at 0x100000000"));
         let e = region(4, 2).restore(saved.clone()).unwrap_err();
         assert!(e.contains("slot 1 held"), "{e}");
         let e = region(8, 1).restore(saved).unwrap_err();

@@ -214,7 +214,10 @@ fn vcpu_ids_may_have_gaps_and_hot_added_memory_lies_above_boot_ram() {
         hot_added(s);
         s.memory.hotplugged = 0;
     });
-    assert!(e.contains("a region at 0x100000000 outside guest RAM"), "{e}");
+    assert!(
+        e.contains("a region at 0x100000000 outside guest RAM"),
+        "{e}"
+    );
     let e = resealed(|s| {
         hot_added(s);
         s.memory.regions[1].gpa = 0x3000_0000;
