@@ -71,7 +71,7 @@ void snapshot_hotplug_prepare(const char *cmdline)
     put_u64(hp_len);
     puts_("\n");
     int disk = hotplug_wait_disk();
-    const char *why = virtio_blk_setup("irq=poll");
+    const char *why = virtio_blk_setup_at("irq=poll", (u8)disk);
     if (why)
         hp_fail(why);
     virtio_blk_pattern_check(HP_BLOCKS);

@@ -124,6 +124,8 @@ void virtio_fail(const char *what);
 /* Finds and sets up the virtio-blk device as the command line says (qd=, irq=poll,
  * evidx=off, seed=); 0 or why the case cannot run. */
 const char *virtio_blk_setup(const char *cmdline);
+/* The same for the virtio-blk function in `slot` (a hot-added disk beside others). */
+const char *virtio_blk_setup_at(const char *cmdline, u8 slot);
 u64 loop_virtio_blk(u64 n);
 u64 loop_virtio_check(u64 blocks);
 u64 loop_virtio_blk_hostile(u64 rounds);

@@ -128,11 +128,16 @@ void virtio_blk_release(void)
 
 const char *virtio_blk_setup(const char *cmdline)
 {
-    blk_cmdline = cmdline;
     int slot = pci_find(PCI_VENDOR_VIRTIO, PCI_DEVICE_VIRTIO_BLK);
     if (slot < 0)
         return "no-virtio-blk";
-    const char *why = virtio_open(&blk, (u8)slot);
+    return virtio_blk_setup_at(cmdline, (u8)slot);
+}
+
+const char *virtio_blk_setup_at(const char *cmdline, u8 slot)
+{
+    blk_cmdline = cmdline;
+    const char *why = virtio_open(&blk, slot);
     if (why)
         return why;
     u64 wanted = VIRTIO_BLK_F_RO | VIRTIO_RING_F_INDIRECT_DESC;
