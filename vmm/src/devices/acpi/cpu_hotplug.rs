@@ -61,7 +61,7 @@ impl CpuHotplug {
     pub fn removal_requested(&mut self, id: u8) {
         if let Some(s) = self.state.get_mut(usize::from(id)) {
             *s |= REMOVING;
-            if !self.asked.contains(&id) {
+            if *s & PRESENT != 0 && !self.asked.contains(&id) {
                 self.asked.push(id);
             }
         }
@@ -217,5 +217,27 @@ mod tests {
         assert_eq!(status(&mut c, 200), 0);
         c.write(CSTA, &[EJECT]).unwrap();
         assert!(pending.take().is_empty());
+    }
+
+    /// A CPU asked back stays asked (saved with the controller) until the guest ejects it;
+    /// a saved one that is not present is refused.
+    #[test]
+    fn cpus_asked_back_are_saved_until_ejected() {
+        let c = std::sync::Mutex::new(CpuHotplug::new(2, 4, Arc::default()));
+        lock(&c).removal_requested(1);
+        lock(&c).removal_requested(1);
+        lock(&c).removal_requested(3);
+        assert_eq!(lock(&c).asked(), [1], "CPU 3 is not present");
+        let saved = c.snapshot().unwrap();
+        assert_eq!(saved["asked"], serde_json::json!([1]));
+        let restored = std::sync::Mutex::new(CpuHotplug::new(2, 4, Arc::default()));
+        restored.restore(saved.clone()).unwrap();
+        assert_eq!(lock(&restored).asked(), [1]);
+        lock(&restored).removal_done(1);
+        assert!(lock(&restored).asked().is_empty());
+        let mut absent = saved;
+        absent["asked"] = serde_json::json!([3]);
+        let e = restored.restore(absent).unwrap_err();
+        assert!(e.contains("CPU 3 saved as asked back"), "{e}");
     }
 }

@@ -254,4 +254,26 @@ mod tests {
         c.write(0x40, &[1]).unwrap();
         assert_eq!(c.faults(), 2);
     }
+
+    /// A slot asked back stays asked (saved with the controller) until its device goes; a
+    /// restore keeps only slots that hold a device.
+    #[test]
+    fn slots_asked_back_are_saved_until_their_device_goes() {
+        use std::sync::Mutex;
+        let (mut c, _) = controller(3);
+        c.removal_requested(2);
+        assert_eq!(c.asked(), 1 << 2);
+        let saved = Mutex::new(c).snapshot().unwrap();
+        assert_eq!(saved["asked"], 1 << 2);
+        let (restored, _) = controller(3);
+        let restored = Mutex::new(restored);
+        restored.restore(saved.clone()).unwrap();
+        assert_eq!(lock(&restored).asked(), 1 << 2);
+        lock(&restored).removal_done(2);
+        assert_eq!(lock(&restored).asked(), 0);
+        let (fewer, _) = controller(1);
+        let fewer = Mutex::new(fewer);
+        fewer.restore(saved).unwrap();
+        assert_eq!(lock(&fewer).asked(), 0, "slot 2 holds no device there");
+    }
 }

@@ -425,4 +425,22 @@ mod tests {
         root.config_read(0, 0, 0, 0x04, &mut b);
         assert_eq!(b[0], 0);
     }
+
+    /// A restore puts a function in the slot it had; a taken slot, the host bridge's and
+    /// one past the bus are refused.
+    #[test]
+    fn add_at_puts_a_function_in_a_free_slot_only() {
+        let root = PciRoot::new();
+        let function: Arc<dyn PciDevice> = PciRoot::new().host_bridge();
+        assert_eq!(root.add_at(5, function.clone()), Some(5));
+        assert_eq!(root.occupied(), 1 | 1 << 5);
+        assert_eq!(root.add_at(5, function.clone()), None);
+        assert_eq!(root.add_at(0, function.clone()), None);
+        assert_eq!(root.add_at(32, function.clone()), None);
+        assert_eq!(
+            root.add(function),
+            Some(1),
+            "add takes the lowest free slot"
+        );
+    }
 }
