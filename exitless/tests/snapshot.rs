@@ -491,7 +491,7 @@ fn paused_api_vm(
 }
 
 #[test]
-fn virtio_fs_is_refused_by_name_and_a_balloon_and_hot_added_memory_are_restored() {
+fn virtio_fs_is_refused_by_name_and_an_untouched_balloon_is_restored() {
     let Some(t) = SnapTest::start("snapshot_refusals", "refusals") else {
         return;
     };
@@ -529,11 +529,21 @@ fn virtio_fs_is_refused_by_name_and_a_balloon_and_hot_added_memory_are_restored(
     edit_config(dir, &restored, false);
     let _restored = restored_in(Vmm::start("snap-balloon-2"), dir);
     assert_goes_on(&wait_file(&restored, "EXITLESS DONE"), last + 1);
-    // Memory hot-added to the hotplug area: the regions and the controller's slot saved,
-    // restored at the same addresses (tests/snapshot_hotplug.rs has a guest use it).
+}
+
+/// Memory hot-added to the hotplug area: the regions and the controller's slot saved,
+/// restored at the same addresses (tests/snapshot_hotplug.rs has a guest use it).
+#[test]
+fn memory_hot_added_is_saved_and_restored() {
+    let Some(t) = SnapTest::start("snapshot_hot_added_memory", "hot-added") else {
+        return;
+    };
+    let scratch = &t.scratch;
     let serial = scratch.join("hotplug.log");
     let area = serde_json::json!({"size": 268435456, "hotplug_size": 1073741824});
-    let (_vmm, mut c) = paused_api_vm("snap-hotplug", &body(&serial, &area), &serial);
+    let body = create_body(&t.guest, API_CMDLINE, &serial, area);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    let (_vmm, mut c) = paused_api_vm("snap-hotplug", &body, &serial);
     let grow = serde_json::json!({"desired_ram": 268435456 + 134217728}).to_string();
     ok(
         c.request("PUT", "vm.resize", Some(&grow)).unwrap(),

@@ -53,14 +53,10 @@ fn console_to(dir: &Path, serial: &Path) -> Value {
     config
 }
 
-#[test]
-fn a_vm_resized_hot_plugged_and_ballooned_goes_on_from_its_snapshot_in_a_fresh_vmm() {
-    let Some(t) = SnapTest::start("snapshot_hotplug", "hotplug") else {
-        return;
-    };
-    let (scratch, dir) = (&t.scratch, &t.dir);
-    let serial = scratch.join("serial.log");
-    let image = Image::new("snap-hotplug-disk", 1);
+/// Boots the VM, gives it memory, a disk and a vCPU as Kata does (waiting for the guest to
+/// take each), then asks a second disk and the vCPU back; pauses and snapshots it into `dir`.
+/// The rounds the guest ran.
+fn change_and_snapshot(t: &SnapTest, serial: &Path, images: [&Image; 2]) -> usize {
     let body = json!({
         "cpus": {"boot_vcpus": 1, "max_vcpus": 2},
         "memory": {"size": 256 * MIB, "shared": true, "hotplug_size": 512 * MIB},
@@ -73,28 +69,30 @@ fn a_vm_resized_hot_plugged_and_ballooned_goes_on_from_its_snapshot_in_a_fresh_v
     request(&mut c, "vm.create", body);
     ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
     // Kata's order: memory, then the container's disk, then its vCPUs.
-    wait_file(&serial, "EXITLESS SNAPHP ready");
+    wait_file(serial, "EXITLESS SNAPHP ready");
     request(&mut c, "vm.resize", json!({"desired_ram": 384 * MIB}));
-    wait_file(&serial, "EXITLESS SNAPHP memory");
-    let added = request(&mut c, "vm.add-disk", json!({"path": image.0}));
+    wait_file(serial, "EXITLESS SNAPHP memory");
+    let added = request(&mut c, "vm.add-disk", json!({"path": images[0].0}));
     assert_eq!(added["id"], "_disk0", "{added}");
-    wait_file(&serial, "EXITLESS SNAPHP disk");
+    wait_file(serial, "EXITLESS SNAPHP disk");
     request(&mut c, "vm.resize", json!({"desired_vcpus": 2}));
-    let text = wait_file(&serial, "EXITLESS SNAPHP n=1 ");
+    let text = wait_file(serial, "EXITLESS SNAPHP n=1 ");
     assert!(text.contains("EXITLESS SNAPHP cpu id=1"), "{text}");
     // Removals the guest is asked for and has not done (the bench guest never ejects): a
     // second disk, and the vCPU again. The VM still has both; the config does not.
-    let second = Image::new("snap-hotplug-disk2", 1);
-    let added = request(&mut c, "vm.add-disk", json!({"path": second.0}));
+    let added = request(&mut c, "vm.add-disk", json!({"path": images[1].0}));
     assert_eq!(added["id"], "_disk1", "{added}");
     request(&mut c, "vm.remove-device", json!({"id": "_disk1"}));
     request(&mut c, "vm.resize", json!({"desired_vcpus": 1}));
-    pause_and_snapshot(&mut c, dir);
-    let before = clean_rounds(&std::fs::read_to_string(&serial).unwrap());
+    pause_and_snapshot(&mut c, &t.dir);
+    let rounds = clean_rounds(&std::fs::read_to_string(serial).unwrap());
     shutdown(&mut c);
-    drop(vmm);
+    rounds
+}
 
-    // The state: the vCPU added, the memory hot-added, the disk where it was, the balloon.
+/// state.json: the vCPU added, the memory hot-added, each disk in its slot, the removals
+/// asked, the balloon.
+fn check_state(dir: &Path) {
     let state = saved_state(dir);
     let ids: Vec<u8> = state.vcpus.iter().map(|v| v.id).collect();
     assert_eq!(ids, [0, 1]);
@@ -114,16 +112,45 @@ fn a_vm_resized_hot_plugged_and_ballooned_goes_on_from_its_snapshot_in_a_fresh_v
     assert_eq!(balloon["actual_pages"], BALLOON / 4096, "{balloon}");
     let slots = &state.devices["memory-hotplug"].state["regions"];
     assert_eq!(slots[0]["base"], 4u64 << 30, "{slots}");
+}
 
+/// The restored VM's API: the removals still asked of the guest (out of the config, a vCPU
+/// resize refused meanwhile), and memory that still grows after what was added.
+fn check_restored_api(c: &mut ApiClient) {
+    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
+    assert_eq!(info["config"]["cpus"]["boot_vcpus"], 1, "{info}");
+    assert_eq!(info["config"]["memory"]["size"], 384 * MIB, "{info}");
+    let disks = info["config"]["disks"].as_array().unwrap();
+    assert_eq!(disks.len(), 1, "{info}");
+    let resize = json!({"desired_vcpus": 2}).to_string();
+    let r = c.request("PUT", "vm.resize", Some(&resize));
+    assert_eq!(r.unwrap().status, 429, "a vCPU removal is still pending");
+    request(c, "vm.resize", json!({"desired_ram": 512 * MIB}));
+    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
+    assert_eq!(info["config"]["memory"]["size"], 512 * MIB, "{info}");
+}
+
+#[test]
+fn a_vm_resized_hot_plugged_and_ballooned_goes_on_from_its_snapshot_in_a_fresh_vmm() {
+    let Some(t) = SnapTest::start("snapshot_hotplug", "hotplug") else {
+        return;
+    };
+    let serial = t.scratch.join("serial.log");
+    let images = [
+        &Image::new("snap-hotplug-disk", 1),
+        &Image::new("snap-hotplug-disk2", 1),
+    ];
+    let before = change_and_snapshot(&t, &serial, images);
+    check_state(&t.dir);
     // config.json describes the VM as it is (what it was asked to give back included).
-    let restored = scratch.join("restored.log");
-    let config = console_to(dir, &restored);
+    let restored = t.scratch.join("restored.log");
+    let config = console_to(&t.dir, &restored);
     assert_eq!(config["cpus"]["boot_vcpus"], 2, "{config}");
     assert_eq!(config["memory"]["size"], 384 * MIB, "{config}");
     assert_eq!(config["disks"][0]["id"], "_disk0", "{config}");
     assert_eq!(config["disks"][1]["id"], "_disk1", "{config}");
 
-    let vmm = restored_in(Vmm::start("snap-hotplug-2"), dir);
+    let vmm = restored_in(Vmm::start("snap-hotplug-2"), &t.dir);
     let text = wait_file(&restored, "EXITLESS DONE");
     assert!(text.contains(" hotplug_ok=1"), "{text}");
     assert!(text.contains(" ok=1"), "{text}");
@@ -133,21 +160,6 @@ fn a_vm_resized_hot_plugged_and_ballooned_goes_on_from_its_snapshot_in_a_fresh_v
         "{before} + {after} rounds\n{text}"
     );
     let mut c = vmm.client();
-    // The removals are still asked of the guest: out of the config, the ids still taken.
-    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
-    assert_eq!(info["config"]["cpus"]["boot_vcpus"], 1, "{info}");
-    assert_eq!(info["config"]["memory"]["size"], 384 * MIB, "{info}");
-    let disks = info["config"]["disks"].as_array().unwrap();
-    assert_eq!(disks.len(), 1, "{info}");
-    let r = c.request(
-        "PUT",
-        "vm.resize",
-        Some(&json!({"desired_vcpus": 2}).to_string()),
-    );
-    assert_eq!(r.unwrap().status, 429, "a vCPU removal is still pending");
-    // The restored VM can still grow: the hotplug area goes on after what was added.
-    request(&mut c, "vm.resize", json!({"desired_ram": 512 * MIB}));
-    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
-    assert_eq!(info["config"]["memory"]["size"], 512 * MIB, "{info}");
+    check_restored_api(&mut c);
     shutdown(&mut c);
 }
