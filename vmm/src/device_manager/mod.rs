@@ -48,6 +48,8 @@ pub enum DeviceManagerError {
     NeedsIrqchip(&'static str),
     #[error("No room left for {0}: the PCI BAR window or bus 0 is full")]
     PciFull(String),
+    #[error("{name} cannot go back to PCI slot {slot} with its BAR at {bar:#x}, where the saved VM had it: another device is there")]
+    PlaceTaken { name: String, slot: u8, bar: u64 },
     #[error("Cannot create {0}: {1}")]
     Device(String, std::io::Error),
     #[error("No device in PCI slot {0}")]
@@ -278,8 +280,15 @@ impl DeviceManager {
         event_loop: EventLoopHandle,
         notify: Notify,
     ) -> Result<Arc<VirtioPciDevice>, DeviceManagerError> {
-        let full = || DeviceManagerError::PciFull(name.to_string());
         let place = self.places.get(name).copied();
+        let full = || match place {
+            Some(p) => DeviceManagerError::PlaceTaken {
+                name: name.to_string(),
+                slot: p.slot,
+                bar: p.bar,
+            },
+            None => DeviceManagerError::PciFull(name.to_string()),
+        };
         let policy = place.map_or(AllocPolicy::FirstMatch, |p| AllocPolicy::ExactMatch(p.bar));
         let bar = self
             .bar_window

@@ -20,7 +20,7 @@ impl DeviceManager {
     }
 
     /// Where each PCI function is: its slot and the BAR address it was given.
-    fn place_of(&self, name: &str) -> Option<PciPlace> {
+    pub(super) fn place_of(&self, name: &str) -> Option<PciPlace> {
         let placed = self.virtio.iter().find(|p| p.device.name() == name)?;
         let slots = routing_lock(&self.mapper.slots);
         let bar = slots.get(&placed.slot)?.addr;
