@@ -161,5 +161,32 @@ fn a_vm_resized_hot_plugged_and_ballooned_goes_on_from_its_snapshot_in_a_fresh_v
     );
     let mut c = vmm.client();
     check_restored_api(&mut c);
+    snapshot_again(c, &t);
+}
+
+/// The restored VM (grown again to 512 MiB) snapshotted again, its VMM shut down (it holds
+/// its disks' locks), and restored in a third VMM: what the first restore took back (the
+/// memory, the removals still asked) is saved again.
+fn snapshot_again(mut c: ApiClient, t: &SnapTest) {
+    let again = t.scratch.join("again");
+    std::fs::create_dir(&again).unwrap();
+    pause_and_snapshot(&mut c, &again);
+    shutdown(&mut c);
+    let state = saved_state(&again);
+    assert_eq!(state.memory.hotplugged, 256 * MIB);
+    assert_eq!(state.devices["cpu-hotplug"].state["asked"], json!([1]));
+    let config = console_to(&again, &t.scratch.join("again.log"));
+    assert_eq!(config["cpus"]["boot_vcpus"], 2, "{config}");
+    assert_eq!(config["disks"][1]["id"], "_disk1", "{config}");
+    let third = restored_in(Vmm::start("snap-hotplug-3"), &again);
+    let mut c = third.client();
+    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
+    assert_eq!(info["config"]["cpus"]["boot_vcpus"], 1, "{info}");
+    assert_eq!(info["config"]["memory"]["size"], 512 * MIB, "{info}");
+    assert_eq!(
+        info["config"]["disks"].as_array().unwrap().len(),
+        1,
+        "{info}"
+    );
     shutdown(&mut c);
 }
