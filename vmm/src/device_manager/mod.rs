@@ -114,7 +114,7 @@ pub struct DeviceManager {
     hotplug: Option<Hotplug>,
     /// The devices a snapshot saves, by id ([`DeviceManager::register_snapshottable`]).
     snapshottable: Vec<(String, Arc<dyn crate::snapshot::Snapshottable>)>,
-    /// Devices added or removed since the VM started (a snapshot cannot save that yet).
+    /// Devices added or removed since the VM started.
     hotplugged: bool,
     /// Told of memory added while the VM runs ([`DeviceManager::memory_added`]).
     memory_listeners: Vec<Box<dyn MemoryListener>>,
