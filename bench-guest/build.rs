@@ -22,6 +22,7 @@ const SOURCES: &[&str] = &[
     "virtio_hostile.c",
     "virtio_fs.c",
     "snapshot.c",
+    "snapshot_hotplug.c",
     "virtio_balloon.c",
     "operations.c",
 ];

@@ -24,6 +24,7 @@ use vmm::event_loop::EventLoop;
 use vmm::kvm::ring::CoalescedWrite;
 
 mod snapshot_state;
+mod snapshot_virtio;
 mod virtio_status;
 pub use snapshot_state::snapshot_state;
 pub use virtio_status::virtio_status;

@@ -193,8 +193,6 @@ pub struct LaunchedVm {
     started: Instant,
     /// How to create vCPUs added while the VM runs (`vm.resize`).
     template: Option<VcpuTemplate>,
-    /// vCPUs at boot (a snapshot saves exactly these).
-    boot_vcpus: usize,
     /// The balloon, if the VM has one.
     balloon: Option<balloon::BalloonControl>,
     /// Where memory added while the VM runs goes (with `memory.hotplug_size`).
@@ -228,7 +226,6 @@ impl LaunchedVm {
             tsc_khz: built.tsc_khz,
             started: Instant::now(),
             template: built.template,
-            boot_vcpus: usize::from(config.cpus),
             balloon: parts.balloon,
             hotplug_ram: parts.hotplug_ram,
             memory_backing: config.memory_backing(),

@@ -115,6 +115,9 @@ struct VmSlot {
     booted: Option<LaunchedVm>,
     /// vCPUs the guest was asked to eject and has not yet.
     pending_removal: Vec<u8>,
+    /// Devices the guest was asked to eject and has not yet: out of the config, but still
+    /// the VM's (a snapshot's config.json has them), as (id, config list, entry).
+    removing: Vec<devices::Removing>,
     /// The exit profile of the VM that ran last (kept once it stops).
     last_report: Option<vmm::profile::ProfileReport>,
 }
@@ -174,6 +177,7 @@ impl Vmm {
                 ids,
                 booted: Some(vm),
                 pending_removal: Vec::new(),
+                removing: Vec::new(),
                 last_report: None,
             }),
             exit: None,
@@ -259,6 +263,7 @@ impl Vmm {
             ids,
             booted: None,
             pending_removal: Vec::new(),
+            removing: Vec::new(),
             last_report: None,
         });
         Ok(())

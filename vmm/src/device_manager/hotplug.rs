@@ -192,10 +192,56 @@ impl DeviceManager {
         Ok(())
     }
 
-    /// What the guest ejected since the last call (each slot or CPU once).
+    /// What the guest ejected since the last call (each slot or CPU once); the controllers
+    /// no longer wait for them.
     pub fn take_ejected(&self) -> Vec<Ejected> {
-        self.hotplug
-            .as_ref()
-            .map_or_else(Vec::new, |h| h.ejected.take())
+        let Some(h) = self.hotplug.as_ref() else {
+            return Vec::new();
+        };
+        let ejected = h.ejected.take();
+        for e in &ejected {
+            match *e {
+                Ejected::Cpu(id) => routing_lock(&h.cpu).removal_done(id),
+                Ejected::PciSlot(slot) => routing_lock(&h.pci).removal_done(slot),
+            }
+        }
+        ejected
+    }
+
+    /// Whether the guest ejected something whose removal the VM's owner has not done yet.
+    pub fn ejects_waiting(&self) -> bool {
+        self.hotplug.as_ref().is_some_and(|h| h.ejected.any())
+    }
+
+    /// What the guest was asked to give back and still has: the CPUs' ids, and the devices'
+    /// names (a snapshot saves them as they are; a restore asks again, see docs/snapshot.md).
+    pub fn pending_removals(&self) -> (Vec<u8>, Vec<String>) {
+        let Some(h) = self.hotplug.as_ref() else {
+            return (Vec::new(), Vec::new());
+        };
+        let cpus = routing_lock(&h.cpu).asked().to_vec();
+        let slots = routing_lock(&h.pci).asked();
+        let devices = self
+            .virtio
+            .iter()
+            .filter(|p| slots & (1 << (p.slot & 31)) != 0);
+        (cpus, devices.map(|p| p.device.name().to_string()).collect())
+    }
+
+    /// Memory slot `slot` holds the `len` bytes at `base` again (a restore: the memory is
+    /// mapped, the guest already knows it; the controller's saved state follows). Nobody is
+    /// told.
+    pub fn memory_restored(
+        &self,
+        slot: usize,
+        base: u64,
+        len: u64,
+    ) -> Result<(), DeviceManagerError> {
+        let memory = self.hotplug()?.memory.as_ref();
+        let memory = memory.ok_or(DeviceManagerError::NoMemoryHotplug)?;
+        match routing_lock(memory).region_added(slot, base, len) {
+            true => Ok(()),
+            false => Err(DeviceManagerError::NoMemorySlot(slot)),
+        }
     }
 }

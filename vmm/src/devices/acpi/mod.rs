@@ -67,6 +67,12 @@ impl PendingEjects {
         }
     }
 
+    /// Whether the guest ejected something not taken yet.
+    pub fn any(&self) -> bool {
+        self.pci.load(Ordering::Acquire) != 0
+            || self.cpus.iter().any(|c| c.load(Ordering::Acquire) != 0)
+    }
+
     /// Takes every pending eject: CPUs first, then slots, each in ascending order.
     pub fn take(&self) -> Vec<Ejected> {
         let mut all = Vec::new();

@@ -328,6 +328,17 @@ pub trait VirtioDevice: Send {
                 .into(),
         )
     }
+    /// The device's own state beyond its transport and rings (the balloon's target and what
+    /// the guest says it holds), saved with the transport once its driver set it up; None
+    /// for a device that has none.
+    fn save_state(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Puts state [`VirtioDevice::save_state`] saved back (before the device starts). It is
+    /// hostile input: checked, never a panic.
+    fn load_state(&mut self, _state: serde_json::Value) -> Result<(), String> {
+        Err("state saved for a device that keeps none of its own".into())
+    }
     /// The queues whose buffers the driver posts ahead for the device to fill when something
     /// comes (receive, event): a snapshot does not wait for them to drain (available and
     /// used indexes equal), the device's [`VirtioDevice::quiesce`] answers for them.
