@@ -27,6 +27,11 @@ use super::ablation_trace::{pair, Window};
 use super::config_run::RunError;
 use crate::compare::turnaround::{percentiles, Tracer};
 
+/// The guest cases the ablation runs: the `pio_out` loop at CPL0 (the default: its exits
+/// return to a guest in kernel mode, the kernel's path is short and steady here) or at CPL3
+/// (PVM's return to a guest's user mode adds microseconds of noise to every exit).
+pub const CASES: [&str; 2] = ["pio_out_cpl0", "pio_out"];
+
 /// Default exits per row, over [`DEFAULT_ROUNDS`] rounds.
 pub const DEFAULT_ITERATIONS: u64 = 2000;
 pub const DEFAULT_ROUNDS: usize = 5;
@@ -78,6 +83,8 @@ pub enum AblationError {
 /// What the ablation runs.
 #[derive(Debug, Clone)]
 pub struct AblationPlan {
+    /// The bench guest's case: [`CASES`] (its `pio_out` loop, at CPL0 or CPL3).
+    pub case: &'static str,
     /// The ingredient masks, one row each (0: the bare loop).
     pub masks: Vec<u8>,
     /// Also the floor VMM, as a process of its own per round.
@@ -100,6 +107,7 @@ impl AblationPlan {
             }
         }
         AblationPlan {
+            case: CASES[0],
             masks,
             floor: true,
             per_round: (iterations / rounds.max(1) as u64).max(2),
@@ -110,6 +118,7 @@ impl AblationPlan {
     /// The default bench's headline: the bare loop and exitless's exit path.
     pub fn headline() -> Self {
         AblationPlan {
+            case: CASES[0],
             masks: vec![0, EXITLESS],
             floor: false,
             per_round: HEADLINE_ITERATIONS / HEADLINE_ROUNDS as u64,
@@ -142,6 +151,7 @@ pub struct AblationRow {
 /// The ablation's result.
 #[derive(Debug, Clone, Serialize)]
 pub struct AblationReport {
+    pub case: &'static str,
     /// How the turnaround was measured.
     pub clock: String,
     pub tracefs: bool,
@@ -185,7 +195,7 @@ pub fn run_ablation(
     let cpu = pin_cpu();
     let mut rows = Vec::new();
     for &mask in &plan.masks {
-        rows.push(start_row(mask, cpu, timed)?);
+        rows.push(start_row(mask, plan.case, cpu, timed)?);
     }
     progress(&format!("exit ablation: {} rows ready", rows.len()));
     // The guest boots to its loop: one loop exit each, not measured.
@@ -218,7 +228,7 @@ pub fn run_ablation(
             record(&mut rows[i].acc, &b, plan.per_round, tsc_khz, timed);
         }
         if let Some(floor) = &floor {
-            let pid = floor.run(plan.per_round)?;
+            let pid = floor.run(plan.case, plan.per_round)?;
             windows.push(Window {
                 tid: pid,
                 start: 0,
@@ -267,6 +277,7 @@ pub fn run_ablation(
         );
     }
     Ok(AblationReport {
+        case: plan.case,
         clock,
         tracefs: !timed,
         per_round: plan.per_round,
@@ -284,8 +295,8 @@ fn pin_cpu() -> usize {
 }
 
 /// Builds row `mask`'s VM and starts its thread, readied as the mask says.
-fn start_row(mask: u8, cpu: usize, timed: bool) -> Result<RowThread, AblationError> {
-    let (mut vcpu, vm) = RowVcpu::build(mask)?;
+fn start_row(mask: u8, case: &str, cpu: usize, timed: bool) -> Result<RowThread, AblationError> {
+    let (mut vcpu, vm) = RowVcpu::build(mask, case)?;
     let (commands, given) = mpsc::channel::<Option<Vec<u64>>>();
     let (answer, results) = mpsc::channel();
     let (tid_tx, tid_rx) = mpsc::channel();
@@ -397,11 +408,11 @@ impl Floor {
     }
 
     /// Runs the guest's loop of `n` exits under the floor; returns its pid (its only thread).
-    fn run(&self, n: u64) -> Result<u32, AblationError> {
+    fn run(&self, case: &str, n: u64) -> Result<u32, AblationError> {
         let started = Instant::now();
         let mut child = Command::new(&self.floor)
             .arg(&self.guest)
-            .arg(format!("case=pio_out iters={n}"))
+            .arg(format!("case={case} iters={n}"))
             .arg("64")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -441,9 +452,9 @@ impl AblationReport {
     /// `+min`/`+p50` are differences to the bare loop.
     pub fn render(&self) -> String {
         let mut out = format!(
-            "exit-path ablation: bench guest pio_out (CPL3), {} rounds x {} exits per row, rows \
+            "exit-path ablation: bench guest {}, {} rounds x {} exits per row, rows \
              interleaved\nturnaround per userspace exit: {}\n",
-            self.rounds, self.per_round, self.clock
+            self.case, self.rounds, self.per_round, self.clock
         );
         out += &format!(
             "{:<52} {:>8} {:>8} {:>9} {:>7} {:>7} {:>12} {:>7}\n",
@@ -519,8 +530,9 @@ impl AblationReport {
         };
         let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
         format!(
-            "exit path (pio_out, {} exits each, {}): bare KVM_RUN loop min {} / p50 {} ns, \
+            "exit path ({}, {} exits each, {}): bare KVM_RUN loop min {} / p50 {} ns, \
              exitless's exit path {} / {} ns: {} / {} (`bench --ablation` names each ns)",
+            self.case,
             bare.exits,
             if self.tracefs {
                 "tracefs turnaround"

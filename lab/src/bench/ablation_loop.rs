@@ -94,13 +94,14 @@ pub struct RowVm {
 }
 
 impl RowVcpu {
-    /// Builds the bench guest's VM (1 vCPU, in-kernel irqchip, 64 MiB) for a row with `mask`,
-    /// its vCPU reading registers through sync regs only where the mask says so.
-    pub fn build(mask: u8) -> Result<(Self, RowVm), AblationError> {
+    /// Builds the bench guest's VM (1 vCPU, in-kernel irqchip, 64 MiB) running `case` (a
+    /// `pio_out` loop) for a row with `mask`, its vCPU reading registers through sync regs only
+    /// where the mask says so.
+    pub fn build(mask: u8, case: &str) -> Result<(Self, RowVm), AblationError> {
         let spec = VmSpec {
             kernel: KernelImage::Embedded(guest::BENCH_GUEST),
             initrd: None,
-            cmdline: format!("case=pio_out iters={GUEST_ITERATIONS}"),
+            cmdline: format!("case={case} iters={GUEST_ITERATIONS}"),
             memory: GUEST_MEMORY,
             memory_backing: vmm::memory::Backing::default(),
             cpus: 1,

@@ -33,6 +33,7 @@ fn every_row_runs_its_iterations_and_the_trace_sees_each_exit() {
         return;
     }
     let plan = AblationPlan {
+        case: super::ablation::CASES[0],
         masks: vec![0, INGREDIENTS[0].0, EXITLESS, EXITLESS | INGREDIENTS[6].0],
         floor: true,
         per_round: 30,
