@@ -195,7 +195,9 @@ pub fn run_ablation(
     let cpu = pin_cpu();
     let mut rows = Vec::new();
     for &mask in &plan.masks {
-        rows.push(start_row(mask, plan.case, cpu, timed)?);
+        // The warm-up's exit, then every round's.
+        let iterations = 1 + plan.per_round * plan.rounds as u64;
+        rows.push(start_row(mask, (plan.case, iterations), cpu, timed)?);
     }
     progress(&format!("exit ablation: {} rows ready", rows.len()));
     // The guest boots to its loop: one loop exit each, not measured.
@@ -294,9 +296,15 @@ fn pin_cpu() -> usize {
         .unwrap_or(0)
 }
 
-/// Builds row `mask`'s VM and starts its thread, readied as the mask says.
-fn start_row(mask: u8, case: &str, cpu: usize, timed: bool) -> Result<RowThread, AblationError> {
-    let (mut vcpu, vm) = RowVcpu::build(mask, case)?;
+/// Builds row `mask`'s VM (the guest running `case` for `iterations`) and starts its thread,
+/// readied as the mask says.
+fn start_row(
+    mask: u8,
+    (case, iterations): (&str, u64),
+    cpu: usize,
+    timed: bool,
+) -> Result<RowThread, AblationError> {
+    let (mut vcpu, vm) = RowVcpu::build(mask, case, iterations)?;
     let (commands, given) = mpsc::channel::<Option<Vec<u64>>>();
     let (answer, results) = mpsc::channel();
     let (tid_tx, tid_rx) = mpsc::channel();

@@ -314,11 +314,14 @@ mod tests {
         let gone = instance_dir(&dir, 4_194_400);
         let mine = instance_dir(&dir, std::process::id());
         let other = dir.join("someone-else");
-        for d in [&gone, &mine, &other] {
+        let gone_tagged = gone.with_extension("ablation");
+        let mine_tagged = mine.with_extension("ablation");
+        for d in [&gone, &mine, &other, &gone_tagged, &mine_tagged] {
             std::fs::create_dir_all(d).unwrap();
         }
-        assert_eq!(remove_stale_instances(&dir), 1);
+        assert_eq!(remove_stale_instances(&dir), 2);
         assert!(!gone.exists() && mine.exists() && other.exists());
+        assert!(!gone_tagged.exists() && mine_tagged.exists());
         std::fs::remove_dir_all(&dir).ok();
     }
 }
