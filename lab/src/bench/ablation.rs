@@ -204,57 +204,19 @@ pub fn run_ablation(
     for row in &mut rows {
         batch(row, 1)?;
     }
-    // The floor's turnaround is seen only from outside.
-    let floor = match plan.floor && !timed {
-        true => Some(Floor::prepare()?),
-        false => None,
+    let mut sitting = Sitting {
+        plan,
+        tsc_khz,
+        tracer: tracer.ok(),
+        // The floor's turnaround is seen only from outside.
+        floor: match plan.floor && !timed {
+            true => Some(Floor::prepare()?),
+            false => None,
+        },
+        floor_acc: Accumulated::default(),
     };
-    let mut floor_acc = Accumulated::default();
     for round in 0..plan.rounds {
-        if let Ok(t) = &tracer {
-            t.clear();
-        }
-        let mut windows = Vec::new();
-        let n = rows.len();
-        for k in 0..n {
-            // Rotated each round: no row always follows the same one.
-            let i = (k + round) % n;
-            let b = batch(&mut rows[i], plan.per_round)?;
-            let window = Window {
-                tid: rows[i].tid,
-                start: b.start_tsc,
-                end: b.end_tsc,
-                row: i,
-            };
-            windows.push(window);
-            record(&mut rows[i].acc, &b, plan.per_round, tsc_khz, timed);
-        }
-        if let Some(floor) = &floor {
-            let pid = floor.run(plan.case, plan.per_round)?;
-            windows.push(Window {
-                tid: pid,
-                start: 0,
-                end: u64::MAX,
-                row: n,
-            });
-            floor_acc.exits += plan.per_round;
-        }
-        if let Ok(t) = &tracer {
-            let text = t.text().map_err(AblationError::Trace)?;
-            let paired = pair(&text, &windows, n + 1, tsc_khz);
-            for (i, row) in rows.iter_mut().enumerate() {
-                row.acc.turnarounds.extend(&paired.turnarounds_ns[i]);
-                row.acc.traced += paired.exits[i];
-            }
-            floor_acc.turnarounds.extend(&paired.turnarounds_ns[n]);
-            floor_acc.traced += paired.exits[n];
-            // The floor's wall per exit: its first traced loop exit to its last.
-            let (first, last) = paired.span[n];
-            if paired.exits[n] > 1 {
-                let ns = last.saturating_sub(first) as f64 * 1e6 / tsc_khz.max(1) as f64;
-                floor_acc.walls.push(ns / (paired.exits[n] - 1) as f64);
-            }
-        }
+        sitting.round(round, &mut rows)?;
         progress(&format!(
             "exit ablation: round {}/{}",
             round + 1,
@@ -267,16 +229,9 @@ pub fn run_ablation(
         let _ = row.commands.send(None);
         let _ = row.handle.join();
     }
-    if floor.is_some() {
-        out.insert(
-            1,
-            finish(
-                "floor (lab/floor, its own process)".into(),
-                None,
-                floor_acc,
-                !timed,
-            ),
-        );
+    if sitting.floor.is_some() {
+        let name = "floor (lab/floor, its own process)".to_string();
+        out.insert(1, finish(name, None, sitting.floor_acc, !timed));
     }
     Ok(AblationReport {
         case: plan.case,
@@ -286,6 +241,70 @@ pub fn run_ablation(
         rounds: plan.rounds,
         rows: out,
     })
+}
+
+/// What the rounds share: the plan, the trace, the floor and its figures.
+struct Sitting<'a> {
+    plan: &'a AblationPlan,
+    tsc_khz: u64,
+    tracer: Option<Tracer>,
+    floor: Option<Floor>,
+    floor_acc: Accumulated,
+}
+
+impl Sitting<'_> {
+    /// One batch of every row, in an order rotated by `round` (no row always follows the
+    /// same one), then the floor; then the round's trace.
+    fn round(&mut self, round: usize, rows: &mut [RowThread]) -> Result<(), AblationError> {
+        let (plan, timed) = (self.plan, self.tracer.is_none());
+        if let Some(t) = &self.tracer {
+            t.clear();
+        }
+        let mut windows = Vec::new();
+        let n = rows.len();
+        for k in 0..n {
+            let i = (k + round) % n;
+            let b = batch(&mut rows[i], plan.per_round)?;
+            let (tid, start, end) = (rows[i].tid, b.start_tsc, b.end_tsc);
+            windows.push(Window {
+                tid,
+                start,
+                end,
+                row: i,
+            });
+            record(&mut rows[i].acc, &b, plan.per_round, self.tsc_khz, timed);
+        }
+        if let Some(floor) = &self.floor {
+            let pid = floor.run(plan.case, plan.per_round)?;
+            let (start, end) = (0, u64::MAX);
+            windows.push(Window {
+                tid: pid,
+                start,
+                end,
+                row: n,
+            });
+            self.floor_acc.exits += plan.per_round;
+        }
+        let Some(t) = &self.tracer else {
+            return Ok(());
+        };
+        let text = t.text().map_err(AblationError::Trace)?;
+        let paired = pair(&text, &windows, n + 1, self.tsc_khz);
+        for (i, row) in rows.iter_mut().enumerate() {
+            row.acc.turnarounds.extend(&paired.turnarounds_ns[i]);
+            row.acc.traced += paired.exits[i];
+        }
+        let acc = &mut self.floor_acc;
+        acc.turnarounds.extend(&paired.turnarounds_ns[n]);
+        acc.traced += paired.exits[n];
+        // The floor's wall per exit: its first traced loop exit to its last.
+        let ((first, last), exits) = (paired.span[n], paired.exits[n]);
+        if exits > 1 {
+            let ns = last.saturating_sub(first) as f64 * 1e6 / self.tsc_khz.max(1) as f64;
+            acc.walls.push(ns / (exits - 1) as f64);
+        }
+        Ok(())
+    }
 }
 
 /// The host CPU a pinned row's thread runs on: the last one this process may use.
@@ -468,63 +487,70 @@ impl AblationReport {
             "{:<52} {:>8} {:>8} {:>9} {:>7} {:>7} {:>12} {:>7}\n",
             "row", "min ns", "p50 ns", "p99 ns", "+min", "+p50", "wall us/exit", "exits"
         );
-        let bare = self.row(0);
-        let line = |out: &mut String, label: &str, r: &AblationRow| {
-            let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
-            let d = |v: Option<f64>, b: Option<f64>| match (v, b) {
-                (Some(v), Some(b)) => format!("{:+.0}", v - b),
-                _ => "-".into(),
-            };
-            let exits = match r.exits_traced {
-                Some(t) if t != r.exits => format!("{}/{t}", r.exits),
-                _ => r.exits.to_string(),
-            };
-            *out += &format!(
-                "{label:<52} {:>8} {:>8} {:>9} {:>7} {:>7} {:>12.2} {:>7}\n",
-                f(r.min_ns),
-                f(r.p50_ns),
-                f(r.p99_ns),
-                d(r.min_ns, bare.and_then(|b| b.min_ns)),
-                d(r.p50_ns, bare.and_then(|b| b.p50_ns)),
-                r.wall_ns_per_exit / 1000.0,
-                exits
-            );
-        };
         for r in self.rows.iter().filter(|r| r.mask.is_none_or(|m| m == 0)) {
-            line(&mut out, &r.name, r);
+            out += &self.render_row(&r.name, r);
         }
-        let mut alone = INGREDIENTS.iter().filter_map(|&(bit, _)| self.row(bit));
-        if let Some(first) = alone.next() {
+        let alone: Vec<_> = INGREDIENTS
+            .iter()
+            .filter_map(|&(bit, _)| self.row(bit))
+            .collect();
+        if !alone.is_empty() {
             out += "each ingredient alone:\n";
-            line(&mut out, &format!("  {}", first.name), first);
-            for r in alone {
-                line(&mut out, &format!("  {}", r.name), r);
-            }
         }
-        let mut sum = 0;
-        let mut header = false;
-        for &(bit, name) in &INGREDIENTS {
-            sum |= bit;
-            if sum == bit {
-                continue;
-            }
-            if let Some(r) = self.row(sum) {
-                if !header {
-                    out += "cumulatively, from the seccomp filter alone:\n";
-                    header = true;
-                }
-                let label = if sum == EXITLESS {
-                    format!("  + {name} (= exitless's exit path, run's default)")
-                } else {
-                    format!("  + {name}")
-                };
-                line(&mut out, &label, r);
-            }
+        for r in alone {
+            out += &self.render_row(&format!("  {}", r.name), r);
         }
+        out += &self.render_cumulative();
         if self.rows.iter().any(|r| r.other_exits > 0) {
             out += "(some batches had exits other than the loop's: see the JSON's other_exits)\n";
         }
         out
+    }
+
+    /// The cumulative rows, each named by the ingredient it adds.
+    fn render_cumulative(&self) -> String {
+        let mut out = String::new();
+        let mut sum = 0;
+        for &(bit, name) in &INGREDIENTS {
+            sum |= bit;
+            let Some(r) = self.row(sum).filter(|_| sum != bit) else {
+                continue;
+            };
+            if out.is_empty() {
+                out += "cumulatively, from the seccomp filter alone:\n";
+            }
+            let label = if sum == EXITLESS {
+                format!("  + {name} (= exitless's exit path, run's default)")
+            } else {
+                format!("  + {name}")
+            };
+            out += &self.render_row(&label, r);
+        }
+        out
+    }
+
+    /// One row's line, its differences to the bare loop's.
+    fn render_row(&self, label: &str, r: &AblationRow) -> String {
+        let bare = self.row(0);
+        let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+        let d = |v: Option<f64>, b: Option<f64>| match (v, b) {
+            (Some(v), Some(b)) => format!("{:+.0}", v - b),
+            _ => "-".into(),
+        };
+        let exits = match r.exits_traced {
+            Some(t) if t != r.exits => format!("{}/{t}", r.exits),
+            _ => r.exits.to_string(),
+        };
+        format!(
+            "{label:<52} {:>8} {:>8} {:>9} {:>7} {:>7} {:>12.2} {:>7}\n",
+            f(r.min_ns),
+            f(r.p50_ns),
+            f(r.p99_ns),
+            d(r.min_ns, bare.and_then(|b| b.min_ns)),
+            d(r.p50_ns, bare.and_then(|b| b.p50_ns)),
+            r.wall_ns_per_exit / 1000.0,
+            exits
+        )
     }
 
     /// One line for the default bench: the bare loop against exitless's exit path.

@@ -251,15 +251,7 @@ fn run_batch<const F: u8>(
             per_exit_checks(row, &handled)?;
         }
         if F & PROFILE != 0 {
-            let t_done = profile::rdtsc();
-            row.profile.record_in_kvm(t_exit.wrapping_sub(t_entry));
-            let cycles = t_done.wrapping_sub(t_exit);
-            row.profile
-                .record_exit(handled.reason, handled.device, cycles);
-            if let Some(cpu) = profile::current_cpu() {
-                row.profile.record_cpu(cpu);
-            }
-            t_entry = t_done;
+            t_entry = record_profile(&row.profile, &handled, t_entry, t_exit);
         }
         if let ExitAction::End(end) = handled.action {
             return Err(AblationError::Ended(format!("{end:?}")));
@@ -277,6 +269,19 @@ fn run_batch<const F: u8>(
         other_exits,
         samples,
     })
+}
+
+/// The profile's records of one exit, as exitless's vCPU makes them; returns `t_done`, the
+/// next KVM_RUN's start.
+#[inline(always)]
+fn record_profile(profile: &VcpuProfile, h: &Handled, t_entry: u64, t_exit: u64) -> u64 {
+    let t_done = profile::rdtsc();
+    profile.record_in_kvm(t_exit.wrapping_sub(t_entry));
+    profile.record_exit(h.reason, h.device, t_done.wrapping_sub(t_exit));
+    if let Some(cpu) = profile::current_cpu() {
+        profile.record_cpu(cpu);
+    }
+    t_done
 }
 
 /// exitless's per-exit branches besides the bus: the observer's every-exit hook, the
