@@ -163,6 +163,9 @@ static const struct bench_case cases[] = {
     {"fs_hostile", 3, NAMED, loop_fs_hostile, loop_empty_c, virtio_fs_setup, 0},
     {"balloon_check", 3, NAMED, loop_balloon_check, loop_empty_c, virtio_balloon_setup, 0},
     {"pmem_check", 3, NAMED, loop_pmem_check, loop_empty_c, virtio_pmem_setup, 0},
+    {"power_button", 3, NAMED, loop_power_button, loop_empty_c, operations_setup, 0},
+    {"nmi_check", 3, NAMED, loop_nmi_check, loop_empty_c, operations_setup, 0},
+    {"resize_check", 3, NAMED, loop_resize_check, loop_empty_c, operations_setup, 0},
 };
 #define NR_CASES (sizeof(cases) / sizeof(cases[0]))
 

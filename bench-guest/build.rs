@@ -22,8 +22,10 @@ const SOURCES: &[&str] = &[
     "virtio_hostile.c",
     "virtio_fs.c",
     "snapshot.c",
+    "snapshot_hotplug.c",
     "virtio_balloon.c",
     "virtio_pmem.c",
+    "operations.c",
 ];
 const HEADERS: &[&str] = &["layout.h", "guest.h", "virtio.h", "link.ld"];
 const FLAGS: &[&str] = &[

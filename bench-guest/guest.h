@@ -136,6 +136,8 @@ extern void (*volatile ap_service)(void);
 /* memory_hotplug_check (memory_hotplug.c): memory added while the guest runs, found through
  * exitless's ACPI memory hotplug controller, mapped, written and read back. */
 u64 loop_memory_hotplug_check(u64 n);
+/* Waits for inserted memory, acknowledges and maps it: its base, length and slot. */
+u64 memory_hotplug_take(u64 *len, u64 *slot);
 
 /* Interrupts the guest handled (self-IPIs and virtio MSI-X vectors). */
 extern u64 ipi_count;

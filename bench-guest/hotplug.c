@@ -60,10 +60,9 @@ const char *hotplug_disk_setup(const char *cmdline)
     return 0;
 }
 
-/* hotplug_disk: a disk comes, is used, is asked back and ejected; its slot then reads empty. */
-u64 loop_hotplug_disk(u64 blocks)
+/* Waits for a disk to come up in a slot (the GED's PCI bit, the controller's PCIU); its slot. */
+int hotplug_wait_disk(void)
 {
-    puts_("EXITLESS HOTPLUG ready\n");
     wait_ged(GED_PCI, "no PCI hotplug notification");
     int slot = lowest_bit(mmio_read32(PCI_HOTPLUG_ADDR + PCIU));
     if (slot < 0)
@@ -71,6 +70,14 @@ u64 loop_hotplug_disk(u64 blocks)
     if (pci_read32((u8)slot, 0) != (PCI_VENDOR_VIRTIO | (u32)PCI_DEVICE_VIRTIO_BLK << 16))
         hotplug_fail("the new slot holds no virtio-blk device");
     say_slot("added", slot);
+    return slot;
+}
+
+/* hotplug_disk: a disk comes, is used, is asked back and ejected; its slot then reads empty. */
+u64 loop_hotplug_disk(u64 blocks)
+{
+    puts_("EXITLESS HOTPLUG ready\n");
+    int slot = hotplug_wait_disk();
     const char *why = virtio_blk_setup("");
     if (why)
         hotplug_fail(why);
@@ -93,6 +100,18 @@ u64 loop_hotplug_cpu(u64 n)
 {
     (void)n;
     puts_("EXITLESS HOTPLUG cpu ready\n");
+    u32 added = hotplug_wait_cpu();
+    if (!start_ap(added))
+        hotplug_fail("the added CPU did not start");
+    puts_("EXITLESS HOTPLUG cpu started id=");
+    put_u64(added);
+    puts_("\n");
+    return 0;
+}
+
+/* Waits for a CPU to be inserted (the GED's CPU bit), acknowledges it; its id. */
+u32 hotplug_wait_cpu(void)
+{
     wait_ged(GED_CPU, "no CPU hotplug notification");
     u32 count = mmio_read32(CPU_HOTPLUG_ADDR + CCNT), added = 0xffffffffu;
     for (u32 id = 0; id < count && id < 256; id++) {
@@ -108,12 +127,7 @@ u64 loop_hotplug_cpu(u64 n)
     puts_("EXITLESS HOTPLUG cpu added id=");
     put_u64(added);
     puts_("\n");
-    if (!start_ap(added))
-        hotplug_fail("the added CPU did not start");
-    puts_("EXITLESS HOTPLUG cpu started id=");
-    put_u64(added);
-    puts_("\n");
-    return 0;
+    return added;
 }
 
 /* hostile_eject (issue 37): the PCI eject register written `iters` times with `bits=`

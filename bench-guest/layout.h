@@ -13,6 +13,7 @@
 #define VEC_IPI_ACK      0x41      /* IPI cases: acknowledge (ipi.c) */
 #define VEC_TLB_FLUSH    0x42      /* shootdown cases: invlpg, then acknowledge */
 #define VEC_VIRTIO       0x50      /* MSI-X vector of the virtio queues the guest drives */
+#define VEC_CONFIG       0x51      /* MSI-X vector of a virtio configuration change (operations.c) */
 
 #define APIC_BASE        0xfee00000
 
@@ -33,6 +34,8 @@
 #define PCI_HOTPLUG_ADDR 0xfeb01000UL
 #define CPU_HOTPLUG_ADDR 0xfeb02000UL
 #define MEMORY_HOTPLUG_ADDR 0xfeb03000UL
+/* The ACPI sleep control register (FADT SLEEP_CONTROL_REG; vmm/src/devices/acpi/sleep.rs). */
+#define SLEEP_PORT       0x600
 
 #define AP_TRAMPOLINE    0x8000   /* SIPI vector 0x08: APs start in real mode here */
 #define AP_STACK_SIZE    4096

@@ -93,6 +93,24 @@ u64 loop_memory_hotplug_check(u64 n)
 {
     (void)n;
     puts_("EXITLESS MEMORY ready\n");
+    u64 len, slot, base = memory_hotplug_take(&len, &slot);
+    u64 verified = write_and_verify(base, len);
+    puts_("EXITLESS MEMORY hotplug slot=");
+    put_u64(slot);
+    puts_(" base=");
+    put_hex(base);
+    puts_(" bytes=");
+    put_u64(len);
+    puts_(" verified=");
+    put_u64(verified);
+    puts_("\n");
+    return 0;
+}
+
+/* Waits for memory to be inserted (the GED's memory bit), acknowledges it and maps it;
+ * returns its base, its length in *len and its slot in *slot. */
+u64 memory_hotplug_take(u64 *len_out, u64 *slot_out)
+{
     for (u64 start = rdtsc(); !(mmio_read8(GED_ADDR) & GED_MEMORY);) {
         if (rdtsc() - start > MEMORY_WAIT)
             memory_fail("no memory hotplug notification");
@@ -110,15 +128,7 @@ u64 loop_memory_hotplug_check(u64 n)
     if (mmio_read8(MEMORY_HOTPLUG_ADDR + MSTA) & MSTA_INSERTING)
         memory_fail("the insert was not acknowledged");
     map_high(base, len);
-    u64 verified = write_and_verify(base, len);
-    puts_("EXITLESS MEMORY hotplug slot=");
-    put_u64((u64)slot);
-    puts_(" base=");
-    put_hex(base);
-    puts_(" bytes=");
-    put_u64(len);
-    puts_(" verified=");
-    put_u64(verified);
-    puts_("\n");
-    return 0;
+    *len_out = len;
+    *slot_out = (u64)slot;
+    return base;
 }

@@ -42,6 +42,10 @@
  * (snap-new.bin). Restored mid-run in front of a fresh virtiofsd that loaded the old one's
  * state, the handle goes on (a lost handle ends the guest with an error).
  *
+ * `hotplug=1` (snapshot_hotplug.c) first takes memory, a disk and a vCPU as the host adds
+ * them (and with `balloon=1` inflates the balloon to its target), and checks them every
+ * round; the result line adds hotplug_ok=<0|1>.
+ *
  * `bridge=1` first does to the PCI host bridge (00:00.0) what Linux's PCI probe does to every
  * function: each BAR and the ROM BAR written all ones, read back and written back as they
  * were; then it sets the bridge's interrupt line. The result line ends with bridge=1 if the
@@ -55,7 +59,8 @@
 #define PAGE_SIZE 4096UL
 
 struct snapshot_run {
-    u64 pages, ticks, iters, count, bad, virtio, net, bridge, fs;
+    u64 pages, ticks, iters, count, bad, virtio, net, bridge, fs, hotplug;
+    const char *cmdline;
 };
 
 #define BRIDGE_LINE 11
@@ -146,6 +151,8 @@ static u64 pattern(u64 page) { return (SNAP_BASE + page * PAGE_SIZE) ^ SNAP_SEED
 static u64 snapshot_user(u64 arg)
 {
     struct snapshot_run *r = (struct snapshot_run *)arg;
+    if (r->hotplug)
+        snapshot_hotplug_prepare(r->cmdline);
     for (u64 p = 0; p < r->pages; p++)
         *(volatile u64 *)(SNAP_BASE + p * PAGE_SIZE) = pattern(p);
     for (u64 t = 0; t < r->ticks; t++) {
@@ -164,6 +171,8 @@ static u64 snapshot_user(u64 arg)
             snapshot_net_round(t);
         if (r->fs)
             snapshot_fs_round(t);
+        if (r->hotplug)
+            snapshot_hotplug_round(t);
         tick_count = tick_count + 1;
         puts_("EXITLESS TICK n=");
         put_u64(t);
@@ -202,6 +211,8 @@ void snapshot_main(const char *cmdline)
     r.bridge = parse_u64(find_arg(cmdline, "bridge="));
     if (r.bridge)
         snapshot_size_bridge();
+    r.hotplug = parse_u64(find_arg(cmdline, "hotplug="));
+    r.cmdline = cmdline;
     r.net = parse_u64(find_arg(cmdline, "net="));
     if (r.net) {
         const char *why = virtio_net_setup(cmdline);
@@ -229,6 +240,10 @@ void snapshot_main(const char *cmdline)
     }
     if (r.virtio)
         report_virtio_blk();
+    if (r.hotplug) {
+        puts_(" hotplug_ok=");
+        put_u64(snapshot_hotplug_ok());
+    }
     puts_("\nEXITLESS DONE\n");
     if (find_arg(cmdline, "hold"))
         for (;;)

@@ -124,6 +124,8 @@ void virtio_fail(const char *what);
 /* Finds and sets up the virtio-blk device as the command line says (qd=, irq=poll,
  * evidx=off, seed=); 0 or why the case cannot run. */
 const char *virtio_blk_setup(const char *cmdline);
+/* The same for the virtio-blk function in `slot` (a hot-added disk beside others). */
+const char *virtio_blk_setup_at(const char *cmdline, u8 slot);
 u64 loop_virtio_blk(u64 n);
 u64 loop_virtio_check(u64 blocks);
 u64 loop_virtio_blk_hostile(u64 rounds);
@@ -131,6 +133,8 @@ u64 loop_virtio_blk_hostile(u64 rounds);
 void report_virtio_blk(void);
 /* Writes `blocks` blocks with a pattern, flushes, reads them back and compares (reported). */
 void virtio_blk_pattern_check(u64 blocks);
+/* Reads the blocks virtio_blk_pattern_check wrote back: the bytes that differ. */
+u64 virtio_blk_pattern_verify(u64 blocks);
 /* Resets the virtio-blk device (the driver lets it go). */
 void virtio_blk_release(void);
 
@@ -138,6 +142,16 @@ void virtio_blk_release(void);
 const char *hotplug_disk_setup(const char *cmdline);
 u64 loop_hotplug_disk(u64 blocks);
 u64 loop_hotplug_cpu(u64 n);
+/* The steps of the two cases above (hotplug.c): a disk's slot once it came up, a CPU's id
+ * once inserted and acknowledged (not started). */
+int hotplug_wait_disk(void);
+u32 hotplug_wait_cpu(void);
+/* case=snapshot hotplug=1 (snapshot_hotplug.c): before the rounds, memory, a disk and a CPU
+ * taken as the host adds them (and the balloon inflated to its target); each round checks
+ * them. */
+void snapshot_hotplug_prepare(const char *cmdline);
+void snapshot_hotplug_round(u64 t);
+int snapshot_hotplug_ok(void);
 /* hostile_eject: the PCI eject register written in a loop (issue 37). */
 const char *hostile_eject_setup(const char *cmdline);
 u64 loop_hostile_eject(u64 n);
@@ -192,6 +206,16 @@ void snapshot_fs_end(u64 ticks);
  * checks they read back as zeros, inflates and deflates pages (inflate=N, sync, follow). */
 const char *virtio_balloon_setup(const char *cmdline);
 u64 loop_balloon_check(u64 mib);
+/* Inflates pages from `base` up to the host's target (num_pages, at most 16 MiB) and sets
+ * `actual`; returns the pages inflated. The target and `actual` as the device says them. */
+u64 virtio_balloon_inflate_target(u64 base);
+u32 virtio_balloon_target(void);
+u32 virtio_balloon_actual(void);
+
+const char *operations_setup(const char *cmdline);
+u64 loop_power_button(u64 n);
+u64 loop_nmi_check(u64 n);
+u64 loop_resize_check(u64 n);
 const char *virtio_pmem_setup(const char *cmdline);
 u64 loop_pmem_check(u64 kib);
 /* Identity-maps [at, at + size) above 4 GiB (2 MiB pages, user-accessible); 0 on success. */

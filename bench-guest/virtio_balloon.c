@@ -199,6 +199,21 @@ static void follow_target(u64 base)
     bal_fail("the host's target did not go up and back to 0 within seconds");
 }
 
+u32 virtio_balloon_target(void) { return num_pages(); }
+u32 virtio_balloon_actual(void) { return mmio_read32(bal.device_cfg + 4); }
+
+u64 virtio_balloon_inflate_target(u64 base)
+{
+    u64 want = num_pages();
+    if (want > MAX_INFLATE)
+        want = MAX_INFLATE;
+    touch(base, want * PAGE);
+    send_pfns(&inflate_vq, base / PAGE, want, "balloon: an inflate was never used");
+    set_actual((u32)want);
+    line("inflated pages=", want, " target=", num_pages());
+    return want;
+}
+
 u64 loop_balloon_check(u64 mib)
 {
     int sync = find_arg(bal_cmdline, "sync") != 0;

@@ -128,11 +128,16 @@ void virtio_blk_release(void)
 
 const char *virtio_blk_setup(const char *cmdline)
 {
-    blk_cmdline = cmdline;
     int slot = pci_find(PCI_VENDOR_VIRTIO, PCI_DEVICE_VIRTIO_BLK);
     if (slot < 0)
         return "no-virtio-blk";
-    const char *why = virtio_open(&blk, (u8)slot);
+    return virtio_blk_setup_at(cmdline, (u8)slot);
+}
+
+const char *virtio_blk_setup_at(const char *cmdline, u8 slot)
+{
+    blk_cmdline = cmdline;
+    const char *why = virtio_open(&blk, slot);
     if (why)
         return why;
     u64 wanted = VIRTIO_BLK_F_RO | VIRTIO_RING_F_INDIRECT_DESC;
@@ -226,6 +231,21 @@ static void check_rng(void)
     puts_("\n");
 }
 
+u64 virtio_blk_pattern_verify(u64 blocks)
+{
+    if (blocks > blk_blocks)
+        blocks = blk_blocks;
+    u64 bad = 0;
+    for (u64 b = 0; b < blocks; b++) {
+        memset(buffers[0], 0, BLOCK);
+        if (blk_one(VIRTIO_BLK_T_IN, b * SECTORS_PER_BLOCK, BLOCK))
+            fail("virtio_blk: a read failed");
+        for (u64 i = 0; i < BLOCK; i++)
+            bad += buffers[0][i] != pattern(rng_seed, b, i);
+    }
+    return bad;
+}
+
 /* `blocks` 4 KiB blocks from sector 0 written with the seed's pattern, flushed (reported),
  * then read back and compared (reported). With `hold`, the guest stops after the flush line
  * (a test kills the VMM there). */
@@ -250,14 +270,7 @@ void virtio_blk_pattern_check(u64 blocks)
     if (find_arg(blk_cmdline, "hold"))
         for (;;)
             __asm__ volatile("pause");
-    u64 bad = 0;
-    for (u64 b = 0; b < blocks; b++) {
-        memset(buffers[0], 0, BLOCK);
-        if (blk_one(VIRTIO_BLK_T_IN, b * SECTORS_PER_BLOCK, BLOCK))
-            fail("virtio_blk: a read failed");
-        for (u64 i = 0; i < BLOCK; i++)
-            bad += buffers[0][i] != pattern(rng_seed, b, i);
-    }
+    u64 bad = virtio_blk_pattern_verify(blocks);
     puts_(bad ? "EXITLESS ERROR virtio_blk: read back differs bytes=" : "EXITLESS VIRTIO blk verified bytes=");
     put_u64(bad ? bad : blocks * BLOCK);
     puts_("\n");

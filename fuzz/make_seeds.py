@@ -34,6 +34,16 @@ def i8042():
                                          access(True, 4, 1, 0x60), access(True, 0, 1, 0x47)]))
 
 
+def acpi_registers():
+    # op bit 0: write, bit 1: sleep register (else the GED), bit 7: power button pressed first.
+    def step(op, length, value=0):
+        return struct.pack("<BBQ", op, LEN[length], value)
+    save("acpi_registers", "seed-power-off", b"".join([step(0x80, 1), step(0, 1), step(3, 1, 0x80),
+                                                        step(3, 1, 0x34)]))
+    save("acpi_registers", "seed-refused", b"".join([step(3, 1, 0x2c), step(3, 2, 0x34), step(2, 4),
+                                                      step(1, 8, 0xff), step(0x84, 1)]))
+
+
 def cf8(bus, slot, fn, reg):
     return 0x80000000 | bus << 16 | slot << 11 | fn << 8 | reg
 
@@ -210,7 +220,7 @@ def api_config():
                                                      "memory": {"size": 1}, "cpus": {"boot_vcpus": 3, "max_vcpus": 2}}))
 
 
-for make in (serial, i8042, pci_config, virtio_transport, virtio_status, blk_request, net_chains, balloon_chains,
+for make in (serial, i8042, acpi_registers, pci_config, virtio_transport, virtio_status, blk_request, net_chains, balloon_chains,
              pmem_request,
              vsock_packets,
              coalesced_ring, bench_line, api_http, api_config):

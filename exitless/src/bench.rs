@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use exitless_lab::bench::{self, guest::BENCH_GUEST, ipi, ipi_table, report, scaling};
+use exitless_lab::bench::{self, ablation, guest::BENCH_GUEST, ipi, ipi_table, report, scaling};
 
 use crate::output_file::{ensure_writable, write_json};
 
@@ -56,6 +56,14 @@ pub struct BenchArgs {
     /// host CPUs each vCPU ran on.
     #[arg(long, value_name = "N", conflicts_with_all = ["profile", "scaling"])]
     ipi: Option<usize>,
+    /// The exit path's cost, attributed: the bench guest's pio_out loop on a bare KVM_RUN
+    /// loop, then with exitless's exit-path ingredients (seccomp filter, kick, sync regs,
+    /// profiler, bus, per-exit checks, pinning) each alone and cumulatively, beside the floor
+    /// VMM; turnaround per exit through tracefs (root), else the TSC around KVM_RUN.
+    /// --iterations is the exits per row (default 2000, over 5 interleaved rounds); --cases
+    /// picks the loop: pio_out_cpl0 (default) or pio_out (CPL3).
+    #[arg(long, conflicts_with_all = ["profile", "scaling", "ipi"])]
+    ablation: bool,
     #[command(flatten)]
     pub vm: crate::options::VmOptions,
 }
@@ -95,10 +103,21 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
     if let Some(vcpus) = args.ipi {
         return ipi_family(&args, vcpus);
     }
+    if args.ablation {
+        return exit_ablation(&args);
+    }
     let cases = bench::select(&args.cases)?;
     let iterations = bench::check_iterations(args.iterations.unwrap_or(bench::DEFAULT_ITERATIONS))?;
     let report = bench::run(&cases, iterations, |line| eprintln!("{line}"))?;
     print!("{}", report::render_table(&report));
+    if args.cases.is_empty() {
+        // The default run's guard on the exit path: its headline, short.
+        let plan = ablation::AblationPlan::headline();
+        match ablation::run_ablation(&plan, report.host.tsc_khz, |_| {}) {
+            Ok(a) => println!("{}", a.headline()),
+            Err(e) => println!("exit path: the ablation's headline did not run: {e}"),
+        }
+    }
     if args.profile {
         for row in &report.rows {
             println!("\n== {}/{} ==", row.run.case, row.run.config.name);
@@ -109,6 +128,30 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
         write_json(path, &report)?;
     }
     Ok(if report.failures.is_empty() { 0 } else { 2 })
+}
+
+fn exit_ablation(args: &BenchArgs) -> anyhow::Result<i32> {
+    let iterations = args.iterations.unwrap_or(ablation::DEFAULT_ITERATIONS);
+    let iterations = bench::check_iterations(iterations)?;
+    let mut plan = ablation::AblationPlan::full(iterations, ablation::DEFAULT_ROUNDS);
+    match args.cases.as_slice() {
+        [] => {}
+        [case] => {
+            plan.case = ablation::CASES
+                .into_iter()
+                .find(|c| c == case)
+                .with_context(|| format!("--ablation runs one of {}", ablation::CASES.join(", ")))?
+        }
+        _ => anyhow::bail!("--ablation runs one case: {}", ablation::CASES.join(", ")),
+    }
+    let tsc_khz = vmm::profile::estimate_tsc_khz(std::time::Duration::from_millis(100));
+    let report = ablation::run_ablation(&plan, tsc_khz, |line| eprintln!("{line}"))?;
+    print!("{}", report.render());
+    println!("{}", report.headline());
+    if let Some(path) = &args.json {
+        write_json(path, &report)?;
+    }
+    Ok(0)
 }
 
 fn scaling(args: &BenchArgs, vms: usize) -> anyhow::Result<i32> {

@@ -325,8 +325,11 @@ fn print_table(report: &CompareReport) {
             let x_floor = c
                 .first_line_ratio_to_floor
                 .map_or("-".into(), |r| format!("{r:.2}x"));
+            let turn_x_floor = c
+                .turnaround_ratio_to_floor
+                .map_or("-".into(), |[min, p50]| format!("{min:.2}/{p50:.2}x"));
             println!(
-                "{:<15} {:<17} {:>18} {:>8} {:>18} {:>12.0} {:>20} {:>12.1} {:>11.0} {:>13.0} {:>10.0} {:>7} {:>24}",
+                "{:<15} {:<17} {:>18} {:>8} {:>18} {:>12.0} {:>20} {:>12.1} {:>11.0} {:>13.0} {:>10.0} {:>7} {:>24} {:>13}",
                 case,
                 v.vmm,
                 spread(&c.first_line_ms, 1),
@@ -342,7 +345,8 @@ fn print_table(report: &CompareReport) {
                 c.turnaround_ns.map_or("-".into(), |t| format!(
                     "{:.0}/{:.0}/{:.0}",
                     t.min, t.p50, t.p99
-                ))
+                )),
+                turn_x_floor
             );
         }
     }
@@ -364,7 +368,7 @@ fn print_table(report: &CompareReport) {
 
 fn print_case_header() {
     println!(
-        "{:<15} {:<17} {:>18} {:>8} {:>18} {:>12} {:>20} {:>12} {:>11} {:>13} {:>10} {:>7} {:>24}",
+        "{:<15} {:<17} {:>18} {:>8} {:>18} {:>12} {:>20} {:>12} {:>11} {:>13} {:>10} {:>7} {:>24} {:>13}",
         "case",
         "vmm",
         "first line ms",
@@ -377,7 +381,8 @@ fn print_case_header() {
         "priv dirty kB",
         "beyond kB",
         "ratio",
-        "turnaround ns min/p50/p99"
+        "turnaround ns min/p50/p99",
+        "turn x floor"
     );
 }
 

@@ -121,6 +121,33 @@ enum RemoteCommand {
         #[arg(long)]
         resume: bool,
     },
+    /// Press the ACPI power button: the guest powers off (vm.power-button)
+    PowerButton,
+    /// Send an NMI to every vCPU (vm.nmi)
+    Nmi,
+    /// Grow a disk's image while the guest runs; the guest is told (vm.resize-disk)
+    ResizeDisk {
+        /// The disk's id (e.g. _disk0)
+        #[arg(long, value_name = "ID")]
+        disk: String,
+        /// Its new size, e.g. 2G (a multiple of 4K; smaller than now is refused)
+        #[arg(long, value_name = "SIZE")]
+        size: MemorySize,
+    },
+    /// Grow a memory zone that has a hotplug_size (vm.resize-zone)
+    ResizeZone {
+        /// The zone's id
+        #[arg(long, value_name = "ID")]
+        id: String,
+        /// Its new size, e.g. 1G (ACPI memory hotplug, up to its size + hotplug_size)
+        #[arg(long, value_name = "SIZE")]
+        size: MemorySize,
+    },
+    /// Write the paused VM as an ELF core to FILE, for gdb (vm.coredump)
+    Coredump {
+        /// The core file (created or replaced)
+        file: PathBuf,
+    },
     /// Per-device counters (vm.counters)
     Counters,
     /// The running VM's exit profile (vm.profile, exitless's own)
@@ -221,6 +248,20 @@ fn request(
             "vm.remove-device",
             Some(serde_json::json!({ "id": id }).to_string()),
         ),
+        C::PowerButton => ("PUT", "vm.power-button", None),
+        C::Nmi => ("PUT", "vm.nmi", None),
+        C::ResizeDisk { disk, size } => {
+            let body = serde_json::json!({ "id": disk, "desired_size": size.bytes() });
+            ("PUT", "vm.resize-disk", Some(body.to_string()))
+        }
+        C::ResizeZone { id, size } => {
+            let body = serde_json::json!({ "id": id, "desired_ram": size.bytes() });
+            ("PUT", "vm.resize-zone", Some(body.to_string()))
+        }
+        C::Coredump { file } => {
+            let body = serde_json::json!({ "destination_url": file_url(file)? });
+            ("PUT", "vm.coredump", Some(body.to_string()))
+        }
         C::Snapshot { dir } => {
             let body = serde_json::json!({ "destination_url": file_url(dir)? });
             ("PUT", "vm.snapshot", Some(body.to_string()))
@@ -321,6 +362,41 @@ mod tests {
         );
         assert!(disk_body("readonly=on").is_err());
         assert!(vsock_body("cid=1,socket=/v").is_err());
+    }
+
+    #[test]
+    fn operations_send_cloud_hypervisors_bodies() {
+        let disk = RemoteCommand::ResizeDisk {
+            disk: "_disk0".into(),
+            size: "32M".parse().unwrap(),
+        };
+        let (_, endpoint, body) = request(&disk).unwrap();
+        let body: serde_json::Value = serde_json::from_str(&body.unwrap()).unwrap();
+        assert_eq!(endpoint, "vm.resize-disk");
+        assert_eq!(
+            body,
+            serde_json::json!({"id": "_disk0", "desired_size": 32u64 << 20})
+        );
+        let zone = RemoteCommand::ResizeZone {
+            id: "mem0".into(),
+            size: "1G".parse().unwrap(),
+        };
+        let body = request(&zone).unwrap().2.unwrap();
+        assert_eq!(body, r#"{"desired_ram":1073741824,"id":"mem0"}"#);
+        let core = RemoteCommand::Coredump {
+            file: "/tmp/vm.core".into(),
+        };
+        let (_, endpoint, body) = request(&core).unwrap();
+        assert_eq!(endpoint, "vm.coredump");
+        assert_eq!(
+            body.unwrap(),
+            r#"{"destination_url":"file:///tmp/vm.core"}"#
+        );
+        assert_eq!(request(&RemoteCommand::Nmi).unwrap().1, "vm.nmi");
+        assert_eq!(
+            request(&RemoteCommand::PowerButton).unwrap().1,
+            "vm.power-button"
+        );
     }
 
     #[test]

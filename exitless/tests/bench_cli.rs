@@ -281,3 +281,55 @@ fn ipi_vcpu_counts_beyond_the_host_and_unknown_ipi_cases_are_one_clear_line() {
         "{e}"
     );
 }
+
+#[test]
+fn the_ablation_takes_one_pio_out_case_only() {
+    for cases in ["cpuid", "pio_out,pio_out_cpl0"] {
+        let o = exitless(&["bench", "--ablation", "--cases", cases]);
+        assert!(!o.status.success());
+        let e = stderr(&o);
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(e.contains("--ablation runs one"), "{e}");
+    }
+}
+
+#[test]
+fn the_ablation_has_a_row_per_ingredient_each_with_its_exits() {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        vmm::test_skip::skip("bench_cli", "/dev/kvm is missing on this host");
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("exitless-ablation-{}.json", std::process::id()));
+    let o = common::exitless()
+        .args(["bench", "--ablation", "--iterations", "100", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8_lossy(&o.stdout);
+    for row in [
+        "bare loop",
+        "seccomp filter",
+        "sync regs",
+        "CPU pinning",
+        "= exitless",
+    ] {
+        assert!(table.contains(row), "{row}: {table}");
+    }
+    assert!(table.contains("exit path (pio_out_cpl0"), "{table}");
+    let text = std::fs::read_to_string(&json).unwrap();
+    std::fs::remove_file(&json).ok();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let rows = doc["rows"].as_array().unwrap();
+    // The bare loop, 7 ingredients alone, 6 more cumulatively; the floor with tracefs.
+    let floor = usize::from(doc["tracefs"] == true);
+    assert_eq!(rows.len(), 14 + floor, "{doc}");
+    for row in rows {
+        assert_eq!(row["exits"], 100, "{row}");
+        assert_eq!(row["other_exits"], 0, "{row}");
+        if floor == 1 {
+            assert_eq!(row["exits_traced"], 100, "{row}");
+        }
+        assert!(row["min_ns"].as_f64() > Some(0.0), "{row}");
+    }
+}

@@ -389,6 +389,12 @@ fn the_floor_runs_every_case_it_can_with_exitless_s_exits_per_loop() {
         assert!(e["first_line_ratio_to_floor"].as_f64() > Some(0.0), "{e}");
         assert!(f["peak_rss_kib"]["median"].as_f64() > Some(0.0), "{f}");
         if traced {
+            let ratio = &f["turnaround_ratio_to_floor"];
+            assert_eq!(ratio, &serde_json::json!([1.0, 1.0]), "{f}");
+            assert!(
+                e["turnaround_ratio_to_floor"][0].as_f64() > Some(0.0),
+                "{e}"
+            );
             let exits = |c: &serde_json::Value| c["userspace_exits_per_iter"]["median"].as_f64();
             let (ee, fe) = (exits(e).unwrap(), exits(f).unwrap());
             assert!(

@@ -24,6 +24,7 @@ use vmm::event_loop::EventLoop;
 use vmm::kvm::ring::CoalescedWrite;
 
 mod snapshot_state;
+mod snapshot_virtio;
 mod virtio_status;
 pub use snapshot_state::snapshot_state;
 pub use virtio_status::virtio_status;
@@ -35,6 +36,7 @@ pub type Target = fn(&[u8]);
 pub const TARGETS: &[(&str, Target)] = &[
     ("serial", serial),
     ("i8042", i8042),
+    ("acpi_registers", acpi_registers),
     ("pci_config", pci_config),
     ("virtio_transport", virtio_transport),
     ("virtio_status", virtio_status),
@@ -117,6 +119,35 @@ pub fn serial(data: &[u8]) {
 /// The i8042's ports (data, status/command) and beyond.
 pub fn i8042(data: &[u8]) {
     accesses(data, I8042_LEN + 4, &Mutex::new(I8042::new()));
+}
+
+/// The GED's register (read clears, writes ignored) with the host pressing the power button
+/// between accesses, and the ACPI sleep register (S5 powers off, other sleep states are
+/// refused and counted): each access goes to one of them by its op byte.
+pub fn acpi_registers(data: &[u8]) {
+    use vmm::devices::acpi::ged::{Ged, POWER_BUTTON};
+    use vmm::devices::acpi::sleep::{SleepControl, SLEEP_LEN};
+    let Ok(irq) = EventFd::new(EFD_NONBLOCK) else {
+        return;
+    };
+    let (ged, sleep) = (Ged::new(irq), SleepControl::default());
+    let mut input = Input::new(data);
+    while input.more() {
+        let op = input.u8();
+        let len = input.len();
+        let value = input.u64().to_le_bytes();
+        let dev: &dyn BusDevice = if op & 2 == 0 { &ged } else { &sleep };
+        let offset = u64::from(op >> 2) % (SLEEP_LEN + 16);
+        match op & 1 {
+            0 => dev.read(offset, &mut [0u8; 8][..len]),
+            _ => {
+                let _ = dev.write(offset, &value[..len]);
+            }
+        }
+        if op & 0x80 != 0 {
+            let _ = ged.notify(POWER_BUTTON);
+        }
+    }
 }
 
 /// A virtio-pci function (virtio-rng) on the guest's memory, with its own event loop.

@@ -422,6 +422,20 @@ impl VmBuilder {
         vcpus: &[kvm::state::VcpuKvmState],
         check_cpu: &dyn Fn(&[kvm_bindings::kvm_cpuid_entry2]) -> Result<(), BuildError>,
     ) -> Result<BuiltVm, BuildError> {
+        let ids: Vec<u8> = (0..self.spec.cpus).collect();
+        self.build_restored_ids(opts, vm_state, &ids, vcpus, check_cpu)
+    }
+
+    /// [`VmBuilder::build_restored`] for vCPUs `ids` (ascending, one per state in `vcpus`:
+    /// vCPUs added or removed while the saved VM ran leave gaps).
+    pub fn build_restored_ids(
+        self,
+        opts: &VcpuOptions,
+        vm_state: &kvm::state::VmKvmState,
+        ids: &[u8],
+        vcpus: &[kvm::state::VcpuKvmState],
+        check_cpu: &dyn Fn(&[kvm_bindings::kvm_cpuid_entry2]) -> Result<(), BuildError>,
+    ) -> Result<BuiltVm, BuildError> {
         let VmBuilder {
             spec,
             vm,
@@ -430,8 +444,9 @@ impl VmBuilder {
             set_up,
             ..
         } = self;
-        let fds = (0..spec.cpus)
-            .map(|id| create_vcpu_fd(&vm, id))
+        let fds = ids
+            .iter()
+            .map(|&id| create_vcpu_fd(&vm, id))
             .collect::<Result<Vec<_>, _>>()?;
         if let Some(fd) = fds.first() {
             check_cpu(&cpuid_seen_here(&vm, fd, spec.max_cpus.max(spec.cpus))?)?;
@@ -440,7 +455,7 @@ impl VmBuilder {
         kvm::state::restore_vm(&vm.fd, vm_state)?;
         let xsave_size = kvm::state::xsave_size(&vm.fd);
         let (mut built, template) = assemble(vm, event_loop, devices, &spec, opts)?;
-        for ((id, fd), state) in (0..spec.cpus).zip(fds).zip(vcpus) {
+        for ((&id, fd), state) in ids.iter().zip(fds).zip(vcpus) {
             kvm::state::restore_vcpu(&fd, state, xsave_size)?;
             built.add_vcpu(&template, fd, id)?;
         }

@@ -10,9 +10,11 @@ use thiserror::Error;
 
 mod balloon;
 mod console;
+mod coredump;
 pub mod head_start;
 mod hotplug;
 mod memory_hotplug;
+mod operations;
 mod pmem;
 mod restore;
 mod signals;
@@ -21,6 +23,7 @@ mod start_up_memory;
 mod vhost_user_devices;
 use console::{attach_idle_flush, attach_stdin, console_output};
 pub use hotplug::HotplugDevice;
+pub use operations::OperationError;
 pub use restore::{restore, RestoreOptions};
 pub use signals::{install_signal_handlers, stop_signal, take_report_request};
 pub use snapshot::SnapshotSummary;
@@ -119,6 +122,8 @@ pub enum LaunchError {
     Memory(#[from] crate::memory::MemoryError),
     #[error(transparent)]
     MemoryHotplug(#[from] crate::memory::hotplug::MemoryHotplugError),
+    #[error(transparent)]
+    Operation(#[from] OperationError),
 }
 
 impl LaunchError {
@@ -144,6 +149,7 @@ impl LaunchError {
             LaunchError::Snapshot(e) | LaunchError::Build(BuildError::Snapshot(e)) => {
                 e.is_input_fault()
             }
+            LaunchError::Operation(e) => e.is_input_fault(),
             _ => false,
         }
     }
@@ -200,8 +206,6 @@ pub struct LaunchedVm {
     started: Instant,
     /// How to create vCPUs added while the VM runs (`vm.resize`).
     template: Option<VcpuTemplate>,
-    /// vCPUs at boot (a snapshot saves exactly these).
-    boot_vcpus: usize,
     /// The balloon, if the VM has one.
     balloon: Option<balloon::BalloonControl>,
     /// Where memory added while the VM runs goes (with `memory.hotplug_size`).
@@ -238,7 +242,6 @@ impl LaunchedVm {
             tsc_khz: built.tsc_khz,
             started: Instant::now(),
             template: built.template,
-            boot_vcpus: usize::from(config.cpus),
             balloon: parts.balloon,
             hotplug_ram: parts.hotplug_ram,
             memory_backing: config.memory_backing(),

@@ -11,7 +11,8 @@
 //! reaches, each item's documentation saying so: the builder ([`builder::VmBuilder`], and
 //! `builder::KernelImage::Embedded` under the `embedded` feature) and the VM it yields
 //! ([`vm::Vm`]); the exit path's observer ([`vcpu::ExitObserver`]) and dispatch
-//! ([`vcpu::exit::dispatch`]); the buses ([`bus::BusBuilder`], [`bus::Buses`]), the device
+//! ([`vcpu::exit::dispatch`], [`vcpu::handle_exit`]), a vCPU's fd for the exit-path ablation's
+//! own loop ([`vcpu::Vcpu::fd_mut`]); the buses ([`bus::BusBuilder`], [`bus::Buses`]), the device
 //! manager ([`device_manager::DeviceManager`]) and the devices event loop
 //! ([`event_loop::EventLoop`]); the device models themselves (`devices`: the bench's virtio
 //! cases and the fuzz targets build them); the coalesced ring's entries
@@ -24,6 +25,7 @@ pub mod boot;
 pub mod builder;
 pub mod bus;
 pub mod config;
+pub mod coredump;
 pub mod device_manager;
 pub mod devices;
 pub mod event_loop;

@@ -336,6 +336,11 @@ impl RunningVm {
         self.control.resume();
     }
 
+    /// Whether the vCPUs were told to pause (and not yet to run again).
+    pub fn is_paused(&self) -> bool {
+        self.control.state() == crate::vcpu::control::PAUSE
+    }
+
     /// Runs `task` on the thread of each vCPU that is parked (not retired) while the VM is
     /// paused, with the vCPU's own fd; waits up to `timeout` for all of them.
     pub fn on_each_vcpu(&self, task: VcpuTask, timeout: Duration) -> Result<(), VmError> {

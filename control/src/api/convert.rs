@@ -97,13 +97,14 @@ impl VmConfig {
         refuse_set(&self.cpus.extra, "cpus.", &["kvm_hyperv", "affinity"])?;
         refuse_set(&self.memory.extra, "memory.", &["reserve"])?;
         for z in self.memory.zones.iter().flatten() {
-            let fields = [
-                "host_numa_node",
-                "hotplug_size",
-                "hotplugged_size",
-                "reserve",
-            ];
-            refuse_set(&z.extra, "memory.zones[].", &fields)?;
+            refuse_set(&z.extra, "memory.zones[].", &["host_numa_node", "reserve"])?;
+            if z.hotplugged_size.is_some_and(|s| s > 0) {
+                return Err(refuse(
+                    "memory.zones[].hotplugged_size is not supported by exitless (a zone grows \
+                     through vm.resize-zone once booted)"
+                        .into(),
+                ));
+            }
         }
         refuse_set(
             &self.payload.extra,
@@ -155,7 +156,7 @@ impl VmConfig {
         c.shared_memory = self.memory.shared;
         c.hugepages = self.memory.hugepages;
         c.hugepage_size = self.memory.hugepage_size.map(hugepage_size).transpose()?;
-        c.hotplug_memory = hotplug_memory(&self.memory)?;
+        c.hotplug_memory = hotplug_memory(&self.memory)?.or(zones_hotplug(&self.memory)?);
         c.serial_output = serial_output(self.serial.as_ref())?;
         // Cloud Hypervisor always has an entropy device; so does a VM made through the API.
         c.rng = true;
@@ -370,6 +371,35 @@ fn memory_zones(m: &MemoryConfig) -> Result<(MemorySize, Vec<config::MemoryZoneC
     Ok((memory_size(total)?, parsed))
 }
 
+/// The zones' `hotplug_size`s, which make up the VM's hotplug area (`vm.resize-zone` grows
+/// a zone within its own); with zones, `memory.hotplug_size` is refused (give each zone its
+/// own, as Cloud Hypervisor asks).
+fn zones_hotplug(m: &MemoryConfig) -> Result<Option<MemorySize>, ApiError> {
+    let zones = m.zones.as_deref().unwrap_or_default();
+    if zones.is_empty() {
+        return Ok(None);
+    }
+    if m.hotplug_size.is_some_and(|s| s > 0) {
+        return Err(refuse(
+            "memory.hotplug_size is not supported with memory.zones: give each zone its \
+             hotplug_size"
+                .into(),
+        ));
+    }
+    let mut total = 0u64;
+    for z in zones {
+        let bytes = z.hotplug_size.unwrap_or(0);
+        if bytes % (1 << 20) != 0 {
+            return Err(refuse(format!(
+                "memory.zones[].hotplug_size {bytes} of zone {} is not a whole number of MiB",
+                z.id
+            )));
+        }
+        total = total.saturating_add(bytes);
+    }
+    Ok((total > 0).then(|| MemorySize::from_mib(total >> 20)))
+}
+
 /// A zone as the API shows it.
 fn zone_body(z: &config::MemoryZoneConfig) -> MemoryZoneConfig {
     MemoryZoneConfig {
@@ -380,6 +410,7 @@ fn zone_body(z: &config::MemoryZoneConfig) -> MemoryZoneConfig {
         hugepages: z.hugepages,
         hugepage_size: z.hugepage_size.map(MemorySize::bytes),
         extra: Extra::new(),
+        ..MemoryZoneConfig::default()
     }
 }
 

@@ -43,6 +43,13 @@ pub enum ApiRequest {
     VmSnapshot(schema::VmSnapshotConfig),
     /// With the tap fds `net_fds` describes (SCM_RIGHTS).
     VmRestore(schema::RestoreConfig, Vec<OwnedFd>),
+    /// The ACPI power button.
+    VmPowerButton,
+    /// An NMI to every vCPU.
+    VmNmi,
+    VmResizeDisk(schema::VmResizeDisk),
+    VmResizeZone(schema::VmResizeZone),
+    VmCoredump(schema::VmCoredumpData),
     VmmShutdown,
 }
 
@@ -78,15 +85,7 @@ pub enum Route {
 }
 
 /// Cloud Hypervisor endpoints exitless does not offer (answered 400 with why, not 404).
-const NOT_OFFERED: &[&str] = &[
-    "vm.coredump",
-    "vm.resize-disk",
-    "vm.resize-zone",
-    "vm.power-button",
-    "vm.nmi",
-    "vm.send-migration",
-    "vm.receive-migration",
-];
+const NOT_OFFERED: &[&str] = &["vm.send-migration", "vm.receive-migration"];
 
 /// Cloud Hypervisor endpoints for host devices that exitless refuses, each with why: not
 /// implemented, and not provable on the kind of host exitless is developed on (no IOMMU
@@ -160,6 +159,11 @@ pub fn route(req: &http::Request, fds: Vec<OwnedFd>) -> Result<Route, HttpError>
         "vm.resize" => (Method::Put, ApiRequest::VmResize(optional(endpoint, b)?)),
         "vm.snapshot" => (Method::Put, ApiRequest::VmSnapshot(body(endpoint, b)?)),
         "vm.restore" => (Method::Put, ApiRequest::VmRestore(body(endpoint, b)?, fds)),
+        "vm.power-button" => (Method::Put, ApiRequest::VmPowerButton),
+        "vm.nmi" => (Method::Put, ApiRequest::VmNmi),
+        "vm.resize-disk" => (Method::Put, ApiRequest::VmResizeDisk(body(endpoint, b)?)),
+        "vm.resize-zone" => (Method::Put, ApiRequest::VmResizeZone(body(endpoint, b)?)),
+        "vm.coredump" => (Method::Put, ApiRequest::VmCoredump(body(endpoint, b)?)),
         e if REFUSED_HOST_DEVICES.iter().any(|(name, _)| *name == e) => {
             let why = REFUSED_HOST_DEVICES
                 .iter()

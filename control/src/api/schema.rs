@@ -85,6 +85,12 @@ pub struct MemoryZoneConfig {
     pub hugepages: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hugepage_size: Option<u64>,
+    /// How much `vm.resize-zone` may add to the zone (through ACPI memory hotplug).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hotplug_size: Option<u64>,
+    /// How much `vm.resize-zone` added (set by exitless; refused in `vm.create`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hotplugged_size: Option<u64>,
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -277,6 +283,26 @@ pub struct GenericVhostUserConfig {
     pub id: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
+}
+
+/// `vm.resize-disk`: the disk's id and its new size in bytes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VmResizeDisk {
+    pub id: String,
+    pub desired_size: u64,
+}
+
+/// `vm.resize-zone`: the memory zone's id and its new size in bytes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VmResizeZone {
+    pub id: String,
+    pub desired_ram: u64,
+}
+
+/// `vm.coredump`: where the ELF core goes (`file:///path`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VmCoredumpData {
+    pub destination_url: String,
 }
 
 /// `vm.snapshot`.

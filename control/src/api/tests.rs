@@ -127,6 +127,49 @@ fn wrong_methods_paths_and_bodies_say_why() {
     assert!(e.message.contains("missing field `tag`"), "{}", e.message);
 }
 
+/// Cloud Hypervisor's operations on a booted VM: the bodies `ch-remote` sends.
+#[test]
+fn the_operations_route_with_cloud_hypervisors_bodies() {
+    use ApiRequest as R;
+    let put = |p: &str, b: &str| routed(Method::Put, &format!("/api/v1/{p}"), b);
+    assert!(matches!(
+        put("vm.power-button", ""),
+        Ok(Route::Vmm(R::VmPowerButton))
+    ));
+    assert!(matches!(put("vm.nmi", ""), Ok(Route::Vmm(R::VmNmi))));
+    let disk = put(
+        "vm.resize-disk",
+        r#"{"id":"_disk0","desired_size":33554432}"#,
+    );
+    assert!(
+        matches!(disk, Ok(Route::Vmm(R::VmResizeDisk(r))) if r.id == "_disk0" && r.desired_size == 32 << 20)
+    );
+    let zone = put(
+        "vm.resize-zone",
+        r#"{"id":"mem0","desired_ram":1073741824}"#,
+    );
+    assert!(
+        matches!(zone, Ok(Route::Vmm(R::VmResizeZone(r))) if r.id == "mem0" && r.desired_ram == 1 << 30)
+    );
+    let core = put("vm.coredump", r#"{"destination_url":"file:///tmp/core"}"#);
+    assert!(
+        matches!(core, Ok(Route::Vmm(R::VmCoredump(c))) if c.destination_url == "file:///tmp/core")
+    );
+    // A missing field or a negative size is a 400 saying which.
+    let e = put("vm.resize-disk", r#"{"id":"_disk0"}"#).unwrap_err();
+    assert_eq!(e.status, 400);
+    assert!(e.message.contains("desired_size"), "{}", e.message);
+    let e = put("vm.resize-zone", r#"{"id":"z","desired_ram":-1}"#).unwrap_err();
+    assert_eq!(e.status, 400);
+    assert_eq!(put("vm.coredump", "").unwrap_err().status, 400);
+    assert_eq!(
+        routed(Method::Get, "/api/v1/vm.nmi", "")
+            .unwrap_err()
+            .status,
+        405
+    );
+}
+
 #[test]
 fn only_add_net_keeps_the_fds_sent_with_it() {
     let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();

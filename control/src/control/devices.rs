@@ -124,6 +124,19 @@ impl From<Result<Option<PciDeviceInfo>, ControlError>> for ApiResponse {
 
 type Added = Result<Option<PciDeviceInfo>, ControlError>;
 
+/// A device the guest was asked to eject and has not yet: its id, its config list in Cloud
+/// Hypervisor's schema (`disks`, `net`, `vsock`, `fs`) and its entry there.
+pub(super) struct Removing {
+    id: String,
+    list: &'static str,
+    entry: serde_json::Value,
+}
+
+/// A config entry as JSON (an entry the API took always encodes).
+fn json_of<T: serde::Serialize>(entry: &T) -> serde_json::Value {
+    serde_json::to_value(entry).unwrap_or_default()
+}
+
 impl Vmm {
     pub(super) fn add_disk(&mut self, mut disk: schema::DiskConfig) -> Added {
         let slot = self.slot()?;
@@ -314,28 +327,30 @@ impl VmSlot {
         r
     }
 
-    /// Takes device `id` out of the configuration (both views).
-    fn forget(&mut self, id: &str) {
+    /// Takes device `id` out of the configuration (both views); a running VM's device is
+    /// kept aside until the guest has ejected it.
+    pub(super) fn forget(&mut self, id: &str) {
         let is = |d: &Option<String>| d.as_deref() == Some(id);
+        let mut gone = None;
         if let Some(disks) = self.api.disks.as_mut() {
             if let Some(i) = disks.iter().position(|d| is(&d.id)) {
-                disks.remove(i);
+                gone = Some(("disks", json_of(&disks.remove(i))));
                 self.config.disks.remove(i);
             }
         }
         if let Some(nets) = self.api.net.as_mut() {
             if let Some(i) = nets.iter().position(|n| is(&n.id)) {
-                nets.remove(i);
+                gone = Some(("net", json_of(&nets.remove(i))));
                 self.config.nets.remove(i);
             }
         }
         if self.api.vsock.as_ref().is_some_and(|v| is(&v.id)) {
-            self.api.vsock = None;
+            gone = self.api.vsock.take().map(|v| ("vsock", json_of(&v)));
             self.config.vsock = None;
         }
         if let Some(fs) = self.api.fs.as_mut() {
             if let Some(i) = fs.iter().position(|f| is(&f.id)) {
-                fs.remove(i);
+                gone = Some(("fs", json_of(&fs.remove(i))));
                 self.config.fs.remove(i);
             }
         }
@@ -352,8 +367,52 @@ impl VmSlot {
             }
         }
         // A running VM's device keeps its id until the guest has ejected it.
-        if self.booted.is_none() {
-            self.ids.release(id);
+        match (self.booted.is_some(), gone) {
+            (true, Some((list, entry))) => self.removing.push(Removing {
+                id: id.to_string(),
+                list,
+                entry,
+            }),
+            (true, None) => {}
+            (false, _) => self.ids.release(id),
+        }
+    }
+
+    /// The config a snapshot writes: the VM as it is, with the devices and vCPUs the guest
+    /// was asked to give back and still has (a restore asks for them again).
+    pub(super) fn config_as_it_is(&self) -> Result<serde_json::Value, serde_json::Error> {
+        let mut config = serde_json::to_value(&self.api)?;
+        for r in &self.removing {
+            if let Some(serde_json::Value::Array(list)) = config.get_mut(r.list) {
+                list.push(r.entry.clone());
+            } else if r.list == "vsock" {
+                config[r.list] = r.entry.clone();
+            } else {
+                config[r.list] = serde_json::json!([r.entry]);
+            }
+        }
+        if let Some(vm) = self.booted.as_ref() {
+            config["cpus"]["boot_vcpus"] = vm.vcpu_ids().len().into();
+        }
+        Ok(config)
+    }
+
+    /// After a restore: what the saved VM's guest had been asked to give back is asked of it
+    /// again (out of the config, as `vm.remove-device` and `vm.resize` left it).
+    pub(super) fn removals_restored(&mut self) {
+        let Some(vm) = self.booted.as_ref() else {
+            return;
+        };
+        let (cpus, devices) = vm.pending_removals();
+        for name in devices {
+            self.forget(&name);
+        }
+        for id in cpus {
+            if !self.pending_removal.contains(&id) && self.config.cpus > 1 {
+                self.pending_removal.push(id);
+                self.config.cpus -= 1;
+                self.api.cpus.boot_vcpus = self.config.cpus;
+            }
         }
     }
 
@@ -408,13 +467,24 @@ impl VmSlot {
         };
         let (cpus, devices) = vm.complete_ejects();
         for id in cpus {
+            let asked = self.pending_removal.contains(&id);
             self.pending_removal.retain(|p| *p != id);
-            if let Err(e) = vm.remove_vcpu(usize::from(id)) {
-                eprintln!("exitless: vCPU {id} ejected by the guest but not stopped: {e}");
+            match vm.remove_vcpu(usize::from(id)) {
+                // A CPU the guest gave back on its own: the config says one fewer (a
+                // vm.resize that asked for it said so already).
+                Ok(()) if !asked && self.config.cpus > 1 => {
+                    self.config.cpus -= 1;
+                    self.api.cpus.boot_vcpus = self.config.cpus;
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    eprintln!("exitless: vCPU {id} ejected by the guest but not stopped: {e}")
+                }
             }
         }
         for name in devices {
             self.forget(&name);
+            self.removing.retain(|r| r.id != name);
             self.ids.release(&name);
         }
         if self.state == VmState::Shutdown {

@@ -14,6 +14,7 @@
 
 mod devices;
 mod memory;
+mod operations;
 pub mod serve;
 mod snapshot;
 
@@ -114,6 +115,9 @@ struct VmSlot {
     booted: Option<LaunchedVm>,
     /// vCPUs the guest was asked to eject and has not yet.
     pending_removal: Vec<u8>,
+    /// Devices the guest was asked to eject and has not yet: out of the config, but still
+    /// the VM's (a snapshot's config.json has them), as (id, config list, entry).
+    removing: Vec<devices::Removing>,
     /// The exit profile of the VM that ran last (kept once it stops).
     last_report: Option<vmm::profile::ProfileReport>,
 }
@@ -173,6 +177,7 @@ impl Vmm {
                 ids,
                 booted: Some(vm),
                 pending_removal: Vec::new(),
+                removing: Vec::new(),
                 last_report: None,
             }),
             exit: None,
@@ -228,6 +233,11 @@ impl Vmm {
             ApiRequest::VmResize(r) => done(self.resize(r)),
             ApiRequest::VmSnapshot(s) => done(self.snapshot(&s.destination_url)),
             ApiRequest::VmRestore(r, fds) => done(self.restore(r, fds)),
+            ApiRequest::VmPowerButton => done(self.power_button()),
+            ApiRequest::VmNmi => done(self.nmi()),
+            ApiRequest::VmResizeDisk(r) => done(self.resize_disk(r)),
+            ApiRequest::VmResizeZone(r) => done(self.resize_zone(r)),
+            ApiRequest::VmCoredump(c) => done(self.coredump(&c.destination_url)),
             ApiRequest::VmmShutdown => {
                 let r = self.delete();
                 self.exit = Some(VmmExit(0));
@@ -255,6 +265,7 @@ impl Vmm {
             ids,
             booted: None,
             pending_removal: Vec::new(),
+            removing: Vec::new(),
             last_report: None,
         });
         Ok(())
@@ -332,9 +343,9 @@ impl Vmm {
             config: slot.api.clone(),
             state: slot.state.to_string(),
             memory_actual_size: slot
-                .config
-                .memory
-                .bytes()
+                .booted
+                .as_ref()
+                .map_or(slot.config.memory.bytes(), |vm| vm.memory_size())
                 .saturating_sub(ballooned.unwrap_or(0)),
             device_tree: Default::default(),
         })

@@ -90,6 +90,11 @@ fn request_name(r: &ApiRequest) -> &'static str {
         ApiRequest::VmResize(_) => "vm.resize",
         ApiRequest::VmSnapshot(_) => "vm.snapshot",
         ApiRequest::VmRestore(..) => "vm.restore",
+        ApiRequest::VmPowerButton => "vm.power-button",
+        ApiRequest::VmNmi => "vm.nmi",
+        ApiRequest::VmResizeDisk(_) => "vm.resize-disk",
+        ApiRequest::VmResizeZone(_) => "vm.resize-zone",
+        ApiRequest::VmCoredump(_) => "vm.coredump",
         ApiRequest::VmmShutdown => "vmm.shutdown",
     }
 }

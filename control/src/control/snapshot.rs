@@ -27,7 +27,8 @@ impl Vmm {
             return Err(slot.wrong("vm.snapshot", "Paused"));
         }
         let dir = snapshot::dir_from_url(url).map_err(snapshot_error)?;
-        let config = serde_json::to_value(&slot.api)
+        let config = slot
+            .config_as_it_is()
             .map_err(|e| snapshot_error(SnapshotError::Encode(e.to_string())))?;
         let zones = slot.config.memory_zones.clone();
         let vm = slot.running()?;
@@ -83,8 +84,10 @@ impl Vmm {
             ids,
             booted: Some(vm),
             pending_removal: Vec::new(),
+            removing: Vec::new(),
             last_report: None,
         };
+        slot.removals_restored();
         if r.resume {
             slot.running()?.resume()?;
             slot.state = VmState::Running;

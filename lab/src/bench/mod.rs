@@ -1,6 +1,11 @@
 //! The exit lab: `exitless bench` runs each case's configurations in fresh VMs and reports
 //! what every exit kind costs and what each exit-avoiding technique saves.
 
+pub mod ablation;
+mod ablation_loop;
+#[cfg(test)]
+mod ablation_tests;
+mod ablation_trace;
 pub mod blk;
 pub mod cases;
 pub mod config_run;

@@ -69,9 +69,20 @@ pub(super) fn report(
             .filter(|(_, b)| *b > 0.0)
             .map(|(_, b)| value / b)
     };
+    let floor_turnaround: Vec<(String, Turnaround)> = vmms
+        .iter()
+        .find(|v| v.vmm == VmmKind::Floor.name())
+        .map(|f| {
+            f.cases
+                .iter()
+                .filter_map(|c| Some((c.case.clone(), c.turnaround_ns?)))
+                .collect()
+        })
+        .unwrap_or_default();
     for c in vmms.iter_mut().flat_map(|v| v.cases.iter_mut()) {
         c.wall_ratio_to_exitless = ratio(&base, &c.case, c.wall_per_iter_us.median);
         c.first_line_ratio_to_floor = ratio(&floor, &c.case, c.first_line_ms.median);
+        c.turnaround_ratio_to_floor = turnaround_ratio(&floor_turnaround, c);
     }
     CompareReport {
         schema: "exitless.compare/2",
@@ -85,6 +96,13 @@ pub(super) fn report(
         vmms,
         snapshot: None,
     }
+}
+
+/// A case's turnaround (min, p50) over the floor's for the same case.
+fn turnaround_ratio(floor: &[(String, Turnaround)], c: &CaseFigures) -> Option<[f64; 2]> {
+    let t = c.turnaround_ns?;
+    let (_, f) = floor.iter().find(|(case, _)| *case == c.case)?;
+    (f.min > 0.0 && f.p50 > 0.0).then(|| [t.min / f.min, t.p50 / f.p50])
 }
 
 /// A run's time from the guest's first line to its end: firmware and process start-up (a
@@ -151,6 +169,7 @@ fn figures(case: &str, pairs: &[Pair], extra: f64, tsc_khz: u64) -> CaseFigures 
         rss_beyond_guest_kib: over(&|_, b| b.rss_beyond_guest_kib as f64),
         wall_ratio_to_exitless: None,
         first_line_ratio_to_floor: None,
+        turnaround_ratio_to_floor: None,
         iters_per_s: over(&|_, b| hz * b.result.iters as f64 / b.result.cycles.max(1) as f64),
         threads_cpu_per_iter_us: over(&|a, b| (loop_cpu_ns(b) - loop_cpu_ns(a)) / 1e3 / extra),
         backend_cpu_per_iter_us: per_pair(&|(a, b)| {

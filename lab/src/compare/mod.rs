@@ -133,6 +133,8 @@ pub struct CaseFigures {
     pub wall_ratio_to_exitless: Option<f64>,
     /// This VMM's median time to the guest's first line over the floor VMM's, same sitting.
     pub first_line_ratio_to_floor: Option<f64>,
+    /// This VMM's turnaround per userspace exit over the floor VMM's, same sitting: [min, p50].
+    pub turnaround_ratio_to_floor: Option<[f64; 2]>,
     /// Iterations (device cases: requests) per second, from the guest's cycle count.
     pub iters_per_s: Spread,
     /// On-CPU time of all the VMM's threads per iteration (schedstat, ns resolution; the

@@ -45,6 +45,13 @@ pub struct Traced {
 impl Tracer {
     /// Creates this process's instance and enables the two events there, or says why not.
     pub fn open() -> Result<Tracer, String> {
+        Self::open_with("", NEWLINE_FILTER)
+    }
+
+    /// Like [`Tracer::open`], in an instance whose name ends in `tag` (one process may hold
+    /// one per tag), with `kvm_pio` filtered on `pio_filter` instead of the guest's newlines
+    /// (the exit-path ablation marks the bench port's exits with it).
+    pub fn open_with(tag: &str, pio_filter: &str) -> Result<Tracer, String> {
         // SAFETY: geteuid has no memory effects.
         if unsafe { libc::geteuid() } != 0 {
             return Err("needs root (tracefs)".into());
@@ -68,7 +75,7 @@ impl Tracer {
             return Err(format!("tracefs has no {TRACE_CLOCK} trace clock here"));
         }
         remove_stale_instances(&root.join("instances"));
-        let dir = instance_dir(&root.join("instances"), std::process::id());
+        let dir = instance_dir(&root.join("instances"), std::process::id()).with_extension(tag);
         std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let tracer = Tracer {
             dir,
@@ -85,7 +92,7 @@ impl Tracer {
         tracer.set(&format!("{EXIT_EVENT}/enable"), "1")?;
         // Without it, counting starts where the parent read the first line.
         if tracer
-            .set(&format!("{NEWLINE_EVENT}/filter"), NEWLINE_FILTER)
+            .set(&format!("{NEWLINE_EVENT}/filter"), pio_filter)
             .is_ok()
         {
             let _ = tracer.set(&format!("{NEWLINE_EVENT}/enable"), "1");
@@ -114,6 +121,16 @@ impl Tracer {
         let _ = std::fs::write(self.dir.join("trace"), "");
     }
 
+    /// The trace's text since [`Tracer::clear`], or why not (e.g. the buffer overflowed).
+    pub fn text(&self) -> Result<String, String> {
+        let trace = std::fs::read_to_string(self.dir.join("trace"))
+            .map_err(|e| format!("cannot read the trace: {e}"))?;
+        if let Some(lost) = lost_entries(&trace) {
+            return Err(format!("the trace buffer lost {lost} events"));
+        }
+        Ok(trace)
+    }
+
     /// What the trace holds for the threads of process `pid` since [`Tracer::clear`], from the
     /// guest's first newline on COM1 on, or where the trace has none from TSC count `since` on
     /// (a userspace `rdtsc`: the trace clock is the same counter); an error says why nothing
@@ -123,12 +140,7 @@ impl Tracer {
             .map_err(|e| format!("cannot list the VMM's threads: {e}"))?
             .filter_map(|t| t.ok()?.file_name().to_str()?.parse().ok())
             .collect();
-        let trace = std::fs::read_to_string(self.dir.join("trace"))
-            .map_err(|e| format!("cannot read the trace: {e}"))?;
-        if let Some(lost) = lost_entries(&trace) {
-            return Err(format!("the trace buffer lost {lost} events"));
-        }
-        Ok(traced(&trace, &tids, since, self.tsc_khz))
+        Ok(traced(&self.text()?, &tids, since, self.tsc_khz))
     }
 }
 
@@ -153,12 +165,20 @@ pub fn remove_stale_instances(instances: &Path) -> usize {
     };
     let stale = entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter_map(|name| name.strip_prefix(INSTANCE_PREFIX)?.parse::<u32>().ok())
-        .filter(|&pid| pid != std::process::id() && !is_exitless(pid))
-        .collect::<Vec<_>>();
+        .filter_map(|name| {
+            let pid = name
+                .strip_prefix(INSTANCE_PREFIX)?
+                .split('.')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name, pid))
+        })
+        .filter(|&(_, pid)| pid != std::process::id() && !is_exitless(pid))
+        .collect::<Vec<(String, u32)>>();
     stale
         .into_iter()
-        .filter(|&pid| std::fs::remove_dir(instance_dir(instances, pid)).is_ok())
+        .filter(|(name, _)| std::fs::remove_dir(instances.join(name)).is_ok())
         .count()
 }
 
@@ -214,7 +234,7 @@ fn traced(trace: &str, tids: &[u32], since: u64, tsc_khz: u64) -> Traced {
 }
 
 /// `  comm-1234  [001] d..1. 1234567890: event: ...` -> (1234, 1234567890, "event: ...").
-fn parse(line: &str) -> Option<(u32, u64, &str)> {
+pub(crate) fn parse(line: &str) -> Option<(u32, u64, &str)> {
     let bracket = line.find(" [")?;
     let tid = line[..bracket].trim().rsplit('-').next()?.parse().ok()?;
     let rest = &line[bracket..];
@@ -294,11 +314,14 @@ mod tests {
         let gone = instance_dir(&dir, 4_194_400);
         let mine = instance_dir(&dir, std::process::id());
         let other = dir.join("someone-else");
-        for d in [&gone, &mine, &other] {
+        let gone_tagged = gone.with_extension("ablation");
+        let mine_tagged = mine.with_extension("ablation");
+        for d in [&gone, &mine, &other, &gone_tagged, &mine_tagged] {
             std::fs::create_dir_all(d).unwrap();
         }
-        assert_eq!(remove_stale_instances(&dir), 1);
+        assert_eq!(remove_stale_instances(&dir), 2);
         assert!(!gone.exists() && mine.exists() && other.exists());
+        assert!(!gone_tagged.exists() && mine_tagged.exists());
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -1,7 +1,8 @@
 //! `snapshot_state`: a snapshot's `state.json` from arbitrary bytes. The checked parse (version,
 //! shape, checksum, fields) must refuse in one line, never panic; since a mutated file rarely
 //! keeps its checksum, the shape and field checks also run without it, and each device's
-//! saved state is handed to a device of its kind made anew, as a restore does.
+//! saved state is handed to a device of its kind made anew, as a restore does: virtio
+//! devices behind a real virtio-pci transport (`snapshot_virtio`).
 
 use std::sync::{Arc, Mutex};
 
@@ -15,6 +16,8 @@ use vmm::devices::i8042::I8042;
 use vmm::devices::pci::root::{PciConfigPorts, PciRoot};
 use vmm::devices::serial::{SerialDevice, SerialOutput};
 use vmm::snapshot::{SnapshotState, Snapshottable};
+
+use super::snapshot_virtio::VirtioFunctions;
 
 /// A device of `kind` as a restore makes it (virtio devices need a VM: not here).
 fn device(kind: &str) -> Option<Arc<dyn Snapshottable>> {
@@ -49,11 +52,16 @@ pub fn snapshot_state(data: &[u8]) {
         return;
     };
     let _ = state.validate();
+    let mut virtio = super::small_memory().map(VirtioFunctions::new);
     for entry in state.devices.into_values() {
         if let Some(d) = device(&entry.kind) {
             if d.restore(entry.state).is_ok() {
                 d.snapshot().expect("a restored device saves its state");
             }
+        } else if let Some(d) = virtio.as_mut().and_then(|v| v.device(&entry.kind)) {
+            // Not saved again: a device restored running on arbitrary rings may not drain
+            // them (the snapshot would wait seconds for it, then refuse).
+            let _ = d.restore(entry.state);
         }
     }
 }

@@ -13,6 +13,7 @@
 //! [`ACPI_MAX_END`].
 
 use acpi_tables::fadt::{FADTBuilder, Flags};
+use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
 use acpi_tables::madt::{
     EnabledStatus, IoApic, LocalInterruptController, ProcessorLocalApic, MADT,
 };
@@ -83,6 +84,9 @@ pub struct AcpiPlatform {
     /// vCPUs the VM may have once vCPUs are added (0: only those at boot): the MADT lists
     /// them, not enabled but online capable.
     pub max_vcpus: u8,
+    /// The I/O port of the sleep control and status register (the FADT's), if the platform
+    /// has one: how a guest powers off through ACPI (S5).
+    pub sleep_port: Option<u16>,
 }
 
 fn bytes_of(table: &dyn Aml) -> Vec<u8> {
@@ -97,11 +101,23 @@ fn fix_checksum(table: &mut [u8]) {
     table[HEADER_CHECKSUM] = checksum_byte(table);
 }
 
-/// The FADT of a hardware-reduced platform whose DSDT is at `dsdt`.
-fn fadt(dsdt: GuestAddress) -> Vec<u8> {
+/// The FADT of a hardware-reduced platform whose DSDT is at `dsdt`, with the sleep control
+/// and status register at I/O port `sleep_port` if given.
+fn fadt(dsdt: GuestAddress, sleep_port: Option<u16>) -> Vec<u8> {
     let mut fadt = FADTBuilder::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION)
         .dsdt_64(dsdt.0)
         .flag(Flags::HwReducedAcpi);
+    if let Some(port) = sleep_port {
+        let reg = GAS::new(
+            AddressSpace::SystemIo,
+            8,
+            0,
+            AccessSize::ByteAccess,
+            port.into(),
+        );
+        fadt.sleep_control_reg = reg;
+        fadt.sleep_status_reg = reg;
+    }
     fadt.iapc_boot_arch = (BOOT_ARCH_VGA_NOT_PRESENT | BOOT_ARCH_CMOS_RTC_NOT_PRESENT).into();
     fadt.hypervisor_vendor_identity = u64::from_le_bytes(*HYPERVISOR_VENDOR).into();
     bytes_of(&fadt.finalize())
@@ -177,7 +193,10 @@ fn build_tables(vcpu_count: u8, platform: &AcpiPlatform) -> Vec<(GuestAddress, V
     };
     let dsdt = placer.place(dsdt(&platform.dsdt_aml));
     let madt = madt(vcpu_count, platform.max_vcpus);
-    let mut entries = vec![placer.place(fadt(dsdt)), placer.place(madt)];
+    let mut entries = vec![
+        placer.place(fadt(dsdt, platform.sleep_port)),
+        placer.place(madt),
+    ];
     if let Some(ecam) = platform.ecam {
         entries.push(placer.place(mcfg(ecam)));
     }
@@ -260,6 +279,7 @@ mod tests {
                 last_bus: 0,
             }),
             max_vcpus: 0,
+            sleep_port: Some(0x600),
         }
     }
 
@@ -357,6 +377,18 @@ mod tests {
             (1 << 2) | (1 << 5)
         );
         assert_eq!(&fadt[268..276], b"EXITLESS");
+        assert_eq!(&fadt[244..256], &[0; 12], "no sleep register without one");
+    }
+
+    #[test]
+    fn the_sleep_register_is_the_fadts_control_and_status() {
+        let mem = test_memory();
+        let tables = walk(&mem, setup_acpi(&mem, 1, &pci()).unwrap());
+        let fadt = table(&tables, b"FACP").unwrap();
+        // SystemIo, 8 bits, offset 0, byte access, port 0x600: SLEEP_CONTROL_REG, then STATUS.
+        let gas = [1, 8, 0, 1, 0x00, 0x06, 0, 0, 0, 0, 0, 0];
+        assert_eq!(&fadt[244..256], &gas);
+        assert_eq!(&fadt[256..268], &gas);
     }
 
     #[test]
@@ -422,6 +454,7 @@ mod tests {
             dsdt_aml: vec![0; 0x2_0000],
             ecam: None,
             max_vcpus: 0,
+            sleep_port: None,
         };
         assert!(matches!(
             setup_acpi(&mem, 1, &huge),

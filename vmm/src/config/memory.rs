@@ -169,12 +169,6 @@ impl VmConfig {
             }
             total += z.size.bytes();
         }
-        if let (Some(z), Some(_)) = (self.memory_zones.first(), self.hotplug_memory) {
-            return Err(ConfigError::MemoryZone {
-                id: z.id.clone(),
-                reason: "memory hotplug (hotplug_size) is not supported with zones".into(),
-            });
-        }
         if !self.memory_zones.is_empty() && total != self.memory.bytes() {
             return Err(ConfigError::MemoryZone {
                 id: self.memory_zones[0].id.clone(),

@@ -1,5 +1,5 @@
 //! The device manager's hotplug: the ACPI controllers on the MMIO bus and what happens when
-//! a device or a vCPU is added, asked to go, or ejected by the guest, or when memory is added
+//! a device or a vCPU is added, the power button pressed (and the guest's ACPI power-off), asked to go, or ejected by the guest, or when memory is added
 //! (the guest told through the memory controller once the
 //! [`MemoryListener`](crate::memory::hotplug::MemoryListener)s have the new region).
 
@@ -10,9 +10,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{routing_lock, BusKind, DeviceManager, DeviceManagerError};
 use crate::devices::acpi::cpu_hotplug::CpuHotplug;
-use crate::devices::acpi::ged::{Ged, CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED};
+use crate::devices::acpi::ged::{Ged, CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED, POWER_BUTTON};
 use crate::devices::acpi::memory_hotplug::{MemoryHotplug, MEMORY_HOTPLUG_LEN};
 use crate::devices::acpi::pci_hotplug::PciHotplug;
+use crate::devices::acpi::sleep::{SleepControl, SLEEP_LEN, SLEEP_PORT};
 use crate::devices::acpi::{self, Ejected, PendingEjects};
 use crate::memory::hotplug::MemoryListener;
 
@@ -99,6 +100,14 @@ impl DeviceManager {
         self.add(mmio, "pci-hotplug", addr, len, hotplug.pci.clone())?;
         let (addr, len) = (acpi::CPU_HOTPLUG_ADDR, acpi::CPU_HOTPLUG_LEN);
         self.add(mmio, "cpu-hotplug", addr, len, hotplug.cpu.clone())?;
+        let sleep = Arc::new(SleepControl::default());
+        self.add(
+            BusKind::Pio,
+            "acpi-sleep",
+            SLEEP_PORT.into(),
+            SLEEP_LEN,
+            sleep,
+        )?;
         self.register_snapshottable("ged", hotplug.ged.clone());
         self.register_snapshottable("pci-hotplug", hotplug.pci.clone());
         self.register_snapshottable("cpu-hotplug", hotplug.cpu.clone());
@@ -133,6 +142,14 @@ impl DeviceManager {
         routing_lock(&h.cpu).cpu_added(id);
         h.notify(CPU_CHANGED);
         Ok(())
+    }
+
+    /// Presses the power button: the GED tells the guest, whose ACPI code then powers off.
+    pub fn press_power_button(&self) -> Result<(), DeviceManagerError> {
+        let h = self.hotplug()?;
+        h.ged
+            .notify(POWER_BUTTON)
+            .map_err(|e| DeviceManagerError::Device("ged".into(), e))
     }
 
     /// Asks the guest to give back CPU `id`.
@@ -175,10 +192,56 @@ impl DeviceManager {
         Ok(())
     }
 
-    /// What the guest ejected since the last call (each slot or CPU once).
+    /// What the guest ejected since the last call (each slot or CPU once); the controllers
+    /// no longer wait for them.
     pub fn take_ejected(&self) -> Vec<Ejected> {
-        self.hotplug
-            .as_ref()
-            .map_or_else(Vec::new, |h| h.ejected.take())
+        let Some(h) = self.hotplug.as_ref() else {
+            return Vec::new();
+        };
+        let ejected = h.ejected.take();
+        for e in &ejected {
+            match *e {
+                Ejected::Cpu(id) => routing_lock(&h.cpu).removal_done(id),
+                Ejected::PciSlot(slot) => routing_lock(&h.pci).removal_done(slot),
+            }
+        }
+        ejected
+    }
+
+    /// Whether the guest ejected something whose removal the VM's owner has not done yet.
+    pub fn ejects_waiting(&self) -> bool {
+        self.hotplug.as_ref().is_some_and(|h| h.ejected.any())
+    }
+
+    /// What the guest was asked to give back and still has: the CPUs' ids, and the devices'
+    /// names (a snapshot saves them as they are; a restore asks again, see docs/snapshot.md).
+    pub fn pending_removals(&self) -> (Vec<u8>, Vec<String>) {
+        let Some(h) = self.hotplug.as_ref() else {
+            return (Vec::new(), Vec::new());
+        };
+        let cpus = routing_lock(&h.cpu).asked().to_vec();
+        let slots = routing_lock(&h.pci).asked();
+        let devices = self
+            .virtio
+            .iter()
+            .filter(|p| slots & (1 << (p.slot & 31)) != 0);
+        (cpus, devices.map(|p| p.device.name().to_string()).collect())
+    }
+
+    /// Memory slot `slot` holds the `len` bytes at `base` again (a restore: the memory is
+    /// mapped, the guest already knows it; the controller's saved state follows). Nobody is
+    /// told.
+    pub fn memory_restored(
+        &self,
+        slot: usize,
+        base: u64,
+        len: u64,
+    ) -> Result<(), DeviceManagerError> {
+        let memory = self.hotplug()?.memory.as_ref();
+        let memory = memory.ok_or(DeviceManagerError::NoMemoryHotplug)?;
+        match routing_lock(memory).region_added(slot, base, len) {
+            true => Ok(()),
+            false => Err(DeviceManagerError::NoMemorySlot(slot)),
+        }
     }
 }

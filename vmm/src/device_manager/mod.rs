@@ -30,6 +30,7 @@ use crate::devices::virtio::{SharedGuestMemory, VirtioDevice};
 use crate::event_loop::EventLoopHandle;
 use crate::kvm::{IoEvent, KvmError};
 use crate::memory;
+use crate::snapshot::format::PciPlace;
 use hotplug::Hotplug;
 use pci::{BarRange, IoEvents, MappedVirtio, PciMapper, RouteUpdater, VIRTIO_BAR_SIZE};
 use routing::{GsiRouting, RoutingError};
@@ -47,6 +48,8 @@ pub enum DeviceManagerError {
     NeedsIrqchip(&'static str),
     #[error("No room left for {0}: the PCI BAR window or bus 0 is full")]
     PciFull(String),
+    #[error("{name} cannot go back to PCI slot {slot} with its BAR at {bar:#x}, where the saved VM had it: another device is there")]
+    PlaceTaken { name: String, slot: u8, bar: u64 },
     #[error("Cannot create {0}: {1}")]
     Device(String, std::io::Error),
     #[error("No device in PCI slot {0}")]
@@ -111,10 +114,12 @@ pub struct DeviceManager {
     hotplug: Option<Hotplug>,
     /// The devices a snapshot saves, by id ([`DeviceManager::register_snapshottable`]).
     snapshottable: Vec<(String, Arc<dyn crate::snapshot::Snapshottable>)>,
-    /// Devices added or removed since the VM started (a snapshot cannot save that yet).
+    /// Devices added or removed since the VM started.
     hotplugged: bool,
     /// Told of memory added while the VM runs ([`DeviceManager::memory_added`]).
     memory_listeners: Vec<Box<dyn MemoryListener>>,
+    /// Where a restore puts each PCI function, by name ([`DeviceManager::restore_places`]).
+    places: HashMap<String, PciPlace>,
 }
 
 impl DeviceManager {
@@ -145,6 +150,7 @@ impl DeviceManager {
             snapshottable: Vec::new(),
             hotplugged: false,
             memory_listeners: Vec::new(),
+            places: HashMap::new(),
         }
     }
 
@@ -274,10 +280,19 @@ impl DeviceManager {
         event_loop: EventLoopHandle,
         notify: Notify,
     ) -> Result<Arc<VirtioPciDevice>, DeviceManagerError> {
-        let full = || DeviceManagerError::PciFull(name.to_string());
+        let place = self.places.get(name).copied();
+        let full = || match place {
+            Some(p) => DeviceManagerError::PlaceTaken {
+                name: name.to_string(),
+                slot: p.slot,
+                bar: p.bar,
+            },
+            None => DeviceManagerError::PciFull(name.to_string()),
+        };
+        let policy = place.map_or(AllocPolicy::FirstMatch, |p| AllocPolicy::ExactMatch(p.bar));
         let bar = self
             .bar_window
-            .allocate(VIRTIO_BAR_SIZE, VIRTIO_BAR_SIZE, AllocPolicy::FirstMatch)
+            .allocate(VIRTIO_BAR_SIZE, VIRTIO_BAR_SIZE, policy)
             .map_err(|_| full())?;
         let addr = bar.start();
         let dev = VirtioPciDevice::new(name, device, addr, mem.clone(), event_loop)
@@ -296,7 +311,12 @@ impl DeviceManager {
             return Err(e);
         }
         let as_pci: Arc<dyn PciDevice> = dev.clone();
-        let Some(slot) = self.pci_root().add(as_pci) else {
+        let root = self.pci_root();
+        let slot = match place {
+            Some(p) => root.add_at(p.slot, as_pci),
+            None => root.add(as_pci),
+        };
+        let Some(slot) = slot else {
             self.unplace_virtio(&mapped, true);
             return Err(full());
         };
@@ -403,6 +423,7 @@ impl DeviceManager {
         if let Some(h) = &self.hotplug {
             platform.dsdt_aml.extend(h.dsdt_aml());
             platform.max_vcpus = h.max_vcpus();
+            platform.sleep_port = Some(crate::devices::acpi::sleep::SLEEP_PORT);
         }
         platform
     }
@@ -438,6 +459,8 @@ impl DeviceManager {
         if let Layout::Running(buses) = &self.layout {
             return Ok(buses.clone());
         }
+        // Devices added from now on go where the bus has room.
+        self.places.clear();
         if let Some(root) = self.pci.clone() {
             root.set_mapper(self.mapper.clone());
             self.register_snapshottable("pci-root", root.clone());

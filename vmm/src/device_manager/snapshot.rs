@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::DeviceManager;
+use super::{routing_lock, DeviceManager};
+use crate::snapshot::format::PciPlace;
 use crate::snapshot::{DeviceEntry, SnapshotError, Snapshottable};
 
 impl DeviceManager {
@@ -16,6 +17,26 @@ impl DeviceManager {
     /// Whether devices were added or removed since the VM started.
     pub fn hotplugged(&self) -> bool {
         self.hotplugged
+    }
+
+    /// Where each PCI function is: its slot and the BAR address it was given.
+    pub(super) fn place_of(&self, name: &str) -> Option<PciPlace> {
+        let placed = self.virtio.iter().find(|p| p.device.name() == name)?;
+        let slots = routing_lock(&self.mapper.slots);
+        let bar = slots.get(&placed.slot)?.addr;
+        Some(PciPlace {
+            slot: placed.slot,
+            bar,
+        })
+    }
+
+    /// Before the devices of a restore are added: each PCI function named in `saved` goes
+    /// to the slot and BAR address it had (else the config's order decides, as at a boot).
+    pub fn restore_places(&mut self, saved: &BTreeMap<String, DeviceEntry>) {
+        let placed = saved
+            .iter()
+            .filter_map(|(id, e)| Some((id.clone(), e.pci?)));
+        self.places = placed.collect();
     }
 
     /// Every device's state by id; the first device that cannot be saved fails it, by name.
@@ -41,6 +62,7 @@ impl DeviceManager {
                 kind: kind.into(),
                 state,
                 data,
+                pci: self.place_of(id),
             };
             if all.insert(id.clone(), entry).is_some() {
                 return Err(SnapshotError::Device {

@@ -72,3 +72,72 @@ fn a_refused_bar_move_leaves_the_device_where_it_was() {
         "the old address is free again"
     );
 }
+
+/// A restore's devices go to the slots and BAR addresses the saved VM had them at, whatever
+/// the order they are added in, and the saved entries say so; a place another device took is
+/// refused naming it; devices added after the set-up go where there is room.
+#[test]
+fn restored_devices_go_back_to_their_slots_and_bars() {
+    let Ok(kvm) = Kvm::new() else {
+        return crate::test_skip::skip("restored_devices_places", "/dev/kvm is missing");
+    };
+    let vm = Arc::new(kvm.create_vm().unwrap());
+    let mut dm = DeviceManager::new(vm, IrqchipMode::None);
+    let el = EventLoop::start().unwrap();
+    let mem = SharedGuestMemory::new(
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
+    );
+    let bar = |n: u64| memory::PCI_MMIO_START + n * VIRTIO_BAR_SIZE;
+    let entry = |slot, at| crate::snapshot::DeviceEntry {
+        kind: "virtio-rng".into(),
+        state: serde_json::json!({}),
+        data: None,
+        pci: Some(PciPlace { slot, bar: at }),
+    };
+    let saved = [("a", entry(4, bar(3))), ("b", entry(2, bar(0)))];
+    dm.restore_places(
+        &saved
+            .iter()
+            .map(|(n, e)| (n.to_string(), e.clone()))
+            .collect(),
+    );
+    let add = |dm: &mut DeviceManager, name: &str| {
+        let rng = Box::new(Rng::new());
+        dm.add_virtio(name, rng, &mem, el.handle(), Notify::MmioExit)
+    };
+    add(&mut dm, "a").unwrap();
+    add(&mut dm, "b").unwrap();
+    dm.places.insert(
+        "c".into(),
+        PciPlace {
+            slot: 4,
+            bar: bar(5),
+        },
+    );
+    let Err(e) = add(&mut dm, "c") else {
+        panic!("a taken place was given");
+    };
+    assert!(
+        e.to_string().contains("c cannot go back to PCI slot 4"),
+        "{e}"
+    );
+    let _buses = dm.finish().unwrap();
+    let devices = dm.snapshot_devices().unwrap();
+    assert_eq!(
+        devices["a"].pci,
+        Some(PciPlace {
+            slot: 4,
+            bar: bar(3)
+        })
+    );
+    assert_eq!(
+        devices["b"].pci,
+        Some(PciPlace {
+            slot: 2,
+            bar: bar(0)
+        })
+    );
+    add(&mut dm, "d").unwrap();
+    let d = dm.place_of("d").unwrap();
+    assert_eq!((d.slot, d.bar), (1, bar(1)), "the lowest free slot and BAR");
+}

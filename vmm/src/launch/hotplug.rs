@@ -80,6 +80,11 @@ impl LaunchedVm {
         Ok(self.devices.request_removal(slot)?)
     }
 
+    /// What the guest was asked to give back and has not yet: CPU ids and device names.
+    pub fn pending_removals(&self) -> (Vec<u8>, Vec<String>) {
+        self.devices.pending_removals()
+    }
+
     /// Tells the guest that CPU `id` was added (its vCPU waits for INIT/SIPI).
     pub fn cpu_added(&mut self, id: u8) -> Result<(), LaunchError> {
         Ok(self.devices.cpu_added(id)?)

@@ -55,9 +55,11 @@ pub fn restore(
     config.validate(kvm.get_max_vcpus())?;
     // Named, pinned and filtered while the VM is made, as at a boot (see `launch`).
     let affinity = config.cpu_affinity.as_ref();
-    let threads_ahead = VcpuThreadsAhead::spawn(
-        (0..usize::from(config.cpus)).map(|id| (id, affinity.and_then(|a| a.host_cpu(id)))),
-    )?;
+    let ids: Vec<u8> = state.vcpus.iter().map(|v| v.id).collect();
+    let threads_ahead = VcpuThreadsAhead::spawn(ids.iter().map(|&id| {
+        let id = usize::from(id);
+        (id, affinity.and_then(|a| a.host_cpu(id)))
+    }))?;
     mark(moment::THREADS_AHEAD);
     let vcpus = state
         .vcpus
@@ -83,17 +85,20 @@ pub fn restore(
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
     // The same controllers at the same addresses as the saved VM's (its memory hotplug
-    // controller only if it had a hotplug area; slots are checked on the device's restore).
-    let hotplug_ram = config.hotplug_ram();
-    builder.enable_hotplug(hotplug_ram.as_ref().map_or(0, HotplugRam::slots))?;
+    // controller only if it had a hotplug area, its slots holding the memory hot-added; the
+    // controller's saved state is checked against them).
+    let hotplug_ram = restored_hotplug(&mut builder, config, &state)?;
+    // Each PCI function where it was (devices added and removed while it ran included).
+    builder.devices().restore_places(&state.devices);
     let socket_files = add_virtio_devices(&mut builder, config)?;
+    let balloon = super::balloon::add_balloon(&mut builder, config)?;
     mark(moment::DEVICES);
     let vcpu_opts = VcpuOptions {
         affinity: config.cpu_affinity.clone(),
         ..VcpuOptions::default()
     };
     let check_cpu = |seen: &[kvm_bindings::kvm_cpuid_entry2]| check_host(seen, &state);
-    let built = builder.build_restored(&vcpu_opts, &vm_state, &vcpus, &check_cpu)?;
+    let built = builder.build_restored_ids(&vcpu_opts, &vm_state, &ids, &vcpus, &check_cpu)?;
     mark(moment::VCPUS);
     let mut devices = state.devices;
     crate::snapshot::device_data::read_all(dir, &mut devices)?;
@@ -102,7 +107,7 @@ pub fn restore(
     let parts = HostParts {
         serial,
         socket_files,
-        balloon: None,
+        balloon,
         hotplug_ram,
     };
     let (mut launched, vcpus) = LaunchedVm::new(built, config, parts);
@@ -144,13 +149,56 @@ fn check_fits(config: &VmConfig, state: &SnapshotState) -> Result<(), LaunchErro
     if config.irqchip != IrqchipMode::Kernel {
         return Err(mismatch("only the in-kernel irqchip is restored".into()));
     }
-    // A snapshot refuses this (docs/snapshot.md); config.json may have been edited since.
-    if config.balloon.is_some() {
-        return Err(mismatch(
-            "config.json has a balloon, which a snapshot does not save yet".into(),
-        ));
-    }
     Ok(())
+}
+
+/// The hotplug area as the saved VM had it: laid out for the RAM it booted with, its slots
+/// holding the memory hot-added since (mapped with the rest of guest memory), in order. The
+/// memory controller is made with as many slots, each filled again.
+fn restored_hotplug(
+    builder: &mut VmBuilder,
+    config: &VmConfig,
+    state: &SnapshotState,
+) -> Result<Option<HotplugRam>, LaunchError> {
+    let boot = state.memory.size - state.memory.hotplugged;
+    let hugepage = config.memory_backing().hugepage_size;
+    let ram = config
+        .hotplug_memory
+        .and_then(|h| HotplugRam::new(boot, h.bytes(), hugepage));
+    builder.enable_hotplug(ram.as_ref().map_or(0, HotplugRam::slots))?;
+    let Some(mut ram) = ram else {
+        if state.memory.hotplugged > 0 {
+            return Err(mismatch(
+                "state.json has memory hot-added, config.json no memory.hotplug_size".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let area = ram.base().0;
+    let added = state.memory.regions.iter().filter(|r| r.gpa >= area);
+    for r in added {
+        let region = ram.plan(ram.current() + r.size).ok().flatten();
+        let region = region.filter(|p| p.start.0 == r.gpa && p.len == r.size);
+        let Some(region) = region else {
+            return Err(mismatch(format!(
+                "state.json has {:#x} bytes hot-added at {:#x}, which the hotplug area of \
+                 config.json does not place there",
+                r.size, r.gpa
+            )));
+        };
+        builder
+            .devices()
+            .memory_restored(region.slot, r.gpa, r.size)?;
+        ram.commit(&region);
+    }
+    if ram.added() != state.memory.hotplugged {
+        return Err(mismatch(format!(
+            "state.json says {} bytes were hot-added, its regions in the hotplug area hold {}",
+            state.memory.hotplugged,
+            ram.added()
+        )));
+    }
+    Ok(Some(ram))
 }
 
 /// This host must offer the CPU the guest saw: the same vendor and every feature (`seen`:

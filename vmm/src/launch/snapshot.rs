@@ -2,6 +2,7 @@
 //! vCPU's own thread), the irqchip, PIT and clock, and guest memory, sparse. See
 //! docs/snapshot.md.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -13,6 +14,7 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use super::{LaunchError, LaunchedVm};
 use crate::config::{IrqchipMode, MemoryZoneConfig};
 use crate::kvm::state::{self, StateProbe, VcpuKvmState};
+use crate::memory::hotplug::HotplugRam;
 use crate::snapshot::format::{
     MemorySection, RegionSource, RegionState, SnapshotState, VcpuState, Version, VmSection,
 };
@@ -76,7 +78,7 @@ impl LaunchedVm {
         let vcpus = self.capture_vcpus()?;
         let vm = state::capture_vm(&self.vm.fd).map_err(SnapshotError::Kvm)?;
         let max_vcpus = self.template.as_ref().map_or(1, |t| t.topology_cpus());
-        let cpu = cpu_features::features_of(&vcpus[0].cpuid);
+        let cpu = cpu_features::features_of(&vcpus[0].1.cpuid);
         remove_old_state(dir)?;
         crate::snapshot::device_data::write_all(dir, &devices)?;
         let (memory, written) = self.save_memory(dir, zones, verbose, start)?;
@@ -87,9 +89,9 @@ impl LaunchedVm {
             version: Version::current(),
             checksum: String::new(),
             cpu,
-            vcpus: (0u8..)
-                .zip(&vcpus)
-                .map(|(id, v)| VcpuState::from_kvm(id, v))
+            vcpus: vcpus
+                .iter()
+                .map(|(id, v)| VcpuState::from_kvm(*id, v))
                 .collect(),
             vm: VmSection::from_kvm(max_vcpus, &vm),
             memory,
@@ -111,43 +113,40 @@ impl LaunchedVm {
                 "only a VM with the in-kernel irqchip (--irqchip kernel) can be snapshotted",
             ));
         }
-        if self.devices.hotplugged() {
+        if self.devices.ejects_waiting() {
             return Err(unsupported(
-                "devices were added or removed while the VM ran; a snapshot cannot save that yet",
-            ));
-        }
-        let running = self.running()?;
-        let ids = running.vcpu_ids();
-        let boot: Vec<usize> = (0..self.boot_vcpus).collect();
-        if ids != boot || running.any_retired() {
-            return Err(unsupported(
-                "vCPUs were added or removed (vm.resize); a snapshot cannot save that yet",
+                "the guest ejected a device or CPU whose removal is not done yet; try again",
             ));
         }
         Ok(())
     }
 
-    /// Each vCPU's state, read on its own thread while parked.
-    fn capture_vcpus(&self) -> Result<Vec<VcpuKvmState>, LaunchError> {
+    /// Each live vCPU's state with its id (ascending; vCPUs added or removed while the VM
+    /// ran leave gaps), read on its own thread while parked.
+    fn capture_vcpus(&self) -> Result<Vec<(u8, VcpuKvmState)>, LaunchError> {
         let probe = StateProbe::new(&self.vm.kvm, &self.vm.fd).map_err(SnapshotError::Kvm)?;
-        let n = self.boot_vcpus;
-        let results: Arc<Mutex<Vec<Option<Captured>>>> =
-            Arc::new(Mutex::new((0..n).map(|_| None).collect()));
+        let running = self.running()?;
+        let mut ids = running.vcpu_ids();
+        ids.sort_unstable();
+        let results: Arc<Mutex<BTreeMap<usize, Captured>>> = Arc::default();
         let into = results.clone();
         let task: crate::vcpu::VcpuTask = Arc::new(move |id, fd| {
             let captured = state::capture_vcpu(fd, &probe);
-            if let Some(slot) = lock(&into).get_mut(id) {
-                *slot = Some(captured);
-            }
+            lock(&into).insert(id, captured);
         });
-        self.running()?.on_each_vcpu(task, VCPU_STATE_TIME)?;
-        let taken = std::mem::take(&mut *lock(&results));
-        let mut vcpus = Vec::with_capacity(n);
-        for (id, r) in taken.into_iter().enumerate() {
-            match r {
-                Some(r) => vcpus.push(r.map_err(SnapshotError::Kvm)?),
+        running.on_each_vcpu(task, VCPU_STATE_TIME)?;
+        let mut taken = std::mem::take(&mut *lock(&results));
+        let mut vcpus = Vec::with_capacity(ids.len());
+        for id in ids {
+            let captured = taken.remove(&id);
+            let id8 = u8::try_from(id).map_err(|_| SnapshotError::Vcpus(vec![id]))?;
+            match captured {
+                Some(r) => vcpus.push((id8, r.map_err(SnapshotError::Kvm)?)),
                 None => return Err(SnapshotError::Vcpus(vec![id]).into()),
             }
+        }
+        if vcpus.is_empty() {
+            return Err(SnapshotError::Vcpus(Vec::new()).into());
         }
         Ok(vcpus)
     }
@@ -197,6 +196,7 @@ impl LaunchedVm {
         let written = write_memory_file(dir, cursor, &to_save, verbose, start)?;
         let memory = MemorySection {
             size: total,
+            hotplugged: self.hotplug_ram.as_ref().map_or(0, HotplugRam::added),
             file_size: cursor,
             regions,
         };

@@ -126,6 +126,11 @@ impl HotplugRam {
         self.boot + self.added
     }
 
+    /// RAM hot-added so far.
+    pub fn added(&self) -> u64 {
+        self.added
+    }
+
     /// The most RAM the VM may have.
     pub fn limit(&self) -> u64 {
         self.boot.saturating_add(self.hotplug)

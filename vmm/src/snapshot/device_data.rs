@@ -107,6 +107,7 @@ mod tests {
             kind: "virtio-fs".into(),
             state: serde_json::json!({}),
             data: Some(describe(id, bytes.to_vec()).unwrap()),
+            pci: None,
         };
         (id.to_string(), entry)
     }

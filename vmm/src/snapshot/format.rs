@@ -152,6 +152,10 @@ pub struct RegionState {
 #[serde(deny_unknown_fields)]
 pub struct MemorySection {
     pub size: u64,
+    /// Of `size`, the bytes hot-added while the VM ran (`vm.resize desired_ram`): regions
+    /// above the RAM the VM booted with, in its hotplug area (0 and absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hotplugged: u64,
     /// The memory file's length (0 when every region is in a zone's file).
     pub file_size: u64,
     pub regions: Vec<RegionState>,
@@ -167,6 +171,10 @@ pub struct DeviceEntry {
     /// What the device saved beside its state ([`super::Snapshottable::take_data`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<DeviceData>,
+    /// A PCI function's place (slot and BAR window), where the restored VM puts it: devices
+    /// added and removed while the VM ran leave places that the config's order does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci: Option<PciPlace>,
 }
 
 /// A device's bytes beyond its JSON state, in a file of the snapshot's directory.
@@ -181,6 +189,19 @@ pub struct DeviceData {
     /// The bytes, between the device and the file (not in `state.json`).
     #[serde(skip)]
     pub bytes: Vec<u8>,
+}
+
+/// Where a PCI function was: its slot on bus 0 and the BAR address it was given (the guest
+/// may have moved the BAR since: its saved state says where to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PciPlace {
+    pub slot: u8,
+    pub bar: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// The whole of `state.json`.
@@ -251,10 +272,13 @@ impl SnapshotState {
         if usize::from(self.vm.max_vcpus) < n {
             return Err(corrupt("vm.max_vcpus is below the vCPUs it has"));
         }
+        // Ids ascend and stay below the topology's (vCPUs added or removed leave gaps).
+        let mut next = 0u8;
         for (i, v) in self.vcpus.iter().enumerate() {
-            if usize::from(v.id) != i {
+            if v.id < next || v.id >= self.vm.max_vcpus {
                 return Err(corrupt(format!("vcpus[{i}] has id {}", v.id)));
             }
+            next = v.id.saturating_add(1);
             v.to_kvm()
                 .map_err(|e| corrupt(format!("vcpus[{i}]: {e}")))?;
         }
@@ -262,6 +286,14 @@ impl SnapshotState {
         self.memory
             .validate()
             .map_err(|e| corrupt(format!("memory: {e}")))?;
+        let slots = self.devices.values().filter_map(|d| d.pci.map(|p| p.slot));
+        let mut seen = 0u32;
+        for slot in slots {
+            if slot == 0 || slot >= 32 || seen & (1 << slot) != 0 {
+                return Err(corrupt(format!("a device in PCI slot {slot}")));
+            }
+            seen |= 1 << slot;
+        }
         if self.devices.len() > MAX_DEVICES {
             return Err(corrupt(format!("it has {} devices", self.devices.len())));
         }
@@ -468,7 +500,15 @@ impl MemorySection {
         if self.regions.is_empty() || self.regions.len() > MAX_REGIONS {
             return Err(format!("{} regions", self.regions.len()));
         }
-        let layout = crate::memory::ram_ranges(self.size);
+        let boot = self
+            .size
+            .checked_sub(self.hotplugged)
+            .filter(|b| *b >= crate::memory::MIN_MEMORY)
+            .ok_or_else(|| format!("{} bytes hot-added of {}", self.hotplugged, self.size))?;
+        let layout = crate::memory::ram_ranges(boot);
+        // Hot-added regions are above boot RAM and the MMIO gap (the hotplug area).
+        let boot_end = layout.last().map_or(0, |(start, len)| start.0 + len);
+        let area = boot_end.max(crate::memory::MMIO_GAP_END);
         let mut total = 0u64;
         let mut last_end = 0u64;
         for r in &self.regions {
@@ -478,7 +518,8 @@ impl MemorySection {
             }
             let inside = layout
                 .iter()
-                .any(|(start, len)| r.gpa >= start.0 && end <= start.0 + len);
+                .any(|(start, len)| r.gpa >= start.0 && end <= start.0 + len)
+                || (self.hotplugged > 0 && r.gpa >= area);
             if !inside {
                 return Err(format!("a region at {:#x} outside guest RAM", r.gpa));
             }

@@ -139,6 +139,14 @@ impl Vcpu {
         &self.fd
     }
 
+    /// The vCPU's fd, to run it outside [`Vcpu::run_on_prepared_thread`].
+    ///
+    /// One of the lab's entry points: the exit-path ablation (`lab/src/bench/ablation*.rs`)
+    /// drives KVM_RUN on it with a loop of its own, adding exitless's ingredients one by one.
+    pub fn fd_mut(&mut self) -> &mut VcpuFd {
+        &mut self.fd
+    }
+
     /// Gives the vCPU the VM's coalesced MMIO/PIO ring: on every userspace exit it is drained
     /// to the devices before the exit itself is handled, so writes reach them in guest order.
     pub fn set_coalesced_ring(&mut self, ring: Arc<CoalescedRing>) {

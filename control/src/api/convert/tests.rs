@@ -237,6 +237,40 @@ fn a_template_vm_s_memory_zone_is_taken_and_shown_back() {
     }
 }
 
+/// Zones with a `hotplug_size` (`vm.resize-zone`): together the VM's hotplug area; with
+/// zones, `memory.hotplug_size` and `hotplugged_size` are refused, uneven sizes too.
+#[test]
+fn zone_hotplug_sizes_make_up_the_hotplug_area() {
+    let body = r#"{"payload":{"kernel":"/k"},"memory":{"size":0,"zones":[
+        {"id":"a","size":268435456,"hotplug_size":536870912},
+        {"id":"b","size":134217728,"hotplug_size":268435456},
+        {"id":"c","size":134217728}]}}"#;
+    let vm = parse(body).to_vm_config().unwrap();
+    assert_eq!(vm.memory.bytes(), 512 << 20);
+    assert_eq!(vm.hotplug_memory.map(MemorySize::bytes), Some(768 << 20));
+    assert!(
+        vm.validate(8).is_ok(),
+        "zones with hotplug are a valid config"
+    );
+    for (body, why) in [
+        (
+            r#"{"payload":{"kernel":"/k"},"memory":{"size":0,"hotplug_size":268435456,"zones":[{"id":"a","size":268435456}]}}"#,
+            "give each zone its hotplug_size",
+        ),
+        (
+            r#"{"payload":{"kernel":"/k"},"memory":{"size":0,"zones":[{"id":"a","size":268435456,"hotplugged_size":134217728}]}}"#,
+            "hotplugged_size",
+        ),
+        (
+            r#"{"payload":{"kernel":"/k"},"memory":{"size":0,"zones":[{"id":"a","size":268435456,"hotplug_size":1000}]}}"#,
+            "hotplug_size 1000 of zone a is not a whole number of MiB",
+        ),
+    ] {
+        let e = parse(body).to_vm_config().unwrap_err();
+        assert!(e.message.contains(why), "{body}: {}", e.message);
+    }
+}
+
 #[test]
 fn kata_s_virtio_fs_body_is_taken() {
     let body = r#"{"payload":{"kernel":"/k"},"platform":{"num_pci_segments":2},

@@ -14,13 +14,15 @@ use std::sync::OnceLock;
 use acpi_tables::aml::{
     self, Acquire, And, BufferData, Device, EISAName, Field, FieldAccessType, FieldEntry,
     FieldLockRule, FieldUpdateRule, If, Interrupt, Method, MethodCall, Mutex, Name, Notify,
-    OpRegion, OpRegionSpace, Path, Release, ResourceTemplate, Return, Scope, ShiftLeft, Store,
+    OpRegion, OpRegionSpace, Package, Path, Release, ResourceTemplate, Return, Scope, ShiftLeft,
+    Store,
 };
 use acpi_tables::Aml;
 
 use super::aml_encoding::{bytes, Encoded};
 use super::cpu_hotplug::{EJECT, INSERTING, PRESENT, REMOVING};
-use super::ged::{CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED};
+use super::ged::{CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED, POWER_BUTTON};
+use super::sleep::S5_SLEEP_TYPE;
 use super::{CPU_HOTPLUG_ADDR, CPU_HOTPLUG_LEN, GED_ADDR, GED_GSI, PCI_HOTPLUG_ADDR};
 use crate::devices::pci::root::SLOTS;
 
@@ -56,7 +58,11 @@ fn ged(memory: bool) -> Vec<u8> {
     let mem = And::new(&aml::ZERO, &aml::Local(0), &MEMORY_CHANGED);
     let mscn = MethodCall::new("\\_SB_.MHPC.MSCN".into(), vec![]);
     let if_mem = If::new(&mem, vec![&mscn]);
-    let mut body: Vec<&dyn Aml> = vec![&read, &if_cpu, &if_pci];
+    let button = And::new(&aml::ZERO, &aml::Local(0), &POWER_BUTTON);
+    let pwrb = Path::new("\\_SB_.PWRB");
+    let press = Notify::new(&pwrb, &0x80u8);
+    let if_button = If::new(&button, vec![&press]);
+    let mut body: Vec<&dyn Aml> = vec![&read, &if_cpu, &if_pci, &if_button];
     if memory {
         body.push(&if_mem);
     }
@@ -70,6 +76,18 @@ fn ged(memory: bool) -> Vec<u8> {
         "\\_SB_.GED_".into(),
         vec![&hid, &uid, &crs, &region, &field, &evt],
     ))
+}
+
+/// The power button (`\_SB_.PWRB`, PNP0C0C, notified 0x80 by `_EVT` when pressed) and
+/// `\_S5_`, the sleep type a guest writes to the sleep control register to power off
+/// ([`super::sleep`]).
+fn power() -> Vec<u8> {
+    let hid = Name::new("_HID".into(), &EISAName::new("PNP0C0C"));
+    let uid = Name::new("_UID".into(), &aml::ZERO);
+    let mut out = bytes(&Device::new("\\_SB_.PWRB".into(), vec![&hid, &uid]));
+    let s5 = Package::new(vec![&S5_SLEEP_TYPE]);
+    out.extend(bytes(&Name::new("_S5_".into(), &s5)));
+    out
 }
 
 /// The PCI hotplug controller: registers, eject and scan.
@@ -312,6 +330,7 @@ fn cpu_device(id: u8) -> Vec<u8> {
 /// `\_SB_.PCI0` (its slots are added to it by scope).
 pub fn dsdt_aml(max_vcpus: u8, memory_slots: usize) -> Vec<u8> {
     let mut out = ged(memory_slots > 0);
+    out.extend(power());
     out.extend(pci_controller());
     out.extend_from_slice(pci_slots());
     out.extend(cpus(max_vcpus));
@@ -351,6 +370,8 @@ mod tests {
             b"_EJ0",
             b"_MAT",
             b"ACPI0013",
+            b"PWRB",
+            b"_S5_",
         ] {
             assert!(contains(&aml, name), "{}", String::from_utf8_lossy(name));
         }
@@ -435,6 +456,9 @@ mod tests {
             "Device (S1F)",
             "Method (CSCN",
             "Device (C007)",
+            "Device (\\_SB.PWRB)",
+            "Notify (\\_SB.PWRB, 0x80)",
+            "Name (_S5, Package (0x01)",
         ] {
             assert!(dsl.contains(name), "{name} missing from:\n{dsl}");
         }

@@ -27,6 +27,8 @@ pub const EJECT: u8 = 1 << 3;
 #[derive(Debug)]
 pub struct CpuHotplug {
     state: Vec<u8>,
+    /// CPUs the guest was asked to give back, until it ejected them (host-side only).
+    asked: Vec<u8>,
     selected: u32,
     ejected: Arc<PendingEjects>,
     faults: GuestFaults,
@@ -40,6 +42,7 @@ impl CpuHotplug {
             .collect();
         CpuHotplug {
             state,
+            asked: Vec::new(),
             selected: 0,
             ejected,
             faults: GuestFaults::new("cpu-hotplug"),
@@ -51,13 +54,27 @@ impl CpuHotplug {
         if let Some(s) = self.state.get_mut(usize::from(id)) {
             *s = PRESENT | INSERTING;
         }
+        self.asked.retain(|a| *a != id);
     }
 
     /// The guest is asked to give CPU `id` back.
     pub fn removal_requested(&mut self, id: u8) {
         if let Some(s) = self.state.get_mut(usize::from(id)) {
             *s |= REMOVING;
+            if *s & PRESENT != 0 && !self.asked.contains(&id) {
+                self.asked.push(id);
+            }
         }
+    }
+
+    /// CPU `id` is gone (the guest ejected it).
+    pub fn removal_done(&mut self, id: u8) {
+        self.asked.retain(|a| *a != id);
+    }
+
+    /// The CPUs asked back and not yet ejected.
+    pub fn asked(&self) -> &[u8] {
+        &self.asked
     }
 
     /// Whether CPU `id` is present.
@@ -117,6 +134,9 @@ impl MutBusDevice for CpuHotplug {
 struct CpuHotplugState {
     selected: u32,
     cpus: Vec<u8>,
+    /// CPUs asked back and not yet ejected (absent when none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    asked: Vec<u8>,
 }
 
 fn lock(m: &std::sync::Mutex<CpuHotplug>) -> std::sync::MutexGuard<'_, CpuHotplug> {
@@ -133,6 +153,7 @@ impl Snapshottable for std::sync::Mutex<CpuHotplug> {
         to_state(&CpuHotplugState {
             selected: c.selected,
             cpus: c.state.clone(),
+            asked: c.asked.clone(),
         })
     }
 
@@ -146,8 +167,17 @@ impl Snapshottable for std::sync::Mutex<CpuHotplug> {
                 c.state.len()
             ));
         }
+        let absent = s.asked.iter().find(|&&id| {
+            let status = s.cpus.get(usize::from(id)).copied().unwrap_or(0);
+            status & PRESENT == 0
+        });
+        if let Some(id) = absent {
+            return Err(format!("CPU {id} saved as asked back, but not present"));
+        }
         c.selected = s.selected;
         c.state = s.cpus;
+        c.asked = s.asked;
+        c.asked.dedup();
         Ok(())
     }
 }
@@ -187,5 +217,27 @@ mod tests {
         assert_eq!(status(&mut c, 200), 0);
         c.write(CSTA, &[EJECT]).unwrap();
         assert!(pending.take().is_empty());
+    }
+
+    /// A CPU asked back stays asked (saved with the controller) until the guest ejects it;
+    /// a saved one that is not present is refused.
+    #[test]
+    fn cpus_asked_back_are_saved_until_ejected() {
+        let c = std::sync::Mutex::new(CpuHotplug::new(2, 4, Arc::default()));
+        lock(&c).removal_requested(1);
+        lock(&c).removal_requested(1);
+        lock(&c).removal_requested(3);
+        assert_eq!(lock(&c).asked(), [1], "CPU 3 is not present");
+        let saved = c.snapshot().unwrap();
+        assert_eq!(saved["asked"], serde_json::json!([1]));
+        let restored = std::sync::Mutex::new(CpuHotplug::new(2, 4, Arc::default()));
+        restored.restore(saved.clone()).unwrap();
+        assert_eq!(lock(&restored).asked(), [1]);
+        lock(&restored).removal_done(1);
+        assert!(lock(&restored).asked().is_empty());
+        let mut absent = saved;
+        absent["asked"] = serde_json::json!([3]);
+        let e = restored.restore(absent).unwrap_err();
+        assert!(e.contains("CPU 3 saved as asked back"), "{e}");
     }
 }

@@ -138,13 +138,25 @@ impl MutBusDevice for MemoryHotplug {
     }
 }
 
-/// The controller's saved register: the selected slot (every slot is empty: a VM with
-/// memory hot-added is not snapshotted yet).
+/// The controller's saved state: the selected slot, and each slot's region and status
+/// (memory hot-added while the VM ran; empty slots are all zeros).
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MemoryHotplugState {
     selected: u32,
     slots: usize,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    regions: Vec<SlotState>,
+}
+
+/// One slot that holds memory.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SlotState {
+    slot: usize,
+    base: u64,
+    len: u64,
+    status: u8,
 }
 
 fn lock(m: &std::sync::Mutex<MemoryHotplug>) -> std::sync::MutexGuard<'_, MemoryHotplug> {
@@ -158,17 +170,24 @@ impl Snapshottable for std::sync::Mutex<MemoryHotplug> {
 
     fn snapshot(&self) -> Result<serde_json::Value, String> {
         let c = lock(self);
-        if c.slots.iter().any(|s| *s != Slot::default()) {
-            return Err("memory was hot-added (vm.resize desired_ram), \
-                        and a snapshot cannot save that yet"
-                .into());
-        }
+        let filled = c.slots.iter().enumerate().filter(|(_, s)| s.status != 0);
+        let regions = filled
+            .map(|(slot, s)| SlotState {
+                slot,
+                base: s.base,
+                len: s.len,
+                status: s.status,
+            })
+            .collect();
         to_state(&MemoryHotplugState {
             selected: c.selected,
             slots: c.slots.len(),
+            regions,
         })
     }
 
+    /// The restored VM has the slots' memory already (from the snapshot's memory section):
+    /// the slots must be the ones it mapped there ([`MemoryHotplug::region_added`]).
     fn restore(&self, state: serde_json::Value) -> Result<(), String> {
         let s: MemoryHotplugState = from_state(state)?;
         let mut c = lock(self);
@@ -179,6 +198,33 @@ impl Snapshottable for std::sync::Mutex<MemoryHotplug> {
                 c.slots.len()
             ));
         }
+        let mut slots = vec![Slot::default(); c.slots.len()];
+        for r in &s.regions {
+            let mapped = c.slots.get(r.slot).filter(|m| m.status != 0);
+            match mapped {
+                Some(m) if m.base == r.base && m.len == r.len && r.status & ENABLED != 0 => {
+                    slots[r.slot] = Slot {
+                        base: r.base,
+                        len: r.len,
+                        status: r.status & (ENABLED | INSERTING),
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "slot {} held {:#x} bytes at {:#x}, which the restored VM's memory \
+                         does not have there",
+                        r.slot, r.len, r.base
+                    ))
+                }
+            }
+        }
+        if let Some(i) = (0..slots.len()).find(|&i| c.slots[i].status != 0 && slots[i].status == 0)
+        {
+            return Err(format!(
+                "state.json has nothing in slot {i}, which holds memory"
+            ));
+        }
+        c.slots = slots;
         c.selected = s.selected;
         Ok(())
     }
@@ -238,5 +284,36 @@ mod tests {
         c.write(0x40, &[1]).unwrap();
         c.write(MSEL, &[1]).unwrap();
         assert_eq!(c.faults(), 5);
+    }
+
+    /// A slot holding memory is saved with its region and status, and restored onto a VM
+    /// whose memory has that region in that slot; anything else is refused.
+    #[test]
+    fn slots_holding_memory_are_saved_and_restored_onto_the_same_regions() {
+        use std::sync::Mutex;
+        let region = |slots: usize, slot: usize| {
+            let mut c = MemoryHotplug::new(slots);
+            assert!(c.region_added(slot, 1 << 32, 1 << 27));
+            Mutex::new(c)
+        };
+        let saved_vm = region(4, 1);
+        select(&mut lock(&saved_vm), 1);
+        lock(&saved_vm).write(MSTA, &[INSERTING]).unwrap();
+        let saved = saved_vm.snapshot().unwrap();
+        let restored = region(4, 1);
+        restored.restore(saved.clone()).unwrap();
+        let mut c = lock(&restored);
+        assert!(c.acknowledged(1), "the guest's acknowledgement kept");
+        assert_eq!(read(&mut c, MSEL, 4), 1);
+        assert_eq!(read(&mut c, MHBL, 8), 1 << 32);
+        drop(c);
+        let e = Mutex::new(MemoryHotplug::new(4)).restore(saved.clone());
+        assert!(e
+            .unwrap_err()
+            .contains("slot 1 held 0x8000000 bytes at 0x100000000"));
+        let e = region(4, 2).restore(saved.clone()).unwrap_err();
+        assert!(e.contains("slot 1 held"), "{e}");
+        let e = region(8, 1).restore(saved).unwrap_err();
+        assert!(e.contains("it had 4 slots"), "{e}");
     }
 }

@@ -2,7 +2,8 @@
 //! an interrupt and says what changed; the PCI hotplug controller ([`pci_hotplug`]) says
 //! which slots came up or are to go and takes the guest's eject; the CPU hotplug controller
 //! ([`cpu_hotplug`]) does the same for vCPUs, and the memory hotplug controller
-//! ([`memory_hotplug`]) says where memory added while the VM runs is. Their AML (the DSDT
+//! ([`memory_hotplug`]) says where memory added while the VM runs is. The GED also carries the
+//! power button's press, and [`sleep`] takes the guest's ACPI power-off. Their AML (the DSDT
 //! methods that read them) is in [`aml`] and [`memory_aml`]. A guest's eject is left in
 //! [`PendingEjects`] for the VM's owner, which does the removal (never on the vCPU thread that
 //! made the write). See docs/hotplug.md.
@@ -16,6 +17,7 @@ pub mod ged;
 pub mod memory_aml;
 pub mod memory_hotplug;
 pub mod pci_hotplug;
+pub mod sleep;
 
 /// Where the controllers' registers sit (in the MMIO gap, below the I/O APIC).
 pub const GED_ADDR: u64 = 0xfeb0_0000;
@@ -63,6 +65,12 @@ impl PendingEjects {
         if before & bit == 0 {
             crate::wake::wake();
         }
+    }
+
+    /// Whether the guest ejected something not taken yet.
+    pub fn any(&self) -> bool {
+        self.pci.load(Ordering::Acquire) != 0
+            || self.cpus.iter().any(|c| c.load(Ordering::Acquire) != 0)
     }
 
     /// Takes every pending eject: CPUs first, then slots, each in ascending order.

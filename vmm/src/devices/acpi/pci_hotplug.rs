@@ -36,6 +36,8 @@ pub struct PciHotplug {
     faults: GuestFaults,
     /// B0EJ writes that named an empty slot (or the host bridge).
     empty_ejects: u64,
+    /// Slots the guest was asked to give back, until the device is gone (host-side only).
+    asked: u32,
 }
 
 impl PciHotplug {
@@ -49,6 +51,7 @@ impl PciHotplug {
             ejected,
             faults: GuestFaults::new("pci-hotplug"),
             empty_ejects: 0,
+            asked: 0,
         }
     }
 
@@ -79,12 +82,24 @@ impl PciHotplug {
     pub fn slot_added(&mut self, slot: u8) {
         self.up |= 1 << (slot & 31);
         self.down &= !(1 << (slot & 31));
+        self.asked &= !(1 << (slot & 31));
     }
 
     /// The guest is asked to give slot `slot` back.
     pub fn removal_requested(&mut self, slot: u8) {
         self.down |= 1 << (slot & 31);
         self.up &= !(1 << (slot & 31));
+        self.asked |= 1 << (slot & 31);
+    }
+
+    /// The device in `slot` is gone (the guest ejected it).
+    pub fn removal_done(&mut self, slot: u8) {
+        self.asked &= !(1 << (slot & 31));
+    }
+
+    /// The slots asked back whose device is still there, a bit each.
+    pub fn asked(&self) -> u32 {
+        self.asked
     }
 
     pub fn faults(&self) -> u64 {
@@ -125,6 +140,13 @@ struct PciHotplugState {
     up: u32,
     down: u32,
     segment: u32,
+    /// Slots asked back and not yet ejected (absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    asked: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 fn lock(m: &std::sync::Mutex<PciHotplug>) -> std::sync::MutexGuard<'_, PciHotplug> {
@@ -142,6 +164,7 @@ impl Snapshottable for std::sync::Mutex<PciHotplug> {
             up: c.up,
             down: c.down,
             segment: c.segment,
+            asked: c.asked,
         })
     }
 
@@ -149,6 +172,8 @@ impl Snapshottable for std::sync::Mutex<PciHotplug> {
         let s: PciHotplugState = from_state(state)?;
         let mut c = lock(self);
         (c.up, c.down, c.segment) = (s.up, s.down, s.segment);
+        // Only slots that hold a device can be waiting for their eject.
+        c.asked = s.asked & c.root.occupied() & !1;
         Ok(())
     }
 }
@@ -228,5 +253,27 @@ mod tests {
         assert_eq!(b, [0xff, 0xff]);
         c.write(0x40, &[1]).unwrap();
         assert_eq!(c.faults(), 2);
+    }
+
+    /// A slot asked back stays asked (saved with the controller) until its device goes; a
+    /// restore keeps only slots that hold a device.
+    #[test]
+    fn slots_asked_back_are_saved_until_their_device_goes() {
+        use std::sync::Mutex;
+        let (mut c, _) = controller(3);
+        c.removal_requested(2);
+        assert_eq!(c.asked(), 1 << 2);
+        let saved = Mutex::new(c).snapshot().unwrap();
+        assert_eq!(saved["asked"], 1 << 2);
+        let (restored, _) = controller(3);
+        let restored = Mutex::new(restored);
+        restored.restore(saved.clone()).unwrap();
+        assert_eq!(lock(&restored).asked(), 1 << 2);
+        lock(&restored).removal_done(2);
+        assert_eq!(lock(&restored).asked(), 0);
+        let (fewer, _) = controller(1);
+        let fewer = Mutex::new(fewer);
+        fewer.restore(saved).unwrap();
+        assert_eq!(lock(&fewer).asked(), 0, "slot 2 holds no device there");
     }
 }

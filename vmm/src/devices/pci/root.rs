@@ -79,6 +79,15 @@ impl PciRoot {
         Some(slot as u8)
     }
 
+    /// Puts `device` in `slot` (a restore puts a function back where it was); None if
+    /// the slot is the host bridge's, taken, or not on the bus.
+    pub fn add_at(&self, slot: u8, device: Arc<dyn PciDevice>) -> Option<u8> {
+        let mut slots = lock(&self.slots);
+        let free = slots.get_mut(usize::from(slot)).filter(|s| s.is_none())?;
+        *free = Some(device);
+        Some(slot)
+    }
+
     /// The slots holding a function, a bit per slot (bit 0: the host bridge).
     pub fn occupied(&self) -> u32 {
         let slots = lock(&self.slots);
@@ -415,5 +424,23 @@ mod tests {
         let mut b = [0u8];
         root.config_read(0, 0, 0, 0x04, &mut b);
         assert_eq!(b[0], 0);
+    }
+
+    /// A restore puts a function in the slot it had; a taken slot, the host bridge's and
+    /// one past the bus are refused.
+    #[test]
+    fn add_at_puts_a_function_in_a_free_slot_only() {
+        let root = PciRoot::new();
+        let function: Arc<dyn PciDevice> = PciRoot::new().host_bridge();
+        assert_eq!(root.add_at(5, function.clone()), Some(5));
+        assert_eq!(root.occupied(), 1 | 1 << 5);
+        assert_eq!(root.add_at(5, function.clone()), None);
+        assert_eq!(root.add_at(0, function.clone()), None);
+        assert_eq!(root.add_at(32, function.clone()), None);
+        assert_eq!(
+            root.add(function),
+            Some(1),
+            "add takes the lowest free slot"
+        );
     }
 }

@@ -309,6 +309,12 @@ pub trait VirtioDevice: Send {
     fn activate(&mut self, activation: Activation) -> Result<Subscriber, VirtioError>;
     /// The driver reset the device: anything beyond the queue work to forget.
     fn reset(&mut self) {}
+    /// The host asks the device to grow to `bytes` (`vm.resize-disk`): Ok(true) when its
+    /// configuration changed (the transport then tells the driver), Ok(false) when it has
+    /// that size already, Err(why) when it cannot (a device without a size, a shrink).
+    fn resize(&mut self, _bytes: u64) -> Result<bool, String> {
+        Err("it is not a disk".into())
+    }
     /// Whether stopping the VM resets the device first, on the event loop (a vhost-user back
     /// end is told to stop its queues); other devices end with the loop.
     fn resets_on_stop(&self) -> bool {
@@ -323,6 +329,17 @@ pub trait VirtioDevice: Send {
              and virtio-vsock's are)"
                 .into(),
         )
+    }
+    /// The device's own state beyond its transport and rings (the balloon's target and what
+    /// the guest says it holds), saved with the transport once its driver set it up; None
+    /// for a device that has none.
+    fn save_state(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Puts state [`VirtioDevice::save_state`] saved back (before the device starts). It is
+    /// hostile input: checked, never a panic.
+    fn load_state(&mut self, _state: serde_json::Value) -> Result<(), String> {
+        Err("state saved for a device that keeps none of its own".into())
     }
     /// The queues whose buffers the driver posts ahead for the device to fill when something
     /// comes (receive, event): a snapshot does not wait for them to drain (available and

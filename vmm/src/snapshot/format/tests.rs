@@ -44,6 +44,7 @@ pub fn sample() -> SnapshotState {
     devices.insert(
         "com1".to_string(),
         DeviceEntry {
+            pci: None,
             kind: "serial".into(),
             state: serde_json::json!({"ier": 1}),
             data: None,
@@ -57,6 +58,7 @@ pub fn sample() -> SnapshotState {
         vm: VmSection::from_kvm(1, &vm),
         memory: MemorySection {
             size: 64 << 20,
+            hotplugged: 0,
             file_size: 64 << 20,
             regions: vec![RegionState {
                 gpa: 0,
@@ -177,4 +179,82 @@ fn unknown_fields_are_refused() {
     let text = sample().to_json().unwrap();
     let extra = text.replacen("{\"version\"", "{\"surprise\":1,\"version\"", 1);
     assert!(err(extra.as_bytes()).contains("unknown field `surprise`"));
+}
+
+/// 128 MiB hot-added at 4 GiB (the hotplug area of a 64 MiB VM), in the memory file after
+/// boot RAM.
+fn hot_added(s: &mut SnapshotState) {
+    s.memory.size += 128 << 20;
+    s.memory.hotplugged = 128 << 20;
+    s.memory.file_size += 128 << 20;
+    s.memory.regions.push(RegionState {
+        gpa: 4 << 30,
+        size: 128 << 20,
+        source: RegionSource::SnapshotFile { offset: 64 << 20 },
+    });
+}
+
+#[test]
+fn vcpu_ids_may_have_gaps_and_hot_added_memory_lies_above_boot_ram() {
+    // vCPUs 0 and 2 of a topology of 3 (vCPU 1 was removed), memory hot-added.
+    let mut s = sample();
+    let mut third = s.vcpus[0].clone();
+    third.id = 2;
+    s.vcpus.push(third);
+    s.vm.max_vcpus = 3;
+    hot_added(&mut s);
+    let text = s.to_json().unwrap();
+    assert_eq!(SnapshotState::parse(text.as_bytes()).unwrap(), s);
+    let e = resealed(|s| {
+        let again = s.vcpus[0].clone();
+        s.vcpus.push(again);
+        s.vm.max_vcpus = 2;
+    });
+    assert!(e.contains("vcpus[1] has id 0"), "{e}");
+    let e = resealed(|s| {
+        hot_added(s);
+        s.memory.hotplugged = 0;
+    });
+    assert!(
+        e.contains("a region at 0x100000000 outside guest RAM"),
+        "{e}"
+    );
+    let e = resealed(|s| {
+        hot_added(s);
+        s.memory.regions[1].gpa = 0x3000_0000;
+    });
+    assert!(e.contains("outside guest RAM"), "{e}");
+    let e = resealed(|s| {
+        hot_added(s);
+        s.memory.hotplugged = 1 << 40;
+    });
+    assert!(e.contains("1099511627776 bytes hot-added of"), "{e}");
+}
+
+#[test]
+fn pci_places_are_slots_of_bus_0_each_held_once() {
+    let place = |slot| {
+        Some(crate::snapshot::format::PciPlace {
+            slot,
+            bar: 0xc000_0000,
+        })
+    };
+    let entry = |slot| DeviceEntry {
+        kind: "virtio-rng".into(),
+        state: serde_json::json!({}),
+        data: None,
+        pci: place(slot),
+    };
+    let mut s = sample();
+    s.devices.insert("a".into(), entry(3));
+    s.devices.insert("b".into(), entry(5));
+    let text = s.to_json().unwrap();
+    assert_eq!(SnapshotState::parse(text.as_bytes()).unwrap(), s);
+    for slots in [[3, 3], [0, 5], [3, 32]] {
+        let e = resealed(|s| {
+            s.devices.insert("a".into(), entry(slots[0]));
+            s.devices.insert("b".into(), entry(slots[1]));
+        });
+        assert!(e.contains("a device in PCI slot"), "{slots:?}: {e}");
+    }
 }

@@ -123,6 +123,18 @@ impl BalloonHandle {
     }
 }
 
+/// What a snapshot saves of the balloon beyond its transport: the host's target
+/// (`num_pages`), what the guest says it holds (`actual`), and the work counters.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BalloonState {
+    target_pages: u32,
+    actual_pages: u32,
+    inflated_pages: u64,
+    deflated_pages: u64,
+    reported_pages: u64,
+}
+
 /// The virtio-balloon device model.
 pub struct Balloon {
     features: u64,
@@ -217,6 +229,43 @@ impl VirtioDevice for Balloon {
     fn activate(&mut self, a: Activation) -> Result<Subscriber, VirtioError> {
         let worker = BalloonWorker::new(a, self.counters.clone(), self.shared.clone());
         Ok(Arc::new(Mutex::new(worker)))
+    }
+
+    /// The transport's registers and the rings are its state, with the target and what the
+    /// guest says the balloon holds ([`VirtioDevice::save_state`]): inflated pages were
+    /// given back to the host, so the snapshot's memory has them as holes (zeros), as the
+    /// guest expects of pages it gave away; which pages they are is the guest's to know.
+    fn snapshot_support(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn save_state(&self) -> Option<serde_json::Value> {
+        let s = &self.shared;
+        let state = BalloonState {
+            target_pages: s.target_pages.load(Ordering::Acquire),
+            actual_pages: s.actual_pages.load(Ordering::Acquire),
+            inflated_pages: s.stats.inflated_pages.load(Ordering::Relaxed),
+            deflated_pages: s.stats.deflated_pages.load(Ordering::Relaxed),
+            reported_pages: s.stats.reported_pages.load(Ordering::Relaxed),
+        };
+        serde_json::to_value(state).ok()
+    }
+
+    fn load_state(&mut self, state: serde_json::Value) -> Result<(), String> {
+        let b: BalloonState = crate::snapshot::from_state(state)?;
+        let s = &self.shared;
+        s.target_pages.store(b.target_pages, Ordering::Release);
+        s.actual_pages.store(b.actual_pages, Ordering::Release);
+        s.stats
+            .inflated_pages
+            .store(b.inflated_pages, Ordering::Relaxed);
+        s.stats
+            .deflated_pages
+            .store(b.deflated_pages, Ordering::Relaxed);
+        s.stats
+            .reported_pages
+            .store(b.reported_pages, Ordering::Relaxed);
+        Ok(())
     }
 
     /// A reset driver starts with an empty balloon.

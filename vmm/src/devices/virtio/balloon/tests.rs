@@ -284,3 +284,37 @@ fn a_queue_without_its_feature_is_not_served() {
     assert_eq!(dev.counters()[2].completed.load(Ordering::Relaxed), 0);
     assert!(all(&mem, 4 * MIB, 4096, 0xaa));
 }
+
+/// The target, what the guest put in the balloon and the counters go into a snapshot and
+/// back into a balloon made anew (whose config may say another target); a damaged state is
+/// refused.
+#[test]
+fn the_balloon_s_own_state_is_saved_and_restored() {
+    let mut saved = Balloon::new(&config(true));
+    saved.handle().set_target_bytes(8 * MIB);
+    saved.write_config(4, &512u32.to_le_bytes());
+    saved
+        .shared
+        .stats
+        .inflated_pages
+        .store(512, Ordering::Relaxed);
+    let state = saved
+        .save_state()
+        .expect("the balloon has state of its own");
+    let mut restored = Balloon::new(&config(true));
+    restored.load_state(state.clone()).unwrap();
+    let h = restored.handle();
+    assert_eq!((h.target_bytes(), h.actual_bytes()), (8 * MIB, 2 * MIB));
+    assert_eq!(h.stats().inflated_pages.load(Ordering::Relaxed), 512);
+    let mut image = [0u8; 8];
+    restored.read_config(0, &mut image);
+    assert_eq!(
+        image,
+        [0, 8, 0, 0, 0, 2, 0, 0],
+        "num_pages 2048, actual 512"
+    );
+    let mut damaged = state;
+    damaged["actual_pages"] = serde_json::json!(-1);
+    assert!(restored.load_state(damaged).is_err());
+    assert!(restored.snapshot_support().is_ok());
+}

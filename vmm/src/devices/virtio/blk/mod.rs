@@ -12,6 +12,7 @@ pub mod direct;
 pub mod image;
 pub mod io;
 pub mod request;
+mod resize;
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::MetadataExt;
@@ -123,6 +124,8 @@ pub struct Block {
     shape: DiskShape,
     id: [u8; ID_LEN],
     config: [u8; 24],
+    /// The image's size now, shared with the queue work (`vm.resize-disk` grows it).
+    capacity: Arc<AtomicU64>,
     thread_pool: bool,
     write_through: WriteThrough,
     counters: Arc<[QueueCounters]>,
@@ -180,6 +183,7 @@ impl Block {
             },
             id,
             config,
+            capacity: Arc::new(AtomicU64::new(size)),
             thread_pool: false,
             write_through: WriteThrough::GroupSync,
             counters: Arc::from(vec![QueueCounters::default()]),
@@ -230,6 +234,10 @@ impl VirtioDevice for Block {
     }
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
+    fn resize(&mut self, bytes: u64) -> Result<bool, String> {
+        self.grow(bytes)
+    }
+
     /// Its configuration is read-only and made anew from the config; every request
     /// completes before a snapshot (the transport waits for the rings to drain).
     fn snapshot_support(&self) -> Result<(), String> {
@@ -262,6 +270,7 @@ impl VirtioDevice for Block {
             counters: self.counters.clone(),
             stats: self.stats.clone(),
             shape: self.shape,
+            capacity: self.capacity.clone(),
             id: self.id,
             write_through: (a.features & F_FLUSH == 0).then_some(self.write_through),
             group: GroupSync::default(),
@@ -306,6 +315,8 @@ struct BlockWorker {
     counters: Arc<[QueueCounters]>,
     stats: Arc<BlockStats>,
     shape: DiskShape,
+    /// The image's size now (it grows while the queue runs: `vm.resize-disk`).
+    capacity: Arc<AtomicU64>,
     id: [u8; ID_LEN],
     /// The driver did not accept FLUSH: every write completes only once durable, made so
     /// this way.

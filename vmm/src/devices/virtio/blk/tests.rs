@@ -474,6 +474,7 @@ fn a_reset_with_reads_in_flight_ends_them_and_later_data_touches_no_guest_memory
     };
     let mut block = Block::open(&config).unwrap();
     block.shape.capacity_bytes = 1 << 20;
+    block.capacity.store(1 << 20, Ordering::Relaxed);
     let n = 8u16;
     let mut descs = Vec::new();
     for i in 0..n {

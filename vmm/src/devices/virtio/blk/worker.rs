@@ -2,6 +2,7 @@
 //! them as the host finishes.
 
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 
 use virtio_queue::{DescriptorChain, QueueOwnedT};
 
@@ -150,7 +151,11 @@ impl BlockWorker {
     /// Answers one chain, or starts its I/O; false if it must wait in the ring (the in-flight
     /// budget is spent). Sets `answered` when the chain completed at once.
     fn take(&mut self, chain: DescriptorChain<&GuestMemoryMmap>, answered: &mut bool) -> bool {
-        match request::parse(chain, &self.mem, self.shape) {
+        let shape = DiskShape {
+            capacity_bytes: self.capacity.load(Ordering::Acquire),
+            ..self.shape
+        };
+        match request::parse(chain, &self.mem, shape) {
             Err(refused) => {
                 if refused.too_long {
                     QueueCounters::add(&self.stats.too_long, 1);

@@ -244,6 +244,23 @@ impl VirtioPciDevice {
         self.counters.clone()
     }
 
+    /// Grows the device to `bytes` (`vm.resize-disk`); when its configuration changed, the
+    /// driver is told: a new configuration generation (a driver reading the 64-bit capacity
+    /// in two halves reads again), then the configuration-change interrupt. Ok(false): the
+    /// size it has. Err: why the device cannot.
+    pub fn resize(&self, bytes: u64) -> Result<bool, String> {
+        {
+            let mut t = lock(&self.transport);
+            if !t.device.resize(bytes)? {
+                return Ok(false);
+            }
+            t.common.generation = t.common.generation.wrapping_add(1);
+        }
+        crate::devices::virtio::VirtioInterrupt::signal_config(self.irq.as_ref())
+            .map_err(|e| format!("the guest cannot be told: {e}"))?;
+        Ok(true)
+    }
+
     /// What the device counts beyond its queues, and what its driver did wrong.
     pub fn device_counters(&self) -> Vec<(&'static str, u64)> {
         let mut all = lock(&self.transport).device.device_counters();

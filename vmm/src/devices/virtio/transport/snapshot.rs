@@ -49,6 +49,9 @@ struct TransportState {
     common: CommonState,
     interrupt: InterruptState,
     running: bool,
+    /// The device's own state ([`VirtioDevice`]'s `save_state`: the balloon's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    device: Option<serde_json::Value>,
 }
 
 impl VirtioPciDevice {
@@ -152,11 +155,6 @@ impl Snapshottable for VirtioPciDevice {
     }
 
     fn snapshot(&self) -> Result<serde_json::Value, String> {
-        if lock(&self.transport).device.device_type() == TYPE_BALLOON {
-            return Err("the balloon's state (its target and the pages it holds) \
-                        is not saved yet"
-                .into());
-        }
         let bar = lock(&self.config).bar_base(0);
         if !self.touched() {
             let untouched = VirtioState {
@@ -191,6 +189,7 @@ impl Snapshottable for VirtioPciDevice {
                 false => self.irq.save()?,
             },
             running,
+            device: t.device.save_state(),
         };
         to_state(&VirtioState {
             untouched: false,
@@ -246,6 +245,9 @@ impl Snapshottable for VirtioPciDevice {
         config.set_guest_writable(saved.command, saved.interrupt_line);
         drop(config);
         let mut t = lock(&self.transport);
+        if let Some(own) = saved.device {
+            t.device.load_state(own)?;
+        }
         t.common.load(&saved.common)?;
         let vectors: Vec<u16> = t.common.queues.iter().map(|q| q.vector).collect();
         self.irq

@@ -1,0 +1,150 @@
+//! Kata Containers' shipped request sequence (control/src/api/fixtures/kata_clh_virtiofs.json,
+//! the `kata_shipped` fixture) without its virtio-fs device (issue 41 item 1 saves that):
+//! shared memory, a read-only root disk, a tap sent as an fd, vsock, the balloon with free
+//! page reporting, then memory grown, a disk hot-added and asked back, a vCPU added, and the
+//! pause. Where Kata would resume, the VM is snapshotted and restored in a fresh VMM (the tap
+//! sent again with `net_fds`): the bench guest's `case=snapshot hotplug=1` goes on using its
+//! grown memory, the hot-added disk and the added vCPU.
+
+mod common;
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+use common::api_vmm::{json, ok, Vmm};
+use common::kata::tap;
+use common::snapshot::{saved_state, shutdown, wait_file, SnapTest};
+use exitless_control::api::client::ApiClient;
+use serde_json::{json, Value};
+
+const CMDLINE: &str = "case=snapshot ticks=10 iters=20000 touch_mib=8 hotplug=1 balloon=1 hold";
+
+/// Sends one request of the sequence (with the tap's fd where Kata sends it); its reply.
+fn send(c: &mut ApiClient, r: &Value, fds: &[i32]) -> Value {
+    let endpoint = r["path"].as_str().unwrap().trim_start_matches("/api/v1/");
+    let body = (!r["body"].is_null()).then(|| r["body"].to_string());
+    let method = r["method"].as_str().unwrap();
+    let reply = c.request_with_fds(method, endpoint, body.as_deref(), fds);
+    let reply = ok(reply.unwrap(), endpoint);
+    serde_json::from_str(&reply.body).unwrap_or(Value::Null)
+}
+
+/// The fixture's requests up to its pause, for `dir` and `kernel`, with the console in a file
+/// and no virtio-fs device; what the guest must have printed before each is sent.
+fn sequence(dir: &Path, kernel: &Path, serial: &Path) -> Vec<Value> {
+    let fixture = include_str!("../../control/src/api/fixtures/kata_clh_virtiofs.json")
+        .replace("@TMP@", dir.to_str().unwrap())
+        .replace("@VMDIR@", dir.to_str().unwrap())
+        .replace("@KERNEL@", kernel.to_str().unwrap());
+    let fixture: Value = serde_json::from_str(&fixture).unwrap();
+    let mut requests = fixture["requests"].as_array().unwrap().clone();
+    let pause = requests
+        .iter()
+        .position(|r| r["path"] == "/api/v1/vm.pause");
+    requests.truncate(pause.unwrap());
+    let create = &mut requests[1]["body"];
+    create.as_object_mut().unwrap().remove("fs");
+    create["payload"]["cmdline"] = json!(CMDLINE);
+    create["serial"] = json!({"mode": "File", "file": serial});
+    requests
+}
+
+/// The line the guest prints once it took what `r` adds (None: nothing to wait for).
+fn taken_after(r: &Value) -> Option<&'static str> {
+    match r["path"].as_str().unwrap() {
+        "/api/v1/vm.boot" => Some("EXITLESS SNAPHP ready"),
+        "/api/v1/vm.resize" if r["body"]["desired_ram"].is_u64() => Some("EXITLESS SNAPHP memory"),
+        "/api/v1/vm.add-disk" => Some("EXITLESS SNAPHP disk"),
+        "/api/v1/vm.resize" => Some("EXITLESS SNAPHP n=1 "),
+        _ => None,
+    }
+}
+
+/// Walks the sequence to Kata's pause on a fresh VMM (the tap sent where Kata sends it),
+/// then snapshots the VM into `snap`; the id of the disk Kata hot-added.
+fn walk_and_snapshot(t: &SnapTest, vm_dir: &Path, serial: &Path, tap: i32) -> String {
+    let vmm = Vmm::start("snap-kata");
+    let mut c = vmm.client();
+    let mut disk_id = String::new();
+    for mut r in sequence(vm_dir, &t.guest, serial) {
+        if r["path"] == "/api/v1/vm.remove-device" {
+            r["body"]["id"] = json!(disk_id);
+        }
+        let fds = match r["fds"].as_u64() {
+            Some(1) => vec![tap],
+            _ => vec![],
+        };
+        let reply = send(&mut c, &r, &fds);
+        if r["path"] == "/api/v1/vm.add-disk" {
+            disk_id = reply["id"].as_str().unwrap().to_string();
+        }
+        if let Some(line) = taken_after(&r) {
+            let text = wait_file(serial, line);
+            assert!(!text.contains("EXITLESS ERROR"), "{text}");
+        }
+    }
+    ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
+    let url = json!({"destination_url": format!("file://{}", t.dir.display())});
+    let r = c.request("PUT", "vm.snapshot", Some(&url.to_string()));
+    ok(r.unwrap(), "vm.snapshot");
+    shutdown(&mut c);
+    disk_id
+}
+
+/// Restores the snapshot in `snap` in a fresh VMM, the tap sent again as Kata sends it, and
+/// resumes it; the VMM.
+fn restore_with_tap(snap: &Path, tap: i32) -> Vmm {
+    let vmm = Vmm::start("snap-kata-2");
+    let mut c = vmm.client();
+    let body = json!({
+        "source_url": format!("file://{}", snap.display()),
+        "net_fds": [{"id": "_net0", "num_fds": 1}],
+    });
+    let r = c.request_with_fds("PUT", "vm.restore", Some(&body.to_string()), &[tap]);
+    ok(r.unwrap(), "vm.restore");
+    ok(c.request("PUT", "vm.resume", None).unwrap(), "vm.resume");
+    vmm
+}
+
+#[test]
+fn kata_s_shipped_sequence_without_virtio_fs_is_snapshotted_and_goes_on_in_a_fresh_vmm() {
+    let Some(t) = SnapTest::start("snapshot_kata", "kata") else {
+        return;
+    };
+    let Some((_ns, tap_fd)) = tap("snapshot_kata") else {
+        return;
+    };
+    let vm_dir = t.scratch.join("vm");
+    std::fs::create_dir(&vm_dir).unwrap();
+    std::fs::write(vm_dir.join("rootfs.img"), vec![0u8; 1 << 20]).unwrap();
+    std::fs::write(vm_dir.join("hotplug.img"), vec![0u8; 1 << 20]).unwrap();
+    let serial = t.scratch.join("serial.log");
+    let disk_id = walk_and_snapshot(&t, &vm_dir, &serial, tap_fd.as_raw_fd());
+
+    let state = saved_state(&t.dir);
+    assert_eq!(state.vcpus.len(), 2);
+    assert_eq!(state.memory.hotplugged, 256 << 20);
+    for id in ["_disk0", disk_id.as_str()] {
+        assert_eq!(state.devices[id].kind, "virtio-blk", "{id}");
+    }
+    assert_eq!(state.devices["_net0"].kind, "virtio-net");
+    assert_eq!(state.devices["_balloon0"].kind, "virtio-balloon");
+    let restored = t.scratch.join("restored.log");
+    let path = t.dir.join("config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["serial"]["file"] = json!(restored);
+    std::fs::write(&path, config.to_string()).unwrap();
+
+    let vmm = restore_with_tap(&t.dir, tap_fd.as_raw_fd());
+    let text = wait_file(&restored, "EXITLESS DONE");
+    assert!(text.contains(" hotplug_ok=1"), "{text}");
+    assert!(text.contains(" ok=1"), "{text}");
+    assert!(text.contains(" mem_bad=0 disk_bad=0 "), "{text}");
+    let mut c = vmm.client();
+    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
+    assert_eq!(info["config"]["memory"]["size"], 512u64 << 20, "{info}");
+    assert_eq!(info["config"]["cpus"]["boot_vcpus"], 2, "{info}");
+    let disks = info["config"]["disks"].as_array().unwrap();
+    assert!(disks.iter().all(|d| d["id"] != disk_id.as_str()), "{info}");
+    shutdown(&mut c);
+}

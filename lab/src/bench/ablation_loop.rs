@@ -1,0 +1,373 @@
+//! One row of the exit-path ablation: the vCPU of a VM running the bench guest's `pio_out`
+//! loop, driven by a KVM_RUN loop of the lab's own with exitless's ingredients switched on by a
+//! constant mask (each combination is a function of its own: a row pays no branch for an
+//! ingredient it does not have). Every ingredient is exitless's real piece: its seccomp filter,
+//! its kick arming, its sync-regs setting and read, its profile's records, its bus snapshot and
+//! dispatch, its pinning; only the per-exit checks of `Vcpu::run_loop` (stop flag, observer,
+//! log-once) are the same branches written here, over the core's types.
+
+use std::sync::Arc;
+
+use kvm_ioctls::VcpuExit;
+use vmm::builder::{KernelImage, VcpuOptions, VmBuilder, VmSpec};
+use vmm::bus::{BusSnapshot, SharedBuses};
+use vmm::config::IrqchipMode;
+use vmm::profile::{self, ExitReason, VcpuProfile};
+use vmm::vcpu::{control, handle_exit, ExitAction, ExitObserver, Handled, RegsAccess, Vcpu};
+
+use super::ablation::AblationError;
+use super::console::LineCapture;
+use super::guest;
+
+/// exitless's seccomp filter of a vCPU thread, installed on the row's thread.
+pub const SECCOMP: u8 = 1 << 0;
+/// The kick: the thread's kvm_run registered for the kick signal's handler (which every VM
+/// installs for the process), and KVM_RUN's `EINTR` answered as exitless does.
+pub const KICK: u8 = 1 << 1;
+/// Sync regs: the general registers copied into kvm_run by KVM on every exit, RIP and RAX read
+/// from there on every exit (what exitless's `RegsAccess::SyncRegs` does).
+pub const SYNC_REGS: u8 = 1 << 2;
+/// The profiler: a TSC read on each side of KVM_RUN and the vCPU profile's three records.
+pub const PROFILE: u8 = 1 << 3;
+/// The bus: the per-vCPU bus snapshot's generation check and exitless's dispatch.
+pub const BUS: u8 = 1 << 4;
+/// The per-exit checks: the stop flag before KVM_RUN, the observer, log-once, the action.
+pub const OBSERVER: u8 = 1 << 5;
+/// The thread pinned to one host CPU (exitless does it with `--cpu-affinity` only).
+pub const PIN: u8 = 1 << 6;
+/// Not an ingredient: the TSC around KVM_RUN recorded per exit, where tracefs is missing.
+pub const TIMED: u8 = 1 << 7;
+/// What `exitless run` has on its exit path by default (no pinning).
+pub const EXITLESS: u8 = SECCOMP | KICK | SYNC_REGS | PROFILE | BUS | OBSERVER;
+
+/// Each ingredient's bit and name, in the order they are added.
+pub const INGREDIENTS: [(u8, &str); 7] = [
+    (SECCOMP, "seccomp filter"),
+    (KICK, "kick signal armed"),
+    (SYNC_REGS, "sync regs"),
+    (PROFILE, "profiler timestamps"),
+    (BUS, "bus snapshot + dispatch"),
+    (OBSERVER, "observer/stop-flag checks"),
+    (PIN, "CPU pinning"),
+];
+
+const GUEST_MEMORY: u64 = 64 << 20;
+/// COM1's line status register: transmitter empty. Its interrupt identification: none.
+const COM1_LSR: u16 = 0x3fd;
+const COM1_IIR: u16 = 0x3fa;
+
+/// What one batch of a row did.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    /// TSC before the batch's first KVM_RUN and after its last exit was handled.
+    pub start_tsc: u64,
+    pub end_tsc: u64,
+    /// Exits at the bench port (the loop's), and any others.
+    pub exits: u64,
+    pub other_exits: u64,
+    /// With [`TIMED`]: TSC cycles from each KVM_RUN's return to the next call.
+    pub samples: Vec<u64>,
+}
+
+/// A row's VM and what its loop reaches, owned by the row's thread.
+pub struct RowVcpu {
+    mask: u8,
+    vcpu: Vcpu,
+    shared: Arc<SharedBuses>,
+    snapshot: BusSnapshot,
+    profile: Arc<VcpuProfile>,
+    control: Arc<control::VmControl>,
+    observer: Option<Box<dyn ExitObserver>>,
+    observe_every_exit: bool,
+    /// exitless's vCPU logs the first unmapped access once; this loop starts past it.
+    warned_unmapped: bool,
+}
+
+/// What of a row's VM stays with the thread that built it (dropped after the row's thread).
+pub struct RowVm {
+    _vm: vmm::vm::Vm,
+    _event_loop: vmm::event_loop::EventLoop,
+    _serial: LineCapture,
+}
+
+impl RowVcpu {
+    /// Builds the bench guest's VM (1 vCPU, in-kernel irqchip, 64 MiB) running `case` (a
+    /// `pio_out` loop) for a row with `mask`, its vCPU reading registers through sync regs only
+    /// where the mask says so.
+    ///
+    /// The guest loops `iterations` times: as many as the row will run, no more, since its
+    /// empty loop of as many iterations runs first, emulated at CPL0 (~2 µs an iteration
+    /// here). The row stops before the guest's loop ends.
+    pub fn build(mask: u8, case: &str, iterations: u64) -> Result<(Self, RowVm), AblationError> {
+        let spec = VmSpec {
+            kernel: KernelImage::Embedded(guest::BENCH_GUEST),
+            initrd: None,
+            cmdline: format!("case={case} iters={iterations}"),
+            memory: GUEST_MEMORY,
+            memory_backing: vmm::memory::Backing::default(),
+            cpus: 1,
+            max_cpus: 1,
+            irqchip: IrqchipMode::Kernel,
+        };
+        let mut builder = VmBuilder::new(vmm::kvm::open()?, spec)?;
+        let serial = LineCapture::default();
+        super::runner::add_bench_ports(&mut builder, &serial)?;
+        let regs = if mask & SYNC_REGS != 0 {
+            RegsAccess::SyncRegs
+        } else {
+            RegsAccess::None
+        };
+        let opts = VcpuOptions {
+            regs,
+            profiling: mask & PROFILE != 0,
+            log_unmapped: false,
+            affinity: None,
+        };
+        let built = builder.build(&opts)?;
+        let vcpu = built
+            .vcpus
+            .into_iter()
+            .next()
+            .ok_or(AblationError::NoVcpu)?;
+        let profile = built.profiles[0].clone();
+        let row = RowVcpu {
+            mask,
+            vcpu,
+            snapshot: built.buses.snapshot(),
+            shared: built.buses,
+            profile,
+            control: built.vm.control.clone(),
+            observer: None,
+            observe_every_exit: false,
+            warned_unmapped: true,
+        };
+        let vm = RowVm {
+            _vm: built.vm,
+            _event_loop: built.event_loop,
+            _serial: serial,
+        };
+        Ok((row, vm))
+    }
+
+    /// Readies the calling thread as the mask says: pinned to `cpu`, exitless's vCPU filter,
+    /// the kick armed. Once per thread (a filter cannot be removed).
+    pub fn prepare_thread(&mut self, cpu: usize) -> Result<(), AblationError> {
+        if self.mask & PIN != 0 {
+            vmm::vcpu::pin_current_thread(cpu).map_err(AblationError::Pin)?;
+        }
+        if self.mask & SECCOMP != 0 {
+            vmm::seccomp::apply(vmm::seccomp::ThreadKind::Vcpu)?;
+        }
+        if self.mask & KICK != 0 {
+            vmm::kvm::kick::arm(self.vcpu.fd_mut());
+        }
+        Ok(())
+    }
+
+    /// Forgets the kick's kvm_run (before the vCPU is dropped).
+    pub fn finish_thread(&mut self) {
+        if self.mask & KICK != 0 {
+            vmm::kvm::kick::disarm();
+        }
+    }
+
+    /// Runs the guest until `n` exits at the bench port were handled; `samples` (with room for
+    /// `n`) gets the TSC per exit when `timed`.
+    pub fn batch(
+        &mut self,
+        n: u64,
+        timed: bool,
+        samples: Vec<u64>,
+    ) -> Result<Batch, AblationError> {
+        let mask = (self.mask & !(SECCOMP | PIN)) | if timed { TIMED } else { 0 };
+        macro_rules! by_mask {
+            ($($m:expr),* $(,)?) => {
+                match mask {
+                    $(m if m == $m => run_batch::<{ $m }>(self, n, samples),
+                      m if m == $m | TIMED => run_batch::<{ $m | TIMED }>(self, n, samples),)*
+                    other => Err(AblationError::Mask(other)),
+                }
+            };
+        }
+        by_mask!(
+            0,
+            KICK,
+            SYNC_REGS,
+            PROFILE,
+            BUS,
+            OBSERVER,
+            KICK | SYNC_REGS,
+            KICK | SYNC_REGS | PROFILE,
+            KICK | SYNC_REGS | PROFILE | BUS,
+            KICK | SYNC_REGS | PROFILE | BUS | OBSERVER,
+        )
+    }
+}
+
+/// The loop, one copy per mask `F`: what is not in `F` is not compiled in.
+#[inline(never)]
+fn run_batch<const F: u8>(
+    row: &mut RowVcpu,
+    n: u64,
+    mut samples: Vec<u64>,
+) -> Result<Batch, AblationError> {
+    let start_tsc = profile::rdtsc();
+    let (mut exits, mut other_exits) = (0u64, 0u64);
+    let mut t_entry = if F & PROFILE != 0 { start_tsc } else { 0 };
+    let mut t_returned = 0u64;
+    while exits < n {
+        if F & OBSERVER != 0 && row.control.state() != control::RUN {
+            return Err(AblationError::Stopped);
+        }
+        if F & TIMED != 0 && t_returned != 0 && samples.len() < samples.capacity() {
+            samples.push(profile::rdtsc().wrapping_sub(t_returned));
+        }
+        let result = row.vcpu.fd_mut().run();
+        if F & TIMED != 0 {
+            t_returned = profile::rdtsc();
+        }
+        let t_exit = if F & PROFILE != 0 {
+            profile::rdtsc()
+        } else {
+            0
+        };
+        let handled = match result {
+            Ok(exit) if F & BUS != 0 => handle_exit(row.snapshot.current(&row.shared), exit)
+                .map_err(AblationError::Device)?,
+            Ok(exit) => bare(exit),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                if F & KICK != 0 {
+                    row.vcpu.fd_mut().set_kvm_immediate_exit(0);
+                }
+                intr()
+            }
+            Err(e) => return Err(AblationError::Run(e)),
+        };
+        if F & SYNC_REGS != 0 {
+            let (rip, rax) = vmm::kvm::sync_rip_rax(row.vcpu.fd_mut());
+            std::hint::black_box((rip, rax));
+        }
+        if F & OBSERVER != 0 {
+            per_exit_checks(row, &handled)?;
+        }
+        if F & PROFILE != 0 {
+            t_entry = record_profile(&row.profile, &handled, t_entry, t_exit);
+        }
+        if let ExitAction::End(end) = handled.action {
+            return Err(AblationError::Ended(format!("{end:?}")));
+        }
+        if handled.reason == ExitReason::IoOut && handled.addr == guest::BENCH_PORT {
+            exits += 1;
+        } else {
+            other_exits += 1;
+        }
+    }
+    Ok(Batch {
+        start_tsc,
+        end_tsc: profile::rdtsc(),
+        exits,
+        other_exits,
+        samples,
+    })
+}
+
+/// The profile's records of one exit, as exitless's vCPU makes them; returns `t_done`, the
+/// next KVM_RUN's start.
+#[inline(always)]
+fn record_profile(profile: &VcpuProfile, h: &Handled, t_entry: u64, t_exit: u64) -> u64 {
+    let t_done = profile::rdtsc();
+    profile.record_in_kvm(t_exit.wrapping_sub(t_entry));
+    profile.record_exit(h.reason, h.device, t_done.wrapping_sub(t_exit));
+    if let Some(cpu) = profile::current_cpu() {
+        profile.record_cpu(cpu);
+    }
+    t_done
+}
+
+/// exitless's per-exit branches besides the bus: the observer's every-exit hook, the
+/// log-once checks, an observed exit.
+#[inline(always)]
+fn per_exit_checks(row: &mut RowVcpu, h: &Handled) -> Result<(), AblationError> {
+    if row.observe_every_exit {
+        if let Some(observer) = row.observer.as_mut() {
+            observer.every_exit(row.vcpu.fd())?;
+        }
+    }
+    let io = matches!(
+        h.reason,
+        ExitReason::IoIn | ExitReason::IoOut | ExitReason::MmioRead | ExitReason::MmioWrite
+    );
+    if h.unhandled.is_some() || (io && h.device.is_none() && !row.warned_unmapped) {
+        unexpected(row);
+    }
+    if let ExitAction::Observe(value) = h.action {
+        observed(row, value);
+    }
+    Ok(())
+}
+
+#[cold]
+fn unexpected(row: &mut RowVcpu) {
+    row.warned_unmapped = true;
+}
+
+#[cold]
+fn observed(row: &mut RowVcpu, value: u32) {
+    std::hint::black_box((&row.observer, value));
+}
+
+/// The floor's handling (lab/floor/floor.c): COM1's status reads say "transmitter empty" and
+/// "no interrupt", every other read finds nothing (all ones), writes are dropped, the exit
+/// port and the ends KVM reports end the row.
+#[inline(always)]
+fn bare(exit: VcpuExit<'_>) -> Handled {
+    let (reason, addr, action) = match exit {
+        VcpuExit::IoOut(port, data) => {
+            let action = if u64::from(port) == guest::EXIT_PORT {
+                let status = data.first().copied().unwrap_or(0);
+                ExitAction::End(vmm::vcpu::VmEnd::PowerOff(status.into()))
+            } else {
+                ExitAction::Resume
+            };
+            (ExitReason::IoOut, u64::from(port), action)
+        }
+        VcpuExit::IoIn(port, data) => {
+            let value = match port {
+                COM1_LSR => 0x60,
+                COM1_IIR => 0x01,
+                _ => 0xff,
+            };
+            data.fill(value);
+            (ExitReason::IoIn, u64::from(port), ExitAction::Resume)
+        }
+        VcpuExit::MmioRead(addr, data) => {
+            data.fill(0xff);
+            (ExitReason::MmioRead, addr, ExitAction::Resume)
+        }
+        VcpuExit::MmioWrite(addr, _) => (ExitReason::MmioWrite, addr, ExitAction::Resume),
+        VcpuExit::Hlt => (ExitReason::Hlt, 0, ExitAction::Resume),
+        _ => (
+            ExitReason::Other,
+            0,
+            ExitAction::End(vmm::vcpu::VmEnd::KvmFailure(0)),
+        ),
+    };
+    Handled {
+        reason,
+        device: None,
+        action,
+        unhandled: None,
+        addr,
+    }
+}
+
+/// A kicked KVM_RUN, as exitless's dispatch reports it.
+fn intr() -> Handled {
+    Handled {
+        reason: ExitReason::Intr,
+        device: None,
+        action: ExitAction::Resume,
+        unhandled: None,
+        addr: 0,
+    }
+}
