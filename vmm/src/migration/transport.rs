@@ -1,0 +1,188 @@
+//! The migration's connection: `unix:PATH` (a Unix socket, which also carries the memory
+//! fds of a `local` migration) or `tcp:HOST:PORT`. The receiver listens and takes one
+//! connection; the sender connects.
+
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+use super::receiver::Channel;
+use super::MigrationError;
+
+/// Where a migration goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MigrationUrl {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+impl MigrationUrl {
+    /// `unix:PATH` (also `unix://PATH`) or `tcp:HOST:PORT`.
+    pub fn parse(url: &str) -> Result<Self, MigrationError> {
+        let bad = || MigrationError::Url(url.to_string());
+        if let Some(path) = url.strip_prefix("unix:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() || path.contains('\0') {
+                return Err(bad());
+            }
+            return Ok(MigrationUrl::Unix(PathBuf::from(path)));
+        }
+        let addr = url.strip_prefix("tcp:").ok_or_else(bad)?;
+        let addr = addr.strip_prefix("//").unwrap_or(addr);
+        match addr.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                Ok(MigrationUrl::Tcp(addr.to_string()))
+            }
+            _ => Err(bad()),
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            MigrationUrl::Unix(p) => format!("unix:{}", p.display()),
+            MigrationUrl::Tcp(a) => format!("tcp:{a}"),
+        }
+    }
+
+    /// Listens on the URL and takes one connection (a Unix socket's file is removed once
+    /// connected, and a stale one before binding).
+    pub fn accept(&self) -> Result<Stream, MigrationError> {
+        let fail = |e| MigrationError::Connect("listen on", self.name(), e);
+        match self {
+            MigrationUrl::Unix(path) => {
+                let _ = std::fs::remove_file(path);
+                let listener = UnixListener::bind(path).map_err(fail)?;
+                let accepted = listener.accept();
+                let _ = std::fs::remove_file(path);
+                Ok(Stream::Unix(accepted.map_err(fail)?.0))
+            }
+            MigrationUrl::Tcp(addr) => {
+                let listener = TcpListener::bind(addr.as_str()).map_err(fail)?;
+                let (s, _) = listener.accept().map_err(fail)?;
+                let _ = s.set_nodelay(true);
+                Ok(Stream::Tcp(s))
+            }
+        }
+    }
+
+    pub fn connect(&self) -> Result<Stream, MigrationError> {
+        let fail = |e| MigrationError::Connect("connect to", self.name(), e);
+        match self {
+            MigrationUrl::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).map_err(fail)?)),
+            MigrationUrl::Tcp(addr) => {
+                let s = TcpStream::connect(addr.as_str()).map_err(fail)?;
+                let _ = s.set_nodelay(true);
+                Ok(Stream::Tcp(s))
+            }
+        }
+    }
+}
+
+/// A migration connection.
+pub enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    /// Sends `buf` with `fd` attached (Unix sockets only).
+    pub fn send_with_fd(&mut self, buf: &[u8], fd: RawFd) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => {
+                let n = s.send_with_fd(buf, fd).map_err(io::Error::from)?;
+                if n != buf.len() {
+                    return Err(io::Error::new(io::ErrorKind::WriteZero, "short send"));
+                }
+                Ok(())
+            }
+            Stream::Tcp(_) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "file descriptors go over unix: connections only",
+            )),
+        }
+    }
+
+    /// Whether file descriptors can go over it.
+    pub fn carries_fds(&self) -> bool {
+        matches!(self, Stream::Unix(_))
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        match self {
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Channel for Stream {
+    fn recv_with_fd(&mut self, buf: &mut [u8]) -> io::Result<Option<OwnedFd>> {
+        let Stream::Unix(s) = self else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "file descriptors come over unix: connections only",
+            ));
+        };
+        let (n, file) = s.recv_with_fd(buf).map_err(io::Error::from)?;
+        if n != buf.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "a short MemoryFd payload",
+            ));
+        }
+        Ok(file.map(OwnedFd::from))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_unix_paths_or_tcp_host_ports() {
+        assert_eq!(
+            MigrationUrl::parse("unix:/tmp/m").unwrap(),
+            MigrationUrl::Unix("/tmp/m".into())
+        );
+        assert_eq!(
+            MigrationUrl::parse("tcp:127.0.0.1:6000").unwrap(),
+            MigrationUrl::Tcp("127.0.0.1:6000".into())
+        );
+        for bad in [
+            "",
+            "unix:",
+            "tcp:1.2.3.4",
+            "tcp::5",
+            "tcp:h:99999",
+            "file:///x",
+        ] {
+            assert!(MigrationUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
