@@ -42,6 +42,9 @@ pub enum ApiRequest {
     /// With the tap fds `net_fds` describes (SCM_RIGHTS).
     VmRestore(schema::RestoreConfig, Vec<OwnedFd>),
     VmmShutdown,
+    /// With the tap fds `net_fds` describes (SCM_RIGHTS).
+    VmReceiveMigration(schema::ReceiveMigrationData, Vec<OwnedFd>),
+    VmSendMigration(schema::SendMigrationData),
 }
 
 /// The owner thread's answer.
@@ -87,8 +90,6 @@ const NOT_OFFERED: &[&str] = &[
     "vm.resize-zone",
     "vm.power-button",
     "vm.nmi",
-    "vm.send-migration",
-    "vm.receive-migration",
 ];
 
 fn body<T: DeserializeOwned>(endpoint: &str, body: &[u8]) -> Result<T, HttpError> {
@@ -137,6 +138,11 @@ pub fn route(req: &http::Request, fds: Vec<OwnedFd>) -> Result<Route, HttpError>
         "vm.resize" => (Method::Put, ApiRequest::VmResize(optional(endpoint, b)?)),
         "vm.snapshot" => (Method::Put, ApiRequest::VmSnapshot(body(endpoint, b)?)),
         "vm.restore" => (Method::Put, ApiRequest::VmRestore(body(endpoint, b)?, fds)),
+        "vm.receive-migration" => (
+            Method::Put,
+            ApiRequest::VmReceiveMigration(body(endpoint, b)?, fds),
+        ),
+        "vm.send-migration" => (Method::Put, ApiRequest::VmSendMigration(body(endpoint, b)?)),
         e if NOT_OFFERED.contains(&e) => {
             return Err(HttpError::new(
                 400,

@@ -14,6 +14,7 @@
 
 mod devices;
 mod memory;
+mod migration;
 pub mod serve;
 mod snapshot;
 
@@ -73,6 +74,9 @@ pub enum ControlError {
     /// A snapshot or restore that failed: the request's name, then why.
     #[error("{0}: {1}")]
     Snapshot(&'static str, LaunchError),
+    /// A migration that failed: the request's name, then why.
+    #[error("{0}: {1}")]
+    Migration(&'static str, vmm::migration::MigrationError),
 }
 
 impl ControlError {
@@ -91,6 +95,8 @@ impl ControlError {
             ControlError::ResizePending => 429,
             ControlError::Launch(e) | ControlError::Snapshot(_, e) if e.is_input_fault() => 400,
             ControlError::Launch(_) | ControlError::Snapshot(..) => 500,
+            ControlError::Migration(_, e) if e.is_input_fault() => 400,
+            ControlError::Migration(..) => 500,
         }
     }
 }
@@ -226,6 +232,8 @@ impl Vmm {
             ApiRequest::VmResize(r) => done(self.resize(r)),
             ApiRequest::VmSnapshot(s) => done(self.snapshot(&s.destination_url)),
             ApiRequest::VmRestore(r, fds) => done(self.restore(r, fds)),
+            ApiRequest::VmReceiveMigration(r, fds) => done(self.receive_migration(r, fds)),
+            ApiRequest::VmSendMigration(s) => done(self.send_migration(s)),
             ApiRequest::VmmShutdown => {
                 let r = self.delete();
                 self.exit = Some(VmmExit(0));

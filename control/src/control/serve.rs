@@ -89,6 +89,8 @@ fn request_name(r: &ApiRequest) -> &'static str {
         ApiRequest::VmSnapshot(_) => "vm.snapshot",
         ApiRequest::VmRestore(..) => "vm.restore",
         ApiRequest::VmmShutdown => "vmm.shutdown",
+        ApiRequest::VmReceiveMigration(..) => "vm.receive-migration",
+        ApiRequest::VmSendMigration(_) => "vm.send-migration",
     }
 }
 

@@ -104,7 +104,7 @@ impl LaunchedVm {
     }
 
     /// What a snapshot cannot save yet is refused before anything is written.
-    fn check_snapshottable(&self) -> Result<(), LaunchError> {
+    pub(super) fn check_snapshottable(&self) -> Result<(), LaunchError> {
         if self.vm.irqchip != IrqchipMode::Kernel {
             return Err(unsupported(
                 "only a VM with the in-kernel irqchip (--irqchip kernel) can be snapshotted",
@@ -127,7 +127,7 @@ impl LaunchedVm {
     }
 
     /// Each vCPU's state, read on its own thread while parked.
-    fn capture_vcpus(&self) -> Result<Vec<VcpuKvmState>, LaunchError> {
+    pub(super) fn capture_vcpus(&self) -> Result<Vec<VcpuKvmState>, LaunchError> {
         let probe = StateProbe::new(&self.vm.kvm, &self.vm.fd).map_err(SnapshotError::Kvm)?;
         let n = self.boot_vcpus;
         let results: Arc<Mutex<Vec<Option<Captured>>>> =
