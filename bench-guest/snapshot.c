@@ -32,6 +32,10 @@
  *
  *   EXITLESS SNAPNET n=<round> net_tries=<k> vsock_tries=<k> resets=<transport resets> cid=<c>
  *
+ * `dirty=1` also writes every page of the pattern again each round, mixed with the round's
+ * number (what the end checks then): a live migration must carry pages written while it
+ * copies (its dirty passes).
+ *
  * `bridge=1` first does to the PCI host bridge (00:00.0) what Linux's PCI probe does to every
  * function: each BAR and the ROM BAR written all ones, read back and written back as they
  * were; then it sets the bridge's interrupt line. The result line ends with bridge=1 if the
@@ -45,7 +49,7 @@
 #define PAGE_SIZE 4096UL
 
 struct snapshot_run {
-    u64 pages, ticks, iters, count, bad, virtio, net, bridge;
+    u64 pages, ticks, iters, count, bad, virtio, net, bridge, dirty;
 };
 
 #define BRIDGE_LINE 11
@@ -152,6 +156,9 @@ static u64 snapshot_user(u64 arg)
         }
         if (r->net)
             snapshot_net_round(t);
+        if (r->dirty)
+            for (u64 p = 0; p < r->pages; p++)
+                *(volatile u64 *)(SNAP_BASE + p * PAGE_SIZE) = pattern(p) ^ (t + 1);
         tick_count = tick_count + 1;
         puts_("EXITLESS TICK n=");
         put_u64(t);
@@ -159,8 +166,9 @@ static u64 snapshot_user(u64 arg)
         put_u64(tick_count);
         puts_("\n");
     }
+    u64 mix = r->dirty ? r->ticks : 0;
     for (u64 p = 0; p < r->pages; p++)
-        if (*(volatile u64 *)(SNAP_BASE + p * PAGE_SIZE) != pattern(p))
+        if (*(volatile u64 *)(SNAP_BASE + p * PAGE_SIZE) != (pattern(p) ^ mix))
             r->bad++;
     r->count = tick_count;
     return 0;
@@ -185,6 +193,7 @@ void snapshot_main(const char *cmdline)
         if (why)
             virtio_fail(why);
     }
+    r.dirty = parse_u64(find_arg(cmdline, "dirty="));
     r.bridge = parse_u64(find_arg(cmdline, "bridge="));
     if (r.bridge)
         snapshot_size_bridge();

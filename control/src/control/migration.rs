@@ -44,6 +44,31 @@ fn convert(
     Ok((api, ids, config))
 }
 
+/// Cloud Hypervisor's fields for what exitless does not do, refused by name when asked for
+/// (`ch-remote` sends each at its default).
+fn refuse_extras(what: &str, extra: &schema::Extra) -> Result<(), ControlError> {
+    let asked = |key: &str, default: &[serde_json::Value]| {
+        extra.get(key).is_some_and(|v| !default.contains(v))
+    };
+    let null = serde_json::Value::Null;
+    let refused = [
+        ("preserve_source", asked("preserve_source", &[false.into()])),
+        ("connections", asked("connections", &[1.into()])),
+        ("tls_dir", asked("tls_dir", &[null.clone()])),
+        ("memory_mode", asked("memory_mode", &["Precopy".into()])),
+        (
+            "vfio_fds",
+            asked("vfio_fds", &[null.clone(), serde_json::json!([])]),
+        ),
+    ];
+    match refused.iter().find(|r| r.1) {
+        Some((key, _)) => Err(ControlError::Unsupported(format!(
+            "{what}: {key} is not supported by exitless (precopy over one connection)"
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl Vmm {
     /// Listens on `r.receiver_url`, receives one migration and runs the VM it made.
     pub(super) fn receive_migration(
@@ -54,6 +79,7 @@ impl Vmm {
         if self.slot.is_some() {
             return Err(ControlError::AlreadyCreated);
         }
+        refuse_extras(RECEIVE, &r.extra)?;
         let url = MigrationUrl::parse(&r.receiver_url).map_err(|e| failed(RECEIVE, e))?;
         let like_restore = schema::RestoreConfig {
             net_fds: r.net_fds.clone(),
@@ -116,9 +142,10 @@ impl Vmm {
         if !matches!(slot.state, VmState::Running | VmState::Paused) {
             return Err(slot.wrong(SEND, "Running or Paused"));
         }
-        let strategy = match s.timeout_strategy.as_str() {
-            "Cancel" => TimeoutStrategy::Cancel,
-            "Ignore" => TimeoutStrategy::Ignore,
+        refuse_extras(SEND, &s.extra)?;
+        let strategy = match s.timeout_strategy.to_ascii_lowercase().as_str() {
+            "cancel" => TimeoutStrategy::Cancel,
+            "ignore" => TimeoutStrategy::Ignore,
             other => {
                 return Err(ControlError::Invalid(format!(
                     "{SEND}: timeout_strategy is Cancel or Ignore, not {other}"
