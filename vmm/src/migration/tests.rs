@@ -139,21 +139,24 @@ fn opts() -> SendOptions {
     }
 }
 
-fn migrate(
-    mut src: FakeSource,
-    mut dest: FakeDestination,
-) -> (
+fn migrate(src: FakeSource, dest: FakeDestination) -> Migrated {
+    migrate_with(src, dest, opts())
+}
+
+type Migrated = (
     Result<sender::SendSummary, MigrationError>,
     FakeSource,
     Result<receiver::Received, MigrationError>,
     FakeDestination,
-) {
+);
+
+fn migrate_with(mut src: FakeSource, mut dest: FakeDestination, opts: SendOptions) -> Migrated {
     let (a, b) = UnixStream::pair().unwrap();
     let receiving = std::thread::spawn(move || {
         let r = receiver::receive(&mut Stream::Unix(b), &mut dest);
         (r, dest)
     });
-    let sent = sender::send(&mut Stream::Unix(a), &mut src, opts());
+    let sent = sender::send(&mut Stream::Unix(a), &mut src, opts);
     let (received, dest) = receiving.join().unwrap();
     (sent, src, received, dest)
 }
@@ -206,4 +209,35 @@ fn a_destination_that_fails_leaves_the_source_resumed() {
     assert!(matches!(received, Err(MigrationError::Destination(_))));
     let log = src.log.lock().unwrap().clone();
     assert_eq!(log, ["track", "pause", "untrack", "resume"]);
+}
+
+#[test]
+fn a_paused_vm_completes_paused_without_a_pause_of_its_own() {
+    let o = SendOptions {
+        running: false,
+        ..opts()
+    };
+    let (sent, src, received, dest) =
+        migrate_with(source(Vec::new()), FakeDestination::default(), o);
+    sent.unwrap();
+    assert!(!received.unwrap().resumed);
+    assert_eq!(dest.resumed, Some(false));
+    assert_eq!(*src.log.lock().unwrap(), ["track", "untrack"]);
+}
+
+#[test]
+fn a_timeout_with_cancel_abandons_and_the_source_goes_on_unpaused() {
+    // The guest writes a page before every read of its log: never nothing left.
+    let writes = (0..100).map(|i| vec![(0x4000 + i * 8, 1)]).collect();
+    let o = SendOptions {
+        timeout: Duration::ZERO,
+        ..opts()
+    };
+    let (sent, src, received, _) = migrate_with(source(writes), FakeDestination::default(), o);
+    assert!(matches!(sent, Err(MigrationError::Timeout(0))), "{sent:?}");
+    assert!(
+        matches!(received, Err(MigrationError::Abandoned)),
+        "{received:?}"
+    );
+    assert_eq!(*src.log.lock().unwrap(), ["track", "untrack"]);
 }
