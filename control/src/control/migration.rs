@@ -54,7 +54,7 @@ fn refuse_extras(what: &str, extra: &schema::Extra) -> Result<(), ControlError> 
     let refused = [
         ("preserve_source", asked("preserve_source", &[false.into()])),
         ("connections", asked("connections", &[1.into()])),
-        ("tls_dir", asked("tls_dir", &[null.clone()])),
+        ("tls_dir", asked("tls_dir", std::slice::from_ref(&null))),
         ("memory_mode", asked("memory_mode", &["Precopy".into()])),
         (
             "vfio_fds",

@@ -7,6 +7,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
@@ -49,35 +50,69 @@ impl MigrationUrl {
     }
 
     /// Listens on the URL and takes one connection (a Unix socket's file is removed once
-    /// connected, and a stale one before binding).
+    /// connected, and a stale socket before binding; any other file there is left and
+    /// refused). Waits until a peer connects or a stop signal (SIGINT, SIGTERM) arrives.
     pub fn accept(&self) -> Result<Stream, MigrationError> {
         let fail = |e| MigrationError::Connect("listen on", self.name(), e);
-        match self {
+        let stream = match self {
             MigrationUrl::Unix(path) => {
-                let _ = std::fs::remove_file(path);
+                use std::os::unix::fs::FileTypeExt;
+                let stale =
+                    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());
+                if stale {
+                    let _ = std::fs::remove_file(path);
+                }
                 let listener = UnixListener::bind(path).map_err(fail)?;
-                let accepted = listener.accept();
+                listener.set_nonblocking(true).map_err(fail)?;
+                let accepted = until_connected(|| listener.accept().map(|a| a.0));
                 let _ = std::fs::remove_file(path);
-                Ok(Stream::Unix(accepted.map_err(fail)?.0))
+                Stream::Unix(accepted.map_err(fail)?)
             }
             MigrationUrl::Tcp(addr) => {
                 let listener = TcpListener::bind(addr.as_str()).map_err(fail)?;
-                let (s, _) = listener.accept().map_err(fail)?;
+                listener.set_nonblocking(true).map_err(fail)?;
+                let s = until_connected(|| listener.accept().map(|a| a.0)).map_err(fail)?;
                 let _ = s.set_nodelay(true);
-                Ok(Stream::Tcp(s))
+                Stream::Tcp(s)
             }
-        }
+        };
+        stream.set_timeout().map_err(fail)?;
+        Ok(stream)
     }
 
     pub fn connect(&self) -> Result<Stream, MigrationError> {
         let fail = |e| MigrationError::Connect("connect to", self.name(), e);
-        match self {
-            MigrationUrl::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).map_err(fail)?)),
+        let stream = match self {
+            MigrationUrl::Unix(path) => Stream::Unix(UnixStream::connect(path).map_err(fail)?),
             MigrationUrl::Tcp(addr) => {
                 let s = TcpStream::connect(addr.as_str()).map_err(fail)?;
                 let _ = s.set_nodelay(true);
-                Ok(Stream::Tcp(s))
+                Stream::Tcp(s)
             }
+        };
+        stream.set_timeout().map_err(fail)?;
+        Ok(stream)
+    }
+}
+
+/// How long either side waits for the other's next byte before giving up.
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Polls a non-blocking `accept` (its listener set so here) until a peer connects or a stop
+/// signal arrives.
+fn until_connected<S>(mut accept: impl FnMut() -> io::Result<S>) -> io::Result<S> {
+    loop {
+        match accept() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if crate::launch::stop_signal().is_some() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Interrupted,
+                        "a stop signal arrived before the source connected",
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other,
         }
     }
 }
@@ -103,6 +138,22 @@ impl Stream {
                 io::ErrorKind::Unsupported,
                 "file descriptors go over unix: connections only",
             )),
+        }
+    }
+
+    /// Reads and writes fail after [`PEER_TIMEOUT`] without progress (a peer that hangs).
+    fn set_timeout(&self) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => {
+                s.set_nonblocking(false)?;
+                s.set_read_timeout(Some(PEER_TIMEOUT))?;
+                s.set_write_timeout(Some(PEER_TIMEOUT))
+            }
+            Stream::Tcp(s) => {
+                s.set_nonblocking(false)?;
+                s.set_read_timeout(Some(PEER_TIMEOUT))?;
+                s.set_write_timeout(Some(PEER_TIMEOUT))
+            }
         }
     }
 
