@@ -6,11 +6,15 @@
 #   rest     touch_mib=8, long rounds of exits (iters=20000): nearly idle memory
 #   writing  dirty=1 touch_mib=N: every round writes its N MiB again (iters=2000)
 #   local    as rest, memory shared=on, local=true (memory as fds)
-# Usage: measure-migration.py EXITLESS BENCH_ELF ROUNDS [WRITING_MIB]  (docs/migration.md, "Figures")
+# Usage: measure-migration.py EXITLESS BENCH_ELF ROUNDS [WRITING_MIB [REST_MIB [ROWS]]]
+#   (docs/migration.md, "Figures"; REST_MIB is what rest and local touch, 8 by default; ROWS a
+#   comma-separated choice of rest,writing,local)
 import http.client, json, os, re, socket, statistics, subprocess, sys, tempfile, threading, time
 
 EXITLESS, GUEST, ROUNDS = sys.argv[1], sys.argv[2], int(sys.argv[3])
 MIB = int(sys.argv[4]) if len(sys.argv) > 4 else 64
+REST_MIB = int(sys.argv[5]) if len(sys.argv) > 5 else 8
+ROWS = sys.argv[6].split(',') if len(sys.argv) > 6 else ['rest', 'writing', 'local']
 WORK = tempfile.mkdtemp(prefix='exitless-measure-mig-')
 
 
@@ -63,7 +67,7 @@ def one(row, i):
     if row == 'writing':
         cmdline = f'case=snapshot ticks=1000000 iters=2000 touch_mib={MIB} dirty=1 hold'
     else:
-        cmdline = 'case=snapshot ticks=1000000 iters=20000 touch_mib=8 hold'
+        cmdline = f'case=snapshot ticks=1000000 iters=20000 touch_mib={REST_MIB} hold'
     if row == 'local':
         memory['shared'] = True
     src, ssock = vmm(f'src-{row}-{i}')
@@ -94,7 +98,7 @@ def med(xs):
     return f'{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})'
 
 
-for row in ('rest', 'writing', 'local'):
+for row in ROWS:
     runs = [one(row, i) for i in range(ROUNDS)]
     total, down, mib, passes, client = zip(*runs)
     print(f'{row}: total {med(total)} ms, downtime {med(down)} ms, client {med(client)} ms, '

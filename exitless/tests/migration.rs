@@ -20,8 +20,8 @@ use common::snapshot::{wait_file, SnapTest};
 use exitless_control::api::client::Reply;
 use serde_json::{json, Value};
 
-const TICKS: u64 = 40;
-const CMDLINE: &str = "case=snapshot ticks=40 iters=2000 touch_mib=8 dirty=1 hold";
+const TICKS: u64 = 200;
+const CMDLINE: &str = "case=snapshot ticks=200 iters=200 touch_mib=8 dirty=1 hold";
 
 /// The source: an API VMM running the guest until its second round.
 fn source(t: &SnapTest, tag: &str, memory: Value) -> (Vmm, PathBuf) {

@@ -3,7 +3,7 @@
 //! snapshot captures (`launch/snapshot.rs`), carried in memory instead of files; the VM is
 //! made as a restore makes it (`launch/restore.rs`). See docs/migration.md.
 
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use vm_memory::{
@@ -198,12 +198,11 @@ impl Source for Outgoing<'_> {
         Ok(out)
     }
 
-    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MigrationError> {
-        self.vm
-            .vm
-            .memory()
-            .read_slice(buf, GuestAddress(gpa))
-            .map_err(|e| MigrationError::Destination(format!("reading guest memory: {e}")))
+    fn send(&self, gpa: u64, len: u64, to: BorrowedFd<'_>) -> Result<(), MigrationError> {
+        let mut to = to;
+        self.mem()
+            .write_all_volatile_to(GuestAddress(gpa), &mut to, len as usize)
+            .map_err(|e| MigrationError::Protocol(format!("sending guest memory: {e}")))
     }
 
     fn pause(&mut self) -> Result<(), MigrationError> {
@@ -384,6 +383,20 @@ impl Destination for Incoming<'_> {
         let r = r.ok_or_else(|| destination("memory before the config"))?;
         r.write_slice(bytes, MemoryRegionAddress(offset))
             .map_err(destination)
+    }
+
+    fn fill(
+        &mut self,
+        region: usize,
+        offset: u64,
+        len: u64,
+        from: BorrowedFd<'_>,
+    ) -> Result<(), MigrationError> {
+        let r = self.mem.as_ref().and_then(|m| m.iter().nth(region));
+        let r = r.ok_or_else(|| destination("memory before the config"))?;
+        let mut from = from;
+        r.read_exact_volatile_from(MemoryRegionAddress(offset), &mut from, len as usize)
+            .map_err(|e| MigrationError::Protocol(format!("reading guest memory: {e}")))
     }
 
     fn state(&mut self, bytes: &[u8]) -> Result<(), MigrationError> {

@@ -6,7 +6,7 @@
 //! of [`super::protocol`].
 
 use std::io::{self, Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use super::protocol::{self, Command, MigrationConfig, Request, Response, HEADER_LEN};
 use super::MigrationError;
@@ -18,6 +18,10 @@ const CHUNK: usize = 1 << 20;
 pub trait Channel: Read + Write {
     /// Reads exactly `buf.len()` bytes that came with one file descriptor.
     fn recv_with_fd(&mut self, buf: &mut [u8]) -> io::Result<Option<OwnedFd>>;
+    /// The socket, where guest memory can be read into straight ([`Destination::fill`]).
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// What the received migration makes.
@@ -32,6 +36,27 @@ pub trait Destination {
     fn regions(&self) -> Vec<(u64, u64)>;
     /// Writes `bytes` at `offset` of region `region` (inside it: checked by the caller).
     fn write(&mut self, region: usize, offset: u64, bytes: &[u8]) -> Result<(), MigrationError>;
+    /// Reads `len` bytes from `from` into region `region` at `offset` (inside it: checked by
+    /// the caller); by default through [`Destination::write`].
+    fn fill(
+        &mut self,
+        region: usize,
+        offset: u64,
+        len: u64,
+        from: BorrowedFd<'_>,
+    ) -> Result<(), MigrationError> {
+        let io = |e| MigrationError::Io("reading guest memory", e);
+        let mut f = std::fs::File::from(from.try_clone_to_owned().map_err(io)?);
+        let mut buf = vec![0u8; (len as usize).min(CHUNK)];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(CHUNK as u64) as usize;
+            f.read_exact(&mut buf[..n]).map_err(io)?;
+            self.write(region, offset + at, &buf[..n])?;
+            at += n as u64;
+        }
+        Ok(())
+    }
     /// Makes the VM from its state (`state.json`'s bytes), paused.
     fn state(&mut self, state: &[u8]) -> Result<(), MigrationError>;
     /// The migration is complete: runs the VM if `resume`.
@@ -188,8 +213,13 @@ impl Run {
         let regions = dest.regions();
         let total: u64 = regions.iter().map(|r| r.1).sum();
         let placed = protocol::place_ranges(&table, &regions, total)?;
-        self.buf.resize(CHUNK, 0);
         for (region, offset, length) in placed {
+            if let Some(fd) = ch.fd() {
+                dest.fill(region, offset, length, fd)?;
+                self.done.memory_bytes += length;
+                continue;
+            }
+            self.buf.resize(CHUNK, 0);
             let mut at = 0;
             while at < length {
                 let n = (length - at).min(CHUNK as u64) as usize;

@@ -8,7 +8,7 @@
 //! dirty log off, the VM resumed if this paused it.
 
 use std::io::Write;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use super::protocol::{self, Command, MemoryRange, Request, Response, Status, HEADER_LEN};
@@ -35,8 +35,9 @@ pub trait Source {
     fn touched(&mut self) -> Result<Vec<MemoryRange>, MigrationError>;
     /// The pages written since the dirty log was last read.
     fn dirty(&mut self) -> Result<Vec<MemoryRange>, MigrationError>;
-    /// Copies guest memory at `gpa` into `buf`.
-    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MigrationError>;
+    /// Writes `len` bytes of guest memory at `gpa` to `to` (the connection), straight from
+    /// the guest's pages.
+    fn send(&self, gpa: u64, len: u64, to: BorrowedFd<'_>) -> Result<(), MigrationError>;
     /// Pauses the vCPUs (only called if they ran).
     fn pause(&mut self) -> Result<(), MigrationError>;
     fn resume(&mut self);
@@ -91,7 +92,6 @@ pub fn send(
         paused: false,
         capturing: false,
         tracking: false,
-        buf: Vec::new(),
     };
     let sent = run.send(s, src, opts);
     if sent.is_err() {
@@ -115,7 +115,6 @@ struct Run {
     paused: bool,
     capturing: bool,
     tracking: bool,
-    buf: Vec<u8>,
 }
 
 impl Run {
@@ -226,10 +225,7 @@ impl Run {
                 .and_then(|()| s.write_all(&table))
                 .map_err(|e| MigrationError::Io("sending a memory table", e))?;
             for r in &batch {
-                self.buf.resize(r.length as usize, 0);
-                src.read(r.gpa, &mut self.buf)?;
-                s.write_all(&self.buf)
-                    .map_err(|e| MigrationError::Io("sending guest memory", e))?;
+                src.send(r.gpa, r.length, s.fd())?;
                 sent += r.length;
             }
             answer(s, "Memory")?;

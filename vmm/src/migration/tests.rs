@@ -2,7 +2,7 @@
 //! each side: precopy carries every page the guest wrote, through dirty passes, into the
 //! destination; a destination that fails leaves the source resumed.
 
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -73,9 +73,11 @@ impl Source for FakeSource {
         }
         Ok(std::mem::take(&mut self.dirty))
     }
-    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MigrationError> {
-        buf.copy_from_slice(&self.mem[gpa as usize..gpa as usize + buf.len()]);
-        Ok(())
+    fn send(&self, gpa: u64, len: u64, to: BorrowedFd<'_>) -> Result<(), MigrationError> {
+        use std::io::Write;
+        let mut f = std::fs::File::from(to.try_clone_to_owned().unwrap());
+        f.write_all(&self.mem[gpa as usize..(gpa + len) as usize])
+            .map_err(|e| MigrationError::Io("sending", e))
     }
     fn pause(&mut self) -> Result<(), MigrationError> {
         self.note("pause");

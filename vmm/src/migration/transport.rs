@@ -4,7 +4,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -162,10 +162,11 @@ impl Stream {
         matches!(self, Stream::Unix(_))
     }
 
-    pub fn raw_fd(&self) -> RawFd {
+    /// The connection's socket.
+    pub fn fd(&self) -> BorrowedFd<'_> {
         match self {
-            Stream::Unix(s) => s.as_raw_fd(),
-            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_fd(),
+            Stream::Tcp(s) => s.as_fd(),
         }
     }
 }
@@ -193,6 +194,10 @@ impl Write for Stream {
 }
 
 impl Channel for Stream {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(Stream::fd(self))
+    }
+
     fn recv_with_fd(&mut self, buf: &mut [u8]) -> io::Result<Option<OwnedFd>> {
         let Stream::Unix(s) = self else {
             return Err(io::Error::new(
