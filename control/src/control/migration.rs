@@ -95,7 +95,8 @@ impl Vmm {
                 Ok(config)
             };
             let mut incoming = Incoming::new(&mut make);
-            let mut stream = url.accept().map_err(|e| failed(RECEIVE, e))?;
+            let stop = || vmm::launch::stop_signal().is_some();
+            let mut stream = url.accept(&stop).map_err(|e| failed(RECEIVE, e))?;
             let received =
                 receiver::receive(&mut stream, &mut incoming).map_err(|e| failed(RECEIVE, e))?;
             (incoming.into_vm(), received)

@@ -51,8 +51,9 @@ impl MigrationUrl {
 
     /// Listens on the URL and takes one connection (a Unix socket's file is removed once
     /// connected, and a stale socket before binding; any other file there is left and
-    /// refused). Waits until a peer connects or a stop signal (SIGINT, SIGTERM) arrives.
-    pub fn accept(&self) -> Result<Stream, MigrationError> {
+    /// refused). Waits until a peer connects or `stop` says to give up (asked every 20 ms:
+    /// the VMM's stop signals).
+    pub fn accept(&self, stop: &dyn Fn() -> bool) -> Result<Stream, MigrationError> {
         let fail = |e| MigrationError::Connect("listen on", self.name(), e);
         let stream = match self {
             MigrationUrl::Unix(path) => {
@@ -64,14 +65,14 @@ impl MigrationUrl {
                 }
                 let listener = UnixListener::bind(path).map_err(fail)?;
                 listener.set_nonblocking(true).map_err(fail)?;
-                let accepted = until_connected(|| listener.accept().map(|a| a.0));
+                let accepted = until_connected(stop, || listener.accept().map(|a| a.0));
                 let _ = std::fs::remove_file(path);
                 Stream::Unix(accepted.map_err(fail)?)
             }
             MigrationUrl::Tcp(addr) => {
                 let listener = TcpListener::bind(addr.as_str()).map_err(fail)?;
                 listener.set_nonblocking(true).map_err(fail)?;
-                let s = until_connected(|| listener.accept().map(|a| a.0)).map_err(fail)?;
+                let s = until_connected(stop, || listener.accept().map(|a| a.0)).map_err(fail)?;
                 let _ = s.set_nodelay(true);
                 Stream::Tcp(s)
             }
@@ -98,13 +99,15 @@ impl MigrationUrl {
 /// How long either side waits for the other's next byte before giving up.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Polls a non-blocking `accept` (its listener set so here) until a peer connects or a stop
-/// signal arrives.
-fn until_connected<S>(mut accept: impl FnMut() -> io::Result<S>) -> io::Result<S> {
+/// Polls a non-blocking `accept` (its listener set so here) until a peer connects or `stop`.
+fn until_connected<S>(
+    stop: &dyn Fn() -> bool,
+    mut accept: impl FnMut() -> io::Result<S>,
+) -> io::Result<S> {
     loop {
         match accept() {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if crate::launch::stop_signal().is_some() {
+                if stop() {
                     return Err(io::Error::new(
                         io::ErrorKind::Interrupted,
                         "a stop signal arrived before the source connected",
