@@ -1,7 +1,8 @@
 //! Live migration end to end (docs/migration.md), with the bench guest's `case=snapshot
 //! dirty=1`: it writes 8 MiB, then each round exits to the VMM `iters` times and writes every
 //! page of it again, and at the end checks them all and its round counter. Migrated mid-loop
-//! over `unix:` and `tcp:` (and `local`, shared memory as fds), it finishes on the
+//! over `unix:` and `tcp:` (and `local`, shared memory as fds; paused, it arrives paused), it
+//! finishes on the
 //! destination with every check passing and the source process gone; a destination that
 //! dies midway leaves the source running and correct; a receiver fed garbage answers an
 //! error and stays up; a VM whose devices write guest memory is refused by name; Cloud
@@ -356,5 +357,31 @@ fn ch_remote_drives_both_ends() {
     assert!(src
         .wait_exit(Duration::from_secs(10))
         .is_some_and(|s| s.success()));
+    assert_finished(&wait_file(&serial, "EXITLESS DONE"));
+}
+
+#[test]
+fn a_paused_vm_arrives_paused_and_goes_on_when_resumed() {
+    let Some(t) = SnapTest::start("paused_migration", "mig-paused") else {
+        return;
+    };
+    let (mut src, serial) = source(&t, "mig-paused-src", memory());
+    ok(
+        src.client().request("PUT", "vm.pause", None).unwrap(),
+        "vm.pause",
+    );
+    let dest = Vmm::start("mig-paused-dst");
+    let url = format!("unix:{}", t.scratch.join("m.sock").display());
+    let receiving = receive(&dest, &url);
+    let sent = send(&src, json!({"destination_url": url}));
+    assert_eq!(sent.status, 204, "{}", sent.body);
+    assert_eq!(receiving.join().unwrap().status, 204);
+    assert!(src
+        .wait_exit(Duration::from_secs(10))
+        .is_some_and(|s| s.success()));
+    let mut c = dest.client();
+    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
+    assert_eq!(info["state"], "Paused", "{info}");
+    ok(c.request("PUT", "vm.resume", None).unwrap(), "vm.resume");
     assert_finished(&wait_file(&serial, "EXITLESS DONE"));
 }
