@@ -2,11 +2,10 @@
 //! dirty=1`: it writes 8 MiB, then each round exits to the VMM `iters` times and writes every
 //! page of it again, and at the end checks them all and its round counter. Migrated mid-loop
 //! over `unix:` and `tcp:` (and `local`, shared memory as fds; paused, it arrives paused), it
-//! finishes on the
-//! destination with every check passing and the source process gone; a destination that
-//! dies midway leaves the source running and correct; a receiver fed garbage answers an
-//! error and stays up; a VM whose devices write guest memory is refused by name; Cloud
-//! Hypervisor's `ch-remote` drives both ends.
+//! finishes on the destination with every check passing and the source process gone; a
+//! destination that dies midway leaves the source running and correct; a receiver fed
+//! garbage answers an error and stays up; a VM whose devices write guest memory is refused
+//! by name; Cloud Hypervisor's `ch-remote` drives both ends.
 
 mod common;
 
