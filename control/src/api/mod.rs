@@ -49,6 +49,9 @@ pub enum ApiRequest {
     VmResizeZone(schema::VmResizeZone),
     VmCoredump(schema::VmCoredumpData),
     VmmShutdown,
+    /// With the tap fds `net_fds` describes (SCM_RIGHTS).
+    VmReceiveMigration(schema::ReceiveMigrationData, Vec<OwnedFd>),
+    VmSendMigration(schema::SendMigrationData),
 }
 
 /// The owner thread's answer.
@@ -89,8 +92,6 @@ const NOT_OFFERED: &[&str] = &[
     "vm.add-vdpa",
     "vm.add-user-device",
     "vm.add-generic-vhost-user",
-    "vm.send-migration",
-    "vm.receive-migration",
 ];
 
 fn body<T: DeserializeOwned>(endpoint: &str, body: &[u8]) -> Result<T, HttpError> {
@@ -144,6 +145,11 @@ pub fn route(req: &http::Request, fds: Vec<OwnedFd>) -> Result<Route, HttpError>
         "vm.resize-disk" => (Method::Put, ApiRequest::VmResizeDisk(body(endpoint, b)?)),
         "vm.resize-zone" => (Method::Put, ApiRequest::VmResizeZone(body(endpoint, b)?)),
         "vm.coredump" => (Method::Put, ApiRequest::VmCoredump(body(endpoint, b)?)),
+        "vm.receive-migration" => (
+            Method::Put,
+            ApiRequest::VmReceiveMigration(body(endpoint, b)?, fds),
+        ),
+        "vm.send-migration" => (Method::Put, ApiRequest::VmSendMigration(body(endpoint, b)?)),
         e if NOT_OFFERED.contains(&e) => {
             return Err(HttpError::new(
                 400,
