@@ -46,6 +46,10 @@
  * them (and with `balloon=1` inflates the balloon to its target), and checks them every
  * round; the result line adds hotplug_ok=<0|1>.
  *
+ * `dirty=1` also writes every page of the pattern again each round, mixed with the round's
+ * number (what the end checks then): a live migration must carry pages written while it
+ * copies (its dirty passes).
+ *
  * `bridge=1` first does to the PCI host bridge (00:00.0) what Linux's PCI probe does to every
  * function: each BAR and the ROM BAR written all ones, read back and written back as they
  * were; then it sets the bridge's interrupt line. The result line ends with bridge=1 if the
@@ -59,7 +63,7 @@
 #define PAGE_SIZE 4096UL
 
 struct snapshot_run {
-    u64 pages, ticks, iters, count, bad, virtio, net, bridge, fs, hotplug;
+    u64 pages, ticks, iters, count, bad, virtio, net, bridge, fs, hotplug, dirty;
     const char *cmdline;
 };
 
@@ -173,6 +177,9 @@ static u64 snapshot_user(u64 arg)
             snapshot_fs_round(t);
         if (r->hotplug)
             snapshot_hotplug_round(t);
+        if (r->dirty)
+            for (u64 p = 0; p < r->pages; p++)
+                *(volatile u64 *)(SNAP_BASE + p * PAGE_SIZE) = pattern(p) ^ (t + 1);
         tick_count = tick_count + 1;
         puts_("EXITLESS TICK n=");
         put_u64(t);
@@ -182,8 +189,9 @@ static u64 snapshot_user(u64 arg)
     }
     if (r->fs)
         snapshot_fs_end(r->ticks);
+    u64 mix = r->dirty ? r->ticks : 0;
     for (u64 p = 0; p < r->pages; p++)
-        if (*(volatile u64 *)(SNAP_BASE + p * PAGE_SIZE) != pattern(p))
+        if (*(volatile u64 *)(SNAP_BASE + p * PAGE_SIZE) != (pattern(p) ^ mix))
             r->bad++;
     r->count = tick_count;
     return 0;
@@ -208,6 +216,7 @@ void snapshot_main(const char *cmdline)
         if (why)
             virtio_fail(why);
     }
+    r.dirty = parse_u64(find_arg(cmdline, "dirty="));
     r.bridge = parse_u64(find_arg(cmdline, "bridge="));
     if (r.bridge)
         snapshot_size_bridge();

@@ -220,8 +220,30 @@ def api_config():
                                                      "memory": {"size": 1}, "cpus": {"boot_vcpus": 3, "max_vcpus": 2}}))
 
 
+def migration_request(command, payload=b"", length=None):
+    """A migration request: the 16-byte header (u16 command, 6 bytes, u64 length), then its payload."""
+    return struct.pack("<H6xQ", command, len(payload) if length is None else length) + payload
+
+
+def migration_receiver():
+    """A whole migration as a source sends it; the state is the snapshot_state seed."""
+    config = json_bytes({"config": {"payload": {"kernel": "/k"}},
+                         "regions": [{"slot": 0, "gpa": 0, "size": 0x10000},
+                                     {"slot": 1, "gpa": 0x20000, "size": 0x1000}]})
+    table = struct.pack("<QQQQ", 0x1000, 0x2000, 0x20000, 0x1000)
+    memory = migration_request(4, table) + bytes(range(256)) * 48
+    with open(os.path.join(ROOT, "snapshot_state", "seed-bench-guest"), "rb") as f:
+        state = f.read()
+    start = migration_request(1)
+    save("migration_receiver", "seed-precopy", start + migration_request(2, config) + memory
+         + migration_request(3, state) + migration_request(5))
+    save("migration_receiver", "seed-local", start + migration_request(7, struct.pack("<I", 0))
+         + migration_request(7, struct.pack("<I", 1)) + migration_request(2, config) + migration_request(8))
+    save("migration_receiver", "seed-abandon", start + migration_request(2, config) + migration_request(6))
+
+
 for make in (serial, i8042, acpi_registers, pci_config, virtio_transport, virtio_status, blk_request, net_chains, balloon_chains,
              pmem_request,
              vsock_packets,
-             coalesced_ring, bench_line, api_http, api_config):
+             coalesced_ring, bench_line, api_http, api_config, migration_receiver):
     make()

@@ -24,6 +24,9 @@ fn build_floor(out: &Path) {
     build
         .file(FLOOR_SOURCE)
         .pic(false)
+        // The same executable in every profile (the dev profile's `-g` made it 70 kB).
+        .debug(false)
+        .opt_level(2)
         .inherit_rustflags(false)
         .warnings_into_errors(true);
     for f in [

@@ -23,9 +23,11 @@ use vmm::devices::virtio::transport::VirtioPciDevice;
 use vmm::event_loop::EventLoop;
 use vmm::kvm::ring::CoalescedWrite;
 
+mod migration_receiver;
 mod snapshot_state;
 mod snapshot_virtio;
 mod virtio_status;
+pub use migration_receiver::migration_receiver;
 pub use snapshot_state::snapshot_state;
 pub use virtio_status::virtio_status;
 
@@ -50,6 +52,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("api_http", api_http),
     ("api_config", api_config),
     ("snapshot_state", snapshot_state),
+    ("migration_receiver", migration_receiver),
 ];
 
 /// Reads the input as a stream of small values; past its end every value is 0.

@@ -32,6 +32,7 @@ pub mod event_loop;
 pub mod kvm;
 pub mod launch;
 pub mod memory;
+pub mod migration;
 pub mod profile;
 pub mod seccomp;
 pub mod snapshot;

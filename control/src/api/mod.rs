@@ -51,6 +51,9 @@ pub enum ApiRequest {
     VmResizeZone(schema::VmResizeZone),
     VmCoredump(schema::VmCoredumpData),
     VmmShutdown,
+    /// With the tap fds `net_fds` describes (SCM_RIGHTS).
+    VmReceiveMigration(schema::ReceiveMigrationData, Vec<OwnedFd>),
+    VmSendMigration(schema::SendMigrationData),
 }
 
 /// The owner thread's answer.
@@ -83,9 +86,6 @@ pub enum Route {
     Ping,
     Vmm(ApiRequest),
 }
-
-/// Cloud Hypervisor endpoints exitless does not offer (answered 400 with why, not 404).
-const NOT_OFFERED: &[&str] = &["vm.send-migration", "vm.receive-migration"];
 
 /// Cloud Hypervisor endpoints for host devices that exitless refuses, each with why: not
 /// implemented, and not provable on the kind of host exitless is developed on (no IOMMU
@@ -164,6 +164,11 @@ pub fn route(req: &http::Request, fds: Vec<OwnedFd>) -> Result<Route, HttpError>
         "vm.resize-disk" => (Method::Put, ApiRequest::VmResizeDisk(body(endpoint, b)?)),
         "vm.resize-zone" => (Method::Put, ApiRequest::VmResizeZone(body(endpoint, b)?)),
         "vm.coredump" => (Method::Put, ApiRequest::VmCoredump(body(endpoint, b)?)),
+        "vm.receive-migration" => (
+            Method::Put,
+            ApiRequest::VmReceiveMigration(body(endpoint, b)?, fds),
+        ),
+        "vm.send-migration" => (Method::Put, ApiRequest::VmSendMigration(body(endpoint, b)?)),
         e if REFUSED_HOST_DEVICES.iter().any(|(name, _)| *name == e) => {
             let why = REFUSED_HOST_DEVICES
                 .iter()
@@ -173,12 +178,6 @@ pub fn route(req: &http::Request, fds: Vec<OwnedFd>) -> Result<Route, HttpError>
                 400,
                 format!("{e} is not supported by exitless: {why}"),
             ));
-        }
-        e if NOT_OFFERED.contains(&e) => {
-            return Err(HttpError::new(
-                400,
-                format!("{e} is not supported by exitless"),
-            ))
         }
         _ => return Err(HttpError::new(404, format!("No endpoint at {path}"))),
     };

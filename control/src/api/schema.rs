@@ -329,6 +329,52 @@ pub struct RestoreConfig {
     pub extra: Extra,
 }
 
+/// `vm.receive-migration`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReceiveMigrationData {
+    /// `unix:PATH` or `tcp:HOST:PORT`, listened on for one connection.
+    pub receiver_url: String,
+    /// Taps sent with the request (SCM_RIGHTS) for cards whose tap came as fds, as
+    /// `vm.restore`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_fds: Option<Vec<RestoredNet>>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// `vm.send-migration`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SendMigrationData {
+    /// `unix:PATH` or `tcp:HOST:PORT`.
+    pub destination_url: String,
+    /// Memory sent as fds (shared memory only), no bytes copied.
+    #[serde(default)]
+    pub local: bool,
+    /// The downtime precopy aims for.
+    #[serde(default = "default_downtime_ms")]
+    pub downtime_ms: u64,
+    /// How long precopy may take before `timeout_strategy` decides.
+    #[serde(default = "default_timeout_s")]
+    pub timeout_s: u64,
+    /// `Cancel` (the source goes on) or `Ignore` (pause and finish anyway).
+    #[serde(default = "default_timeout_strategy")]
+    pub timeout_strategy: String,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+fn default_downtime_ms() -> u64 {
+    300
+}
+
+fn default_timeout_s() -> u64 {
+    3600
+}
+
+fn default_timeout_strategy() -> String {
+    "Cancel".into()
+}
+
 /// `vm.restore`'s `net_fds[]`: the card `id` takes the next `num_fds` fds of the request.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -206,3 +206,37 @@ fn the_kata_wire_sequence_routes() {
         assert!(routed(method, path, &body).is_ok(), "{path}");
     }
 }
+
+#[test]
+fn migration_endpoints_take_cloud_hypervisor_s_bodies_with_defaults() {
+    let put = |p: &str, b: &str| match routed(Method::Put, &format!("/api/v1/{p}"), b) {
+        Ok(Route::Vmm(r)) => r,
+        other => panic!("{p}: {other:?}"),
+    };
+    let send = put("vm.send-migration", r#"{"destination_url":"unix:/m"}"#);
+    let ApiRequest::VmSendMigration(s) = send else {
+        panic!("{send:?}");
+    };
+    assert_eq!(s.destination_url, "unix:/m");
+    assert!(!s.local);
+    assert_eq!((s.downtime_ms, s.timeout_s), (300, 3600));
+    assert_eq!(s.timeout_strategy, "Cancel");
+    // What ch-remote sends: every field, some exitless does not read (kept for refusal).
+    let ch = r#"{"destination_url":"tcp:1.2.3.4:5","local":true,"preserve_source":false,
+        "downtime_ms":50,"timeout_s":10,"timeout_strategy":"Ignore","connections":1,
+        "tls_dir":null,"memory_mode":"Precopy"}"#;
+    let ApiRequest::VmSendMigration(s) = put("vm.send-migration", ch) else {
+        panic!("{ch}");
+    };
+    assert!(s.local && s.downtime_ms == 50 && s.timeout_strategy == "Ignore");
+    assert_eq!(s.extra["connections"], 1);
+    let recv = put(
+        "vm.receive-migration",
+        r#"{"receiver_url":"tcp:0.0.0.0:6000"}"#,
+    );
+    assert!(
+        matches!(recv, ApiRequest::VmReceiveMigration(r, _) if r.receiver_url == "tcp:0.0.0.0:6000")
+    );
+    let e = routed(Method::Put, "/api/v1/vm.send-migration", "{}").unwrap_err();
+    assert!(e.message.contains("destination_url"), "{}", e.message);
+}

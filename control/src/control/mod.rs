@@ -14,6 +14,7 @@
 
 mod devices;
 mod memory;
+mod migration;
 mod operations;
 pub mod serve;
 mod snapshot;
@@ -74,6 +75,9 @@ pub enum ControlError {
     /// A snapshot or restore that failed: the request's name, then why.
     #[error("{0}: {1}")]
     Snapshot(&'static str, LaunchError),
+    /// A migration that failed: the request's name, then why.
+    #[error("{0}: {1}")]
+    Migration(&'static str, vmm::migration::MigrationError),
 }
 
 impl ControlError {
@@ -92,6 +96,8 @@ impl ControlError {
             ControlError::ResizePending => 429,
             ControlError::Launch(e) | ControlError::Snapshot(_, e) if e.is_input_fault() => 400,
             ControlError::Launch(_) | ControlError::Snapshot(..) => 500,
+            ControlError::Migration(_, e) if e.is_input_fault() => 400,
+            ControlError::Migration(..) => 500,
         }
     }
 }
@@ -238,6 +244,8 @@ impl Vmm {
             ApiRequest::VmResizeDisk(r) => done(self.resize_disk(r)),
             ApiRequest::VmResizeZone(r) => done(self.resize_zone(r)),
             ApiRequest::VmCoredump(c) => done(self.coredump(&c.destination_url)),
+            ApiRequest::VmReceiveMigration(r, fds) => done(self.receive_migration(r, fds)),
+            ApiRequest::VmSendMigration(s) => done(self.send_migration(s)),
             ApiRequest::VmmShutdown => {
                 let r = self.delete();
                 self.exit = Some(VmmExit(0));

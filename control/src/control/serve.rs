@@ -96,6 +96,8 @@ fn request_name(r: &ApiRequest) -> &'static str {
         ApiRequest::VmResizeZone(_) => "vm.resize-zone",
         ApiRequest::VmCoredump(_) => "vm.coredump",
         ApiRequest::VmmShutdown => "vmm.shutdown",
+        ApiRequest::VmReceiveMigration(..) => "vm.receive-migration",
+        ApiRequest::VmSendMigration(_) => "vm.send-migration",
     }
 }
 

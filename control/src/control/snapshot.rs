@@ -105,7 +105,7 @@ impl Vmm {
 /// first, one queue pair, as `vm.add-net` does). A card whose tap came as fds has no name in
 /// config.json to open again: without fds for it the restore is refused naming it, before
 /// anything is made.
-fn restored_taps(
+pub(super) fn restored_taps(
     api: &schema::VmConfig,
     r: &schema::RestoreConfig,
     fds: Vec<OwnedFd>,
@@ -153,7 +153,7 @@ fn restored_taps(
 }
 
 /// exitless's config for the restored VM: `api`'s, its cards in `taps` on those fds.
-fn restored_config(
+pub(super) fn restored_config(
     api: &schema::VmConfig,
     taps: Vec<(usize, OwnedFd)>,
 ) -> Result<vmm::config::VmConfig, ControlError> {

@@ -2,6 +2,7 @@
 //! This is the only module with `unsafe` KVM calls.
 
 mod created_vm;
+pub mod dirty_log;
 pub mod kick;
 pub mod ring;
 pub mod state;

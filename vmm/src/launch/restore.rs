@@ -42,6 +42,34 @@ pub fn restore(
     state: SnapshotState,
     opts: RestoreOptions,
 ) -> Result<LaunchedVm, LaunchError> {
+    restore_onto(config, MemoryFrom::Dir(dir), state, opts)
+}
+
+/// As [`restore`], on guest memory the caller made and filled (a migration's destination:
+/// its regions are the saved ones, checked against `state`).
+pub fn restore_with_memory(
+    config: &VmConfig,
+    mem: GuestMemoryMmap,
+    state: SnapshotState,
+    opts: RestoreOptions,
+) -> Result<LaunchedVm, LaunchError> {
+    restore_onto(config, MemoryFrom::Made(mem), state, opts)
+}
+
+/// Where a restored VM's memory comes from.
+enum MemoryFrom<'a> {
+    /// The snapshot in this directory.
+    Dir(&'a Path),
+    /// Made and filled already.
+    Made(GuestMemoryMmap),
+}
+
+fn restore_onto(
+    config: &VmConfig,
+    from: MemoryFrom<'_>,
+    state: SnapshotState,
+    opts: RestoreOptions,
+) -> Result<LaunchedVm, LaunchError> {
     crate::seccomp::prepare_malloc();
     // Cloud Hypervisor's schema cannot say "no entropy device" (a VM made through the API
     // always has one): the saved devices say whether this VM had one.
@@ -68,7 +96,16 @@ pub fn restore(
         .collect::<Result<Vec<_>, _>>()?;
     let vm_state = state.vm.to_kvm().map_err(SnapshotError::Corrupt)?;
     mark(moment::DECODED);
-    let mem = restore_memory(config, dir, &state)?;
+    // A device's bytes beyond its JSON (virtio-fs's back end state) are files of a
+    // snapshot's directory; a migration refuses such devices before it sends anything.
+    let data_dir = match &from {
+        MemoryFrom::Dir(dir) => Some(*dir),
+        MemoryFrom::Made(_) => None,
+    };
+    let mem = match from {
+        MemoryFrom::Dir(dir) => restore_memory(config, dir, &state)?,
+        MemoryFrom::Made(mem) => check_made_memory(mem, &state)?,
+    };
     mark(moment::MEMORY);
     let spec = VmSpec {
         kernel: KernelImage::File(config.kernel.clone()),
@@ -101,7 +138,9 @@ pub fn restore(
     let built = builder.build_restored_ids(&vcpu_opts, &vm_state, &ids, &vcpus, &check_cpu)?;
     mark(moment::VCPUS);
     let mut devices = state.devices;
-    crate::snapshot::device_data::read_all(dir, &mut devices)?;
+    if let Some(dir) = data_dir {
+        crate::snapshot::device_data::read_all(dir, &mut devices)?;
+    }
     built.devices.restore_devices(devices)?;
     mark(moment::DEVICE_STATE);
     let parts = HostParts {
@@ -121,6 +160,27 @@ pub fn restore(
     }
     attach_idle_flush(&launched.event_loop, &launched.serial);
     Ok(launched)
+}
+
+/// Memory made by the caller must be laid out as the saved regions.
+fn check_made_memory(
+    mem: GuestMemoryMmap,
+    state: &SnapshotState,
+) -> Result<GuestMemoryMmap, LaunchError> {
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    let made: Vec<(u64, u64)> = mem.iter().map(|r| (r.start_addr().0, r.len())).collect();
+    let saved: Vec<(u64, u64)> = state
+        .memory
+        .regions
+        .iter()
+        .map(|r| (r.gpa, r.size))
+        .collect();
+    if made != saved {
+        return Err(mismatch(format!(
+            "guest memory has regions {made:x?}, the saved state {saved:x?}"
+        )));
+    }
+    Ok(mem)
 }
 
 /// The config (as Kata may have edited it) must describe the VM that was saved.

@@ -107,7 +107,7 @@ impl LaunchedVm {
     }
 
     /// What a snapshot cannot save yet is refused before anything is written.
-    fn check_snapshottable(&self) -> Result<(), LaunchError> {
+    pub(super) fn check_snapshottable(&self) -> Result<(), LaunchError> {
         if self.vm.irqchip != IrqchipMode::Kernel {
             return Err(unsupported(
                 "only a VM with the in-kernel irqchip (--irqchip kernel) can be snapshotted",
@@ -123,7 +123,7 @@ impl LaunchedVm {
 
     /// Each live vCPU's state with its id (ascending; vCPUs added or removed while the VM
     /// ran leave gaps), read on its own thread while parked.
-    fn capture_vcpus(&self) -> Result<Vec<(u8, VcpuKvmState)>, LaunchError> {
+    pub(super) fn capture_vcpus(&self) -> Result<Vec<(u8, VcpuKvmState)>, LaunchError> {
         let probe = StateProbe::new(&self.vm.kvm, &self.vm.fd).map_err(SnapshotError::Kvm)?;
         let running = self.running()?;
         let mut ids = running.vcpu_ids();

@@ -1,0 +1,386 @@
+//! Live migration end to end (docs/migration.md), with the bench guest's `case=snapshot
+//! dirty=1`: it writes 8 MiB, then each round exits to the VMM `iters` times and writes every
+//! page of it again, and at the end checks them all and its round counter. Migrated mid-loop
+//! over `unix:` and `tcp:` (and `local`, shared memory as fds; paused, it arrives paused), it
+//! finishes on the destination with every check passing and the source process gone; a
+//! destination that dies midway leaves the source running and correct; a receiver fed
+//! garbage answers an error and stays up; a VM whose devices write guest memory is refused
+//! by name; Cloud Hypervisor's `ch-remote` drives both ends.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::api_vmm::{json, ok, Vmm};
+use common::snapshot::{wait_file, SnapTest};
+use exitless_control::api::client::Reply;
+use serde_json::{json, Value};
+
+const TICKS: u64 = 200;
+const CMDLINE: &str = "case=snapshot ticks=200 iters=200 touch_mib=8 dirty=1 hold";
+
+/// The source: an API VMM running the guest until its second round.
+fn source(t: &SnapTest, tag: &str, memory: Value) -> (Vmm, PathBuf) {
+    let serial = t.scratch.join(&format!("{tag}.log"));
+    let vmm = Vmm::start(tag);
+    let body = json!({
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+        "memory": memory,
+        "payload": {"kernel": t.guest, "cmdline": CMDLINE},
+        "serial": {"mode": "File", "file": serial},
+    });
+    let mut c = vmm.client();
+    ok(
+        c.request("PUT", "vm.create", Some(&body.to_string()))
+            .unwrap(),
+        "vm.create",
+    );
+    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    wait_file(&serial, "TICK n=1 ");
+    (vmm, serial)
+}
+
+/// `vm.receive-migration` on `url`, answered when the migration ends.
+fn receive(dest: &Vmm, url: &str) -> JoinHandle<Reply> {
+    let mut c = dest.client();
+    let body = json!({ "receiver_url": url }).to_string();
+    std::thread::spawn(move || {
+        c.request("PUT", "vm.receive-migration", Some(&body))
+            .unwrap()
+    })
+}
+
+/// `vm.send-migration` to `url`, again while the receiver is not listening yet.
+fn send(src: &Vmm, body: Value) -> Reply {
+    let mut c = src.client();
+    let start = Instant::now();
+    loop {
+        let r = c
+            .request("PUT", "vm.send-migration", Some(&body.to_string()))
+            .unwrap();
+        if !r.body.contains("Cannot connect to") || start.elapsed() > Duration::from_secs(20) {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every round once, in order, with its count; the final check passed.
+fn assert_finished(text: &str) {
+    let ticks: Vec<&str> = text.lines().filter(|l| l.contains("TICK")).collect();
+    let want: Vec<String> = (0..TICKS)
+        .map(|n| format!("EXITLESS TICK n={n} count={}", n + 1))
+        .collect();
+    assert_eq!(ticks, want, "{text}");
+    let result = format!("EXITLESS RESULT case=snapshot pages=2048 bad=0 count={TICKS} ok=1");
+    assert!(text.contains(&result), "{text}");
+}
+
+/// Migrates a running source to a fresh VMM over `url`; checks that the source ended and
+/// the guest finished on the destination.
+fn migrate(t: &SnapTest, tag: &str, url: &str, memory: Value, local: bool) {
+    let (mut src, serial) = source(t, &format!("{tag}-src"), memory);
+    let dest = Vmm::start(&format!("{tag}-dst"));
+    let receiving = receive(&dest, url);
+    let body = json!({"destination_url": url, "local": local, "downtime_ms": 300});
+    let sent = send(&src, body);
+    let stderr = |v: &Vmm| v.stderr.text.clone();
+    assert_eq!(sent.status, 204, "{} {}", sent.body, stderr(&src));
+    let received = receiving.join().unwrap();
+    assert_eq!(received.status, 204, "{} {}", received.body, stderr(&dest));
+    let status = src.wait_exit(Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the source goes on: {status:?}"
+    );
+    let text = wait_file(&serial, "EXITLESS DONE");
+    assert_finished(&text);
+    let info = json(&ok(
+        dest.client().request("GET", "vm.info", None).unwrap(),
+        "vm.info",
+    ));
+    assert_eq!(info["state"], "Running", "{info}");
+    // The figures each side logs (-v), for docs/migration.md.
+    src.stderr.read_to_end(Duration::from_secs(5));
+    let mut dest = dest;
+    let logged = |t: &str| t.contains("MiB of memory in");
+    dest.stderr.wait_for(Duration::from_secs(1), logged);
+    for line in [&src.stderr.text, &dest.stderr.text]
+        .iter()
+        .flat_map(|t| t.lines())
+        .filter(|l| l.contains("-migration: ") && l.contains("MiB"))
+    {
+        eprintln!("{tag}: {line}");
+    }
+}
+
+fn memory() -> Value {
+    json!({"size": 256u64 << 20})
+}
+
+#[test]
+fn a_guest_migrated_mid_loop_over_unix_finishes_on_the_destination() {
+    let Some(t) = SnapTest::start("migrated_over_unix", "mig-unix") else {
+        return;
+    };
+    let url = format!("unix:{}", t.scratch.join("m.sock").display());
+    migrate(&t, "mig-unix", &url, memory(), false);
+}
+
+#[test]
+fn a_guest_migrated_mid_loop_over_tcp_finishes_on_the_destination() {
+    let Some(t) = SnapTest::start("migrated_over_tcp", "mig-tcp") else {
+        return;
+    };
+    let port = 20000 + std::process::id() % 20000;
+    migrate(
+        &t,
+        "mig-tcp",
+        &format!("tcp:127.0.0.1:{port}"),
+        memory(),
+        false,
+    );
+}
+
+#[test]
+fn local_migration_hands_shared_memory_over_as_fds() {
+    let Some(t) = SnapTest::start("local_migration", "mig-local") else {
+        return;
+    };
+    let url = format!("unix:{}", t.scratch.join("m.sock").display());
+    let shared = json!({"size": 256u64 << 20, "shared": true});
+    migrate(&t, "mig-local", &url, shared, true);
+}
+
+/// A fake destination that answers Start and Config, reads part of the first memory request
+/// and dies (its socket closed, as the kernel closes a killed process's).
+fn dying_destination(path: &Path) -> JoinHandle<()> {
+    let listener = UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let ok = [1u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        for _ in 0..2 {
+            let mut h = [0u8; 16];
+            s.read_exact(&mut h).unwrap();
+            let len = u64::from_le_bytes(h[8..].try_into().unwrap());
+            let mut payload = vec![0u8; len as usize];
+            s.read_exact(&mut payload).unwrap();
+            s.write_all(&ok).unwrap();
+        }
+        let mut part = [0u8; 4096];
+        s.read_exact(&mut part).unwrap();
+    })
+}
+
+#[test]
+fn a_destination_that_dies_midway_leaves_the_source_running_and_correct() {
+    let Some(t) = SnapTest::start("destination_dies", "mig-dies") else {
+        return;
+    };
+    let (src, serial) = source(&t, "mig-dies-src", memory());
+    let path = t.scratch.join("m.sock");
+    let dying = dying_destination(&path);
+    let url = format!("unix:{}", path.display());
+    let r = send(&src, json!({"destination_url": url}));
+    dying.join().unwrap();
+    assert!(r.status >= 400, "{} {}", r.status, r.body);
+    assert!(r.body.starts_with("vm.send-migration: "), "{}", r.body);
+    assert!(!r.body.trim().contains('\n'), "{}", r.body);
+    let info = json(&ok(
+        src.client().request("GET", "vm.info", None).unwrap(),
+        "vm.info",
+    ));
+    assert_eq!(info["state"], "Running", "{info}");
+    let text = wait_file(&serial, "EXITLESS DONE");
+    assert_finished(&text);
+    let said = |t: &str| t.contains("(the VM goes on here)");
+    let mut src = src;
+    let heard = src.stderr.wait_for(Duration::from_secs(5), said);
+    assert!(heard, "{}", src.stderr.text);
+}
+
+#[test]
+fn a_receiver_fed_garbage_answers_an_error_and_stays_up() {
+    if !common::api_vmm::kvm_or_skip("receiver_fed_garbage") {
+        return;
+    }
+    let dest = Vmm::start("mig-garbage");
+    let path =
+        std::env::temp_dir().join(format!("exitless-mig-garbage-{}.sock", std::process::id()));
+    let url = format!("unix:{}", path.display());
+    for garbage in [
+        &b"GARBAGE GARBAGE GARBAGE"[..],
+        // Start, then a State request longer than any state file.
+        &[
+            1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            0, 0, 0x7f,
+        ][..],
+    ] {
+        let receiving = receive(&dest, &url);
+        let start = Instant::now();
+        let mut s = loop {
+            match UnixStream::connect(&path) {
+                Ok(s) => break s,
+                Err(_) if start.elapsed() < Duration::from_secs(10) => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        s.write_all(garbage).unwrap();
+        let mut answers = Vec::new();
+        let _ = s.read_to_end(&mut answers);
+        // The last answer is an Error (status 2).
+        assert!(
+            answers.len() >= 16 && answers.len() % 16 == 0,
+            "{answers:?}"
+        );
+        assert_eq!(answers[answers.len() - 16], 2, "{answers:?}");
+        let r = receiving.join().unwrap();
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert!(r.body.contains("The peer broke the protocol"), "{}", r.body);
+        assert!(!r.body.trim().contains('\n'), "{}", r.body);
+    }
+    let c = &mut dest.client();
+    let info = c.request("GET", "vm.info", None).unwrap();
+    assert_eq!(info.status, 404, "no VM was made: {}", info.body);
+}
+
+#[test]
+fn a_vm_whose_devices_write_guest_memory_is_refused_by_name_before_a_byte_is_sent() {
+    let Some(t) = SnapTest::start("devices_refused", "mig-devices") else {
+        return;
+    };
+    let serial = t.scratch.join("devices.log");
+    let image = t.scratch.join("d.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let vmm = Vmm::start("mig-devices-src");
+    let body = json!({
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+        "memory": memory(),
+        "payload": {"kernel": t.guest, "cmdline": "case=snapshot ticks=50 iters=20000 virtio=2 hold"},
+        "serial": {"mode": "File", "file": serial},
+        "disks": [{"path": image}],
+    });
+    let mut c = vmm.client();
+    ok(
+        c.request("PUT", "vm.create", Some(&body.to_string()))
+            .unwrap(),
+        "vm.create",
+    );
+    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    wait_file(&serial, "TICK n=1 ");
+    let path = t.scratch.join("never.sock");
+    let r = send(
+        &vmm,
+        json!({"destination_url": format!("unix:{}", path.display())}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(
+        r.body
+            .contains("device _disk0 (virtio-blk) was set up by its driver"),
+        "{}",
+        r.body
+    );
+    assert!(!path.exists());
+    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
+    assert_eq!(info["state"], "Running", "{info}");
+    let local = send(
+        &vmm,
+        json!({"destination_url": "tcp:127.0.0.1:1", "local": true}),
+    );
+    assert_eq!(local.status, 400, "{}", local.body);
+}
+
+/// Cloud Hypervisor's ch-remote: `EXITLESS_CH_REMOTE`, else on PATH.
+fn ch_remote(test: &str) -> Option<PathBuf> {
+    let given = std::env::var_os("EXITLESS_CH_REMOTE").map(PathBuf::from);
+    let found = given.or_else(|| {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|d| d.join("ch-remote"))
+            .find(|p| p.exists())
+    });
+    if found.is_none() {
+        vmm::test_skip::skip(test, "ch-remote is not on PATH (or set EXITLESS_CH_REMOTE)");
+    }
+    found
+}
+
+#[test]
+fn ch_remote_drives_both_ends() {
+    let Some(t) = SnapTest::start("ch_remote_migration", "mig-ch") else {
+        return;
+    };
+    let Some(ch) = ch_remote("ch_remote_migration") else {
+        return;
+    };
+    let (mut src, serial) = source(&t, "mig-ch-src", memory());
+    let dest = Vmm::start("mig-ch-dst");
+    let url = format!("unix:{}", t.scratch.join("m.sock").display());
+    let mut receiving = std::process::Command::new(&ch)
+        .arg("--api-socket")
+        .arg(&dest.socket)
+        .args(["receive-migration", &format!("receiver_url={url}")])
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !t.scratch.join("m.sock").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the receiver listens"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let sent = std::process::Command::new(&ch)
+        .arg("--api-socket")
+        .arg(&src.socket)
+        .args([
+            "send-migration",
+            &format!("destination_url={url},downtime_ms=50"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    assert!(receiving.wait().unwrap().success());
+    assert!(src
+        .wait_exit(Duration::from_secs(10))
+        .is_some_and(|s| s.success()));
+    assert_finished(&wait_file(&serial, "EXITLESS DONE"));
+}
+
+#[test]
+fn a_paused_vm_arrives_paused_and_goes_on_when_resumed() {
+    let Some(t) = SnapTest::start("paused_migration", "mig-paused") else {
+        return;
+    };
+    let (mut src, serial) = source(&t, "mig-paused-src", memory());
+    ok(
+        src.client().request("PUT", "vm.pause", None).unwrap(),
+        "vm.pause",
+    );
+    let dest = Vmm::start("mig-paused-dst");
+    let url = format!("unix:{}", t.scratch.join("m.sock").display());
+    let receiving = receive(&dest, &url);
+    let sent = send(&src, json!({"destination_url": url}));
+    assert_eq!(sent.status, 204, "{}", sent.body);
+    assert_eq!(receiving.join().unwrap().status, 204);
+    assert!(src
+        .wait_exit(Duration::from_secs(10))
+        .is_some_and(|s| s.success()));
+    let mut c = dest.client();
+    let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
+    assert_eq!(info["state"], "Paused", "{info}");
+    ok(c.request("PUT", "vm.resume", None).unwrap(), "vm.resume");
+    assert_finished(&wait_file(&serial, "EXITLESS DONE"));
+}

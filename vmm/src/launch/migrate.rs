@@ -1,0 +1,453 @@
+//! A running VM sent by live migration ([`Outgoing`], the sender's [`Source`]) and a VM made
+//! from one received ([`Incoming`], the receiver's [`Destination`]). The state is what a
+//! snapshot captures (`launch/snapshot.rs`), carried in memory instead of files; the VM is
+//! made as a restore makes it (`launch/restore.rs`). See docs/migration.md.
+
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use vm_memory::{
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+    MemoryRegionAddress,
+};
+
+use super::{restore_with_memory, LaunchError, LaunchedVm, RestoreOptions};
+use crate::config::VmConfig;
+use crate::kvm::{dirty_log, state};
+use crate::memory;
+use crate::memory::hotplug::HotplugRam;
+use crate::migration::protocol::{MemoryRange, MigrationConfig, RegionLayout};
+use crate::migration::receiver::Destination;
+use crate::migration::sender::Source;
+use crate::migration::MigrationError;
+use crate::snapshot::format::{
+    MemorySection, RegionSource, RegionState, SnapshotState, VcpuState, Version, VmSection,
+};
+use crate::snapshot::{cpu_features, DeviceEntry, SnapshotError};
+
+const VCPU_TIME: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn launch_error(e: LaunchError) -> MigrationError {
+    match e {
+        LaunchError::Snapshot(s) => MigrationError::Snapshot(s),
+        other => MigrationError::Destination(other.to_string()),
+    }
+}
+
+/// Devices whose driver set them up write guest memory from the devices thread and
+/// io_uring (used rings, received frames, disk reads), which KVM's dirty log does not see:
+/// such a VM is refused by name rather than sent with pages missing.
+fn check_no_device_writes(
+    devices: &std::collections::BTreeMap<String, DeviceEntry>,
+) -> Result<(), MigrationError> {
+    for (id, d) in devices {
+        let untouched = d.state.get("untouched").and_then(|u| u.as_bool()) == Some(true);
+        if d.kind.starts_with("virtio-") && !untouched {
+            return Err(MigrationError::Unsupported(format!(
+                "device {id} ({}) was set up by its driver and writes guest memory, which \
+                 KVM's dirty log does not see: a VM with a running virtio device cannot be \
+                 migrated yet",
+                d.kind
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl LaunchedVm {
+    /// What a migration refuses, checked before a byte is sent: what a snapshot refuses
+    /// (the same lines), and devices that write guest memory.
+    pub fn check_migratable(&mut self) -> Result<(), MigrationError> {
+        self.check_snapshottable().map_err(launch_error)?;
+        let devices = self.devices.snapshot_devices();
+        self.devices.snapshot_ended();
+        check_no_device_writes(&devices?)
+    }
+}
+
+/// The sending side of a migration of `vm`, whose config in Cloud Hypervisor's schema is
+/// `config` (what `vm.info` shows).
+pub struct Outgoing<'a> {
+    pub vm: &'a mut LaunchedVm,
+    pub config: serde_json::Value,
+}
+
+impl Outgoing<'_> {
+    /// Guest memory as it is now (its regions are KVM's slots 0, 1, ...).
+    fn mem(&self) -> Arc<GuestMemoryMmap> {
+        self.vm.vm.memory().into_inner()
+    }
+
+    fn tracking(&self, on: bool) -> Result<(), MigrationError> {
+        for (slot, region) in (0u32..).zip(self.mem().iter()) {
+            dirty_log::set_logging(&self.vm.vm.fd, slot, region, on)
+                .map_err(|e| MigrationError::Destination(format!("dirty log: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// The VM's state as a snapshot's state.json, memory laid out as one file would be.
+    fn state(&mut self) -> Result<Vec<u8>, MigrationError> {
+        let nothing: crate::vcpu::VcpuTask = Arc::new(|_, _| {});
+        let running = self.vm.running().map_err(launch_error)?;
+        running
+            .on_each_vcpu(nothing, VCPU_TIME)
+            .map_err(|e| MigrationError::Destination(e.to_string()))?;
+        let devices = self.vm.devices.snapshot_devices()?;
+        check_no_device_writes(&devices)?;
+        let vcpus = self.vm.capture_vcpus().map_err(launch_error)?;
+        let vm = state::capture_vm(&self.vm.vm.fd).map_err(SnapshotError::Kvm)?;
+        let max_vcpus = self.vm.template.as_ref().map_or(1, |t| t.topology_cpus());
+        let mut regions = Vec::new();
+        let mut offset = 0;
+        for r in self.mem().iter() {
+            regions.push(RegionState {
+                gpa: r.start_addr().0,
+                size: r.len(),
+                source: RegionSource::SnapshotFile { offset },
+            });
+            offset += r.len();
+        }
+        let mut state = SnapshotState {
+            version: Version::current(),
+            checksum: String::new(),
+            cpu: cpu_features::features_of(&vcpus[0].1.cpuid),
+            vcpus: vcpus
+                .iter()
+                .map(|(id, v)| VcpuState::from_kvm(*id, v))
+                .collect(),
+            vm: VmSection::from_kvm(max_vcpus, &vm),
+            memory: MemorySection {
+                size: offset,
+                hotplugged: self.vm.hotplug_ram.as_ref().map_or(0, HotplugRam::added),
+                file_size: offset,
+                regions,
+            },
+            devices,
+        };
+        Ok(state.to_json()?.into_bytes())
+    }
+}
+
+impl Source for Outgoing<'_> {
+    fn config(&self) -> Result<MigrationConfig, MigrationError> {
+        let regions = (0u32..)
+            .zip(self.mem().iter())
+            .map(|(slot, r)| RegionLayout {
+                slot,
+                gpa: r.start_addr().0,
+                size: r.len(),
+                fd_offset: memory::shared_file(r).map_or(0, |f| f.1),
+            })
+            .collect();
+        Ok(MigrationConfig {
+            config: self.config.clone(),
+            regions,
+        })
+    }
+
+    fn memory_fds(&self) -> Result<Vec<(u32, RawFd)>, MigrationError> {
+        let mut fds = Vec::new();
+        for (slot, r) in (0u32..).zip(self.mem().iter()) {
+            let Some((fd, _)) = memory::shared_file(r) else {
+                return Err(MigrationError::Unsupported(format!(
+                    "local migration sends shared memory as fds, and the guest memory at \
+                     {:#x} is private: give the VM memory shared=on (or shared zones)",
+                    r.start_addr().0
+                )));
+            };
+            fds.push((slot, fd));
+        }
+        Ok(fds)
+    }
+
+    fn start_tracking(&mut self) -> Result<(), MigrationError> {
+        self.tracking(true)?;
+        // Clears whatever a log read would report from before.
+        self.dirty().map(drop)
+    }
+
+    fn stop_tracking(&mut self) {
+        let _ = self.tracking(false);
+    }
+
+    fn touched(&mut self) -> Result<Vec<MemoryRange>, MigrationError> {
+        let mut out = Vec::new();
+        for r in self.mem().iter() {
+            let backing = r.file_offset().map(|f| (f.file(), f.start()));
+            let pages = touched_pages(r.as_ptr(), r.len(), backing)
+                .map_err(|e| MigrationError::Io("finding touched pages", e))?;
+            out.extend(ranges_of(r.start_addr().0, &pages, |p| !zero_page(r, p)));
+        }
+        Ok(out)
+    }
+
+    fn dirty(&mut self) -> Result<Vec<MemoryRange>, MigrationError> {
+        let mut out = Vec::new();
+        for (slot, r) in (0u32..).zip(self.mem().iter()) {
+            let bitmap = dirty_log::take(&self.vm.vm.fd, slot, r.len())
+                .map_err(|e| MigrationError::Destination(format!("dirty log: {e}")))?;
+            let gpa = r.start_addr().0;
+            out.extend(
+                dirty_log::runs(&bitmap)
+                    .into_iter()
+                    .map(|(p, n)| MemoryRange {
+                        gpa: gpa + p * dirty_log::PAGE,
+                        length: n * dirty_log::PAGE,
+                    }),
+            );
+        }
+        Ok(out)
+    }
+
+    fn send(&self, gpa: u64, len: u64, to: BorrowedFd<'_>) -> Result<(), MigrationError> {
+        let mut to = to;
+        self.mem()
+            .write_all_volatile_to(GuestAddress(gpa), &mut to, len as usize)
+            .map_err(|e| MigrationError::Protocol(format!("sending guest memory: {e}")))
+    }
+
+    fn pause(&mut self) -> Result<(), MigrationError> {
+        self.vm.pause().map_err(launch_error)
+    }
+
+    fn resume(&mut self) {
+        let _ = self.vm.resume();
+    }
+
+    fn capture(&mut self) -> Result<Vec<u8>, MigrationError> {
+        self.state()
+    }
+
+    fn end_capture(&mut self) {
+        self.vm.devices.snapshot_ended();
+    }
+}
+
+/// Whether page `p` of region `r` is all zeros (read as the guest may be writing it: a page
+/// it writes later is in the dirty log).
+fn zero_page(r: &vm_memory::GuestRegionMmap, p: u64) -> bool {
+    let mut page = [0u8; 4096];
+    r.read_slice(&mut page, MemoryRegionAddress(p * 4096))
+        .is_ok()
+        && page.iter().all(|&b| b == 0)
+}
+
+/// The guest-physical ranges of the pages of `touched` (one bool a page) that `keep`.
+fn ranges_of(gpa: u64, touched: &[bool], keep: impl Fn(u64) -> bool) -> Vec<MemoryRange> {
+    let mut out: Vec<MemoryRange> = Vec::new();
+    for (p, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
+        let p = p as u64;
+        if !keep(p) {
+            continue;
+        }
+        let at = gpa + p * 4096;
+        match out.last_mut() {
+            Some(r) if r.gpa + r.length == at => r.length += 4096,
+            _ => out.push(MemoryRange {
+                gpa: at,
+                length: 4096,
+            }),
+        }
+    }
+    out
+}
+
+/// Which pages of the mapping at `host` (`len` bytes) the guest touched: present or swapped
+/// in `/proc/self/pagemap`, and for a file-backed region also the file's data extents.
+fn touched_pages(
+    host: *const u8,
+    len: u64,
+    backing: Option<(&std::fs::File, u64)>,
+) -> std::io::Result<Vec<bool>> {
+    use std::os::unix::fs::FileExt;
+    let pages = (len / 4096) as usize;
+    let pagemap = std::fs::File::open("/proc/self/pagemap")?;
+    let mut touched = vec![false; pages];
+    let mut raw = vec![0u8; 8 << 15];
+    for (chunk, t) in touched.chunks_mut(1 << 15).enumerate() {
+        let first = host as u64 / 4096 + (chunk as u64) * (1 << 15);
+        let raw = &mut raw[..t.len() * 8];
+        pagemap.read_exact_at(raw, first * 8)?;
+        for (i, e) in raw.chunks_exact(8).enumerate() {
+            t[i] = e[7] & 0xc0 != 0;
+        }
+    }
+    if let Some((file, offset)) = backing {
+        for (at, n) in crate::snapshot::memory_file::data_extents(file, offset, len)? {
+            let end = (at + n).div_ceil(4096).min(pages as u64);
+            for p in at / 4096..end {
+                touched[p as usize] = true;
+            }
+        }
+    }
+    Ok(touched)
+}
+
+/// The receiving side: makes guest memory at Config, fills it from Memory requests, and
+/// the VM (as a restore) at State. `convert` turns the Config's VM config (Cloud
+/// Hypervisor's schema) into exitless's.
+pub struct Incoming<'a> {
+    convert: &'a mut dyn FnMut(&serde_json::Value) -> Result<VmConfig, String>,
+    config: Option<VmConfig>,
+    mem: Option<GuestMemoryMmap>,
+    vm: Option<LaunchedVm>,
+}
+
+impl<'a> Incoming<'a> {
+    pub fn new(convert: &'a mut dyn FnMut(&serde_json::Value) -> Result<VmConfig, String>) -> Self {
+        Incoming {
+            convert,
+            config: None,
+            mem: None,
+            vm: None,
+        }
+    }
+
+    /// The VM made, once the migration completed.
+    pub fn into_vm(mut self) -> Option<LaunchedVm> {
+        self.vm.take()
+    }
+}
+
+/// A migration that failed after the VM was made ends that VM.
+impl Drop for Incoming<'_> {
+    fn drop(&mut self) {
+        if let Some(mut vm) = self.vm.take() {
+            vm.shut_down();
+        }
+    }
+}
+
+fn destination(why: impl std::fmt::Display) -> MigrationError {
+    MigrationError::Destination(why.to_string())
+}
+
+/// Guest memory on the fds a `local` migration sent, by slot.
+fn memory_on_fds(
+    layout: &[RegionLayout],
+    mut fds: Vec<(u32, OwnedFd)>,
+) -> Result<GuestMemoryMmap, MigrationError> {
+    let mut regions = Vec::new();
+    for r in layout {
+        let i = fds
+            .iter()
+            .position(|f| f.0 == r.slot)
+            .ok_or_else(|| MigrationError::Protocol(format!("no memory fd for slot {}", r.slot)))?;
+        let file = std::fs::File::from(fds.swap_remove(i).1);
+        let path = std::path::Path::new("(memory fd from the source)");
+        let region =
+            memory::create_file_region(GuestAddress(r.gpa), r.size, file, r.fd_offset, true, path)
+                .map_err(|e| MigrationError::Protocol(e.to_string()))?;
+        regions.push(region);
+    }
+    GuestMemoryMmap::from_regions(regions).map_err(|e| MigrationError::Protocol(e.to_string()))
+}
+
+impl Destination for Incoming<'_> {
+    fn configure(
+        &mut self,
+        c: MigrationConfig,
+        fds: Vec<(u32, OwnedFd)>,
+    ) -> Result<(), MigrationError> {
+        let config = (self.convert)(&c.config).map_err(MigrationError::Protocol)?;
+        let mem = match fds.is_empty() {
+            false => memory_on_fds(&c.regions, fds)?,
+            true => match config.zones() {
+                Some(zones) => memory::create_zoned_memory(&zones),
+                None => {
+                    memory::create_guest_memory(config.memory.bytes(), &config.memory_backing())
+                }
+            }
+            .map_err(destination)?,
+        };
+        let made: Vec<(u64, u64)> = mem.iter().map(|r| (r.start_addr().0, r.len())).collect();
+        let sent: Vec<(u64, u64)> = c.regions.iter().map(|r| (r.gpa, r.size)).collect();
+        if made != sent {
+            return Err(MigrationError::Protocol(format!(
+                "memory regions {sent:x?} where the config makes {made:x?}"
+            )));
+        }
+        self.config = Some(config);
+        self.mem = Some(mem);
+        Ok(())
+    }
+
+    fn regions(&self) -> Vec<(u64, u64)> {
+        self.mem
+            .iter()
+            .flat_map(|m| m.iter().map(|r| (r.start_addr().0, r.len())))
+            .collect()
+    }
+
+    fn write(&mut self, region: usize, offset: u64, bytes: &[u8]) -> Result<(), MigrationError> {
+        let r = self.mem.as_ref().and_then(|m| m.iter().nth(region));
+        let r = r.ok_or_else(|| destination("memory before the config"))?;
+        r.write_slice(bytes, MemoryRegionAddress(offset))
+            .map_err(destination)
+    }
+
+    fn fill(
+        &mut self,
+        region: usize,
+        offset: u64,
+        len: u64,
+        from: BorrowedFd<'_>,
+    ) -> Result<(), MigrationError> {
+        let r = self.mem.as_ref().and_then(|m| m.iter().nth(region));
+        let r = r.ok_or_else(|| destination("memory before the config"))?;
+        let mut from = from;
+        r.read_exact_volatile_from(MemoryRegionAddress(offset), &mut from, len as usize)
+            .map_err(|e| MigrationError::Protocol(format!("reading guest memory: {e}")))
+    }
+
+    fn state(&mut self, bytes: &[u8]) -> Result<(), MigrationError> {
+        let state = SnapshotState::parse(bytes)?;
+        let (Some(config), Some(mem)) = (self.config.as_ref(), self.mem.take()) else {
+            return Err(destination("state before the config"));
+        };
+        let vm = restore_with_memory(config, mem, state, RestoreOptions::default())
+            .map_err(launch_error)?;
+        self.vm = Some(vm);
+        Ok(())
+    }
+
+    fn complete(&mut self, resume: bool) -> Result<(), MigrationError> {
+        let vm = self
+            .vm
+            .as_ref()
+            .ok_or_else(|| destination("complete before the state"))?;
+        if resume {
+            vm.resume().map_err(launch_error)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn touched_pages_become_ranges_of_runs() {
+        let t = [true, true, false, true, true, true];
+        let r = ranges_of(0x1000, &t, |p| p != 4);
+        assert_eq!(
+            r,
+            [
+                MemoryRange {
+                    gpa: 0x1000,
+                    length: 0x2000
+                },
+                MemoryRange {
+                    gpa: 0x4000,
+                    length: 0x1000
+                },
+                MemoryRange {
+                    gpa: 0x6000,
+                    length: 0x1000
+                },
+            ]
+        );
+    }
+}

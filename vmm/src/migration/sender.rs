@@ -1,0 +1,325 @@
+//! The sending side: precopy and the stop rule, apart from the VM it reads ([`Source`]).
+//!
+//! Start; `local`: each memory region's fd (MemoryFd), no bytes; Config; then, not `local`:
+//! the dirty log on, a first pass of the pages the guest touched, dirty passes until what the
+//! last pass left fits `downtime_ms` at the rate measured (or `timeout_s` decides); the VM
+//! paused, its state captured, the last pass, State, Complete (CompletePaused for a VM that
+//! was paused). Any failure: Abandon to the destination (if the connection takes it), the
+//! dirty log off, the VM resumed if this paused it.
+
+use std::io::Write;
+use std::os::fd::{BorrowedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use super::protocol::{self, Command, MemoryRange, Request, Response, Status, HEADER_LEN};
+use super::transport::Stream;
+use super::MigrationError;
+
+/// Most bytes of memory one Memory request carries.
+const MAX_REQUEST_BYTES: u64 = 64 << 20;
+/// Most ranges one Memory request carries.
+const MAX_REQUEST_RANGES: usize = 4096;
+
+/// What the VM being sent offers the sender.
+pub trait Source {
+    /// The Config payload: the VM's config and its memory regions.
+    fn config(&self) -> Result<protocol::MigrationConfig, MigrationError>;
+    /// Each region's slot and the fd of its shared memory (`local`); refused when a region
+    /// is not shared memory.
+    fn memory_fds(&self) -> Result<Vec<(u32, RawFd)>, MigrationError>;
+    /// Turns KVM's dirty log on for every slot.
+    fn start_tracking(&mut self) -> Result<(), MigrationError>;
+    /// Turns it off (also on failure).
+    fn stop_tracking(&mut self);
+    /// The pages the guest touched so far (sparse, as a snapshot's memory file).
+    fn touched(&mut self) -> Result<Vec<MemoryRange>, MigrationError>;
+    /// The pages written since the dirty log was last read.
+    fn dirty(&mut self) -> Result<Vec<MemoryRange>, MigrationError>;
+    /// Writes `len` bytes of guest memory at `gpa` to `to` (the connection), straight from
+    /// the guest's pages.
+    fn send(&self, gpa: u64, len: u64, to: BorrowedFd<'_>) -> Result<(), MigrationError>;
+    /// Pauses the vCPUs (only called if they ran).
+    fn pause(&mut self) -> Result<(), MigrationError>;
+    fn resume(&mut self);
+    /// The VM's state (`state.json`'s bytes), vCPUs paused; the devices hold still until
+    /// [`Source::end_capture`].
+    fn capture(&mut self) -> Result<Vec<u8>, MigrationError>;
+    fn end_capture(&mut self);
+}
+
+/// What to do when `timeout_s` passes before the dirty pages fit the downtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimeoutStrategy {
+    /// Give up: the source goes on (Cloud Hypervisor's default).
+    #[default]
+    Cancel,
+    /// Pause and finish anyway, with a longer downtime.
+    Ignore,
+}
+
+/// `vm.send-migration`'s choices.
+#[derive(Debug, Clone, Copy)]
+pub struct SendOptions {
+    pub local: bool,
+    pub downtime: Duration,
+    pub timeout: Duration,
+    pub strategy: TimeoutStrategy,
+    /// The VM was running (Complete resumes it on the destination).
+    pub running: bool,
+}
+
+/// What a migration did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SendSummary {
+    pub total: Duration,
+    /// From the pause to the destination's OK to Complete.
+    pub downtime: Duration,
+    pub memory_bytes: u64,
+    /// Memory passes (the first and last included).
+    pub passes: u32,
+    pub last_pass_bytes: u64,
+}
+
+/// Sends the VM `src` over `s`; on failure the VM runs on as before (see the module docs).
+pub fn send(
+    s: &mut Stream,
+    src: &mut dyn Source,
+    opts: SendOptions,
+) -> Result<SendSummary, MigrationError> {
+    let mut run = Run {
+        start: Instant::now(),
+        summary: SendSummary::default(),
+        paused: false,
+        capturing: false,
+        tracking: false,
+    };
+    let sent = run.send(s, src, opts);
+    if sent.is_err() {
+        let _ = s.write_all(&Request::new(Command::Abandon, 0).encode());
+    }
+    if run.tracking {
+        src.stop_tracking();
+    }
+    if run.capturing {
+        src.end_capture();
+    }
+    if sent.is_err() && run.paused {
+        src.resume();
+    }
+    sent.map(|()| run.summary)
+}
+
+struct Run {
+    start: Instant,
+    summary: SendSummary,
+    paused: bool,
+    capturing: bool,
+    tracking: bool,
+}
+
+impl Run {
+    fn send(
+        &mut self,
+        s: &mut Stream,
+        src: &mut dyn Source,
+        opts: SendOptions,
+    ) -> Result<(), MigrationError> {
+        let config = src.config()?.encode()?;
+        let fds = match opts.local {
+            true if !s.carries_fds() => {
+                return Err(MigrationError::Unsupported(
+                    "local migration needs a unix: destination_url (memory goes as fds)".into(),
+                ))
+            }
+            true => src.memory_fds()?,
+            false => Vec::new(),
+        };
+        request(s, Request::new(Command::Start, 0), &[], "Start")?;
+        for (slot, fd) in fds {
+            s.write_all(&Request::new(Command::MemoryFd, 4).encode())
+                .and_then(|()| s.send_with_fd(&slot.to_le_bytes(), fd))
+                .map_err(|e| MigrationError::Io("sending a memory fd", e))?;
+            answer(s, "MemoryFd")?;
+        }
+        request(
+            s,
+            Request::new(Command::Config, config.len() as u64),
+            &config,
+            "Config",
+        )?;
+        let pending = match opts.local {
+            true => Vec::new(),
+            false => self.precopy(s, src, opts)?,
+        };
+        if opts.running {
+            src.pause()?;
+            self.paused = true;
+        }
+        let paused_at = Instant::now();
+        self.capturing = true;
+        let state = src.capture()?;
+        if !opts.local {
+            let mut last = pending;
+            last.extend(src.dirty()?);
+            self.summary.last_pass_bytes = last.iter().map(|r| r.length).sum();
+            self.send_memory(s, src, &last)?;
+            self.summary.passes += 1;
+        }
+        request(
+            s,
+            Request::new(Command::State, state.len() as u64),
+            &state,
+            "State",
+        )?;
+        let complete = match opts.running {
+            true => Command::Complete,
+            false => Command::CompletePaused,
+        };
+        request(s, Request::new(complete, 0), &[], "Complete")?;
+        self.summary.downtime = paused_at.elapsed();
+        self.summary.total = self.start.elapsed();
+        Ok(())
+    }
+
+    /// The first pass and dirty passes; returns the dirty ranges left for the last pass.
+    fn precopy(
+        &mut self,
+        s: &mut Stream,
+        src: &mut dyn Source,
+        opts: SendOptions,
+    ) -> Result<Vec<MemoryRange>, MigrationError> {
+        src.start_tracking()?;
+        self.tracking = true;
+        let mut ranges = src.touched()?;
+        loop {
+            let at = Instant::now();
+            let bytes = self.send_memory(s, src, &ranges)?;
+            self.summary.passes += 1;
+            // Bytes per second, at least 1 MiB/s: an empty pass measures nothing.
+            let rate = (bytes as f64 / at.elapsed().as_secs_f64().max(1e-6)).max(1e6);
+            ranges = src.dirty()?;
+            let left: u64 = ranges.iter().map(|r| r.length).sum();
+            if Duration::from_secs_f64(left as f64 / rate) <= opts.downtime {
+                return Ok(ranges);
+            }
+            if self.start.elapsed() >= opts.timeout {
+                return match opts.strategy {
+                    TimeoutStrategy::Cancel => Err(MigrationError::Timeout(opts.timeout.as_secs())),
+                    TimeoutStrategy::Ignore => Ok(ranges),
+                };
+            }
+        }
+    }
+
+    /// Sends `ranges` in Memory requests of bounded size; returns the bytes sent.
+    fn send_memory(
+        &mut self,
+        s: &mut Stream,
+        src: &dyn Source,
+        ranges: &[MemoryRange],
+    ) -> Result<u64, MigrationError> {
+        let mut sent = 0;
+        for batch in batches(ranges) {
+            let table = protocol::encode_table(&batch);
+            s.write_all(&Request::new(Command::Memory, table.len() as u64).encode())
+                .and_then(|()| s.write_all(&table))
+                .map_err(|e| MigrationError::Io("sending a memory table", e))?;
+            for r in &batch {
+                src.send(r.gpa, r.length, s.fd())?;
+                sent += r.length;
+            }
+            answer(s, "Memory")?;
+        }
+        self.summary.memory_bytes += sent;
+        Ok(sent)
+    }
+}
+
+/// `ranges` split into requests of at most [`MAX_REQUEST_RANGES`] ranges and about
+/// [`MAX_REQUEST_BYTES`] (a range longer than that is cut).
+fn batches(ranges: &[MemoryRange]) -> Vec<Vec<MemoryRange>> {
+    let mut out = Vec::new();
+    let mut cur: Vec<MemoryRange> = Vec::new();
+    let mut bytes = 0;
+    for r in ranges {
+        let mut r = *r;
+        while r.length > 0 {
+            let room = MAX_REQUEST_BYTES - bytes;
+            let take = r.length.min(room);
+            cur.push(MemoryRange {
+                gpa: r.gpa,
+                length: take,
+            });
+            bytes += take;
+            r = MemoryRange {
+                gpa: r.gpa + take,
+                length: r.length - take,
+            };
+            if bytes == MAX_REQUEST_BYTES || cur.len() == MAX_REQUEST_RANGES {
+                out.push(std::mem::take(&mut cur));
+                bytes = 0;
+            }
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// Sends a request with its payload and waits for OK.
+fn request(
+    s: &mut Stream,
+    req: Request,
+    payload: &[u8],
+    what: &'static str,
+) -> Result<(), MigrationError> {
+    s.write_all(&req.encode())
+        .and_then(|()| s.write_all(payload))
+        .map_err(|e| MigrationError::Io("sending a request", e))?;
+    answer(s, what)
+}
+
+fn answer(s: &mut Stream, what: &'static str) -> Result<(), MigrationError> {
+    let mut b = [0u8; HEADER_LEN];
+    std::io::Read::read_exact(s, &mut b)
+        .map_err(|e| MigrationError::Io("waiting for the destination's answer", e))?;
+    match Response::decode(&b)?.status {
+        Status::Ok => Ok(()),
+        Status::Error => Err(MigrationError::Refused(what)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_bound_bytes_and_ranges_and_cut_long_ranges() {
+        let big = MemoryRange {
+            gpa: 0,
+            length: MAX_REQUEST_BYTES + 4096,
+        };
+        let b = batches(&[big]);
+        assert_eq!(b.len(), 2);
+        assert_eq!(b[0][0].length, MAX_REQUEST_BYTES);
+        assert_eq!(
+            b[1][0],
+            MemoryRange {
+                gpa: MAX_REQUEST_BYTES,
+                length: 4096
+            }
+        );
+        let pages: Vec<_> = (0..MAX_REQUEST_RANGES as u64 + 1)
+            .map(|i| MemoryRange {
+                gpa: i * 8192,
+                length: 4096,
+            })
+            .collect();
+        let b = batches(&pages);
+        assert_eq!(
+            b.iter().map(Vec::len).collect::<Vec<_>>(),
+            [MAX_REQUEST_RANGES, 1]
+        );
+    }
+}
