@@ -19,23 +19,6 @@ use serde_json::Value;
 
 const GUEST_WAIT: Duration = Duration::from_secs(90);
 
-/// `ch-remote`: `CH_REMOTE` if set, else on PATH; None (and a skip line) without one.
-fn ch_remote(test: &str) -> Option<PathBuf> {
-    let path =
-        std::env::var_os("CH_REMOTE").map_or_else(|| PathBuf::from("ch-remote"), PathBuf::from);
-    let found = Command::new(&path)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        vmm::test_skip::skip(
-            test,
-            "ch-remote is not on PATH (or CH_REMOTE): the requests go through the API client",
-        );
-    }
-    found.then_some(path)
-}
-
 /// Sends one operation: with `ch-remote` (its arguments) if there is one, else the same
 /// request through the API client. Returns (success, what was said).
 fn operate(
@@ -123,7 +106,10 @@ fn power_button_powers_the_guest_off_cleanly() {
     if !kvm_available("api_ops_power_button") {
         return;
     }
-    let ch = ch_remote("api_ops_power_button");
+    let ch = common::ch_remote::find(
+        "api_ops_power_button",
+        "the requests go through the API client",
+    );
     let kernel = export_guest("ops-power");
     for bin in builds() {
         let serial = scratch("power", "log");
@@ -181,7 +167,7 @@ fn nmi_reaches_the_guests_handler() {
     if !kvm_available("api_ops_nmi") {
         return;
     }
-    let ch = ch_remote("api_ops_nmi");
+    let ch = common::ch_remote::find("api_ops_nmi", "the requests go through the API client");
     let kernel = export_guest("ops-nmi");
     for bin in builds() {
         let serial = scratch("nmi", "log");
@@ -217,7 +203,10 @@ fn resize_disk_grows_the_image_and_tells_the_guest() {
     if !kvm_available("api_ops_resize_disk") {
         return;
     }
-    let ch = ch_remote("api_ops_resize_disk");
+    let ch = common::ch_remote::find(
+        "api_ops_resize_disk",
+        "the requests go through the API client",
+    );
     let kernel = export_guest("ops-resize");
     for bin in builds() {
         let image = Image::new("ops-resize", 16);
@@ -311,7 +300,7 @@ fn coredump_of_a_paused_guest_reads_in_gdb() {
         );
         return;
     }
-    let ch = ch_remote("api_ops_coredump");
+    let ch = common::ch_remote::find("api_ops_coredump", "the requests go through the API client");
     let kernel = export_guest("ops-core");
     for bin in builds() {
         let serial = scratch("core", "log");
@@ -390,7 +379,10 @@ fn resize_zone_grows_a_zone_the_guest_uses() {
     if !kvm_available("api_ops_resize_zone") {
         return;
     }
-    let ch = ch_remote("api_ops_resize_zone");
+    let ch = common::ch_remote::find(
+        "api_ops_resize_zone",
+        "the requests go through the API client",
+    );
     let kernel = export_guest("ops-zone");
     for bin in builds() {
         let serial = scratch("zone", "log");

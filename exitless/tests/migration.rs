@@ -299,26 +299,12 @@ fn a_vm_whose_devices_write_guest_memory_is_refused_by_name_before_a_byte_is_sen
     assert_eq!(local.status, 400, "{}", local.body);
 }
 
-/// Cloud Hypervisor's ch-remote: `EXITLESS_CH_REMOTE`, else on PATH.
-fn ch_remote(test: &str) -> Option<PathBuf> {
-    let given = std::env::var_os("EXITLESS_CH_REMOTE").map(PathBuf::from);
-    let found = given.or_else(|| {
-        std::env::split_paths(&std::env::var_os("PATH")?)
-            .map(|d| d.join("ch-remote"))
-            .find(|p| p.exists())
-    });
-    if found.is_none() {
-        vmm::test_skip::skip(test, "ch-remote is not on PATH (or set EXITLESS_CH_REMOTE)");
-    }
-    found
-}
-
 #[test]
 fn ch_remote_drives_both_ends() {
     let Some(t) = SnapTest::start("ch_remote_migration", "mig-ch") else {
         return;
     };
-    let Some(ch) = ch_remote("ch_remote_migration") else {
+    let Some(ch) = common::ch_remote::find("ch_remote_migration", "not run") else {
         return;
     };
     let (mut src, serial) = source(&t, "mig-ch-src", memory());

@@ -113,15 +113,9 @@ fn ch_remote_adds_a_pmem_device() {
     if !kvm_available("ch_remote_pmem") {
         return;
     }
-    let remote = PathBuf::from("/work/peers/ch/target/release/ch-remote");
-    let remote = std::env::var_os("EXITLESS_CH_REMOTE").map_or(remote, PathBuf::from);
-    if !remote.is_file() {
-        vmm::test_skip::skip(
-            "ch_remote_pmem",
-            "ch-remote is not installed (EXITLESS_CH_REMOTE)",
-        );
+    let Some(remote) = common::ch_remote::find("ch_remote_pmem", "not run") else {
         return;
-    }
+    };
     let kernel = export_guest("pmem-api");
     let (serial, file) = (kernel.with_extension("log"), scratch("api"));
     std::fs::remove_file(&file).ok();

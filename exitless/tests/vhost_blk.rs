@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -30,19 +30,6 @@ fn daemon(test: &str, image: &Path) -> Option<StorageDaemon> {
     };
     let socket = std::env::temp_dir().join(format!("exitless-{test}-{}.sock", std::process::id()));
     Some(StorageDaemon::start(&path, image, &socket, true).unwrap())
-}
-
-/// Cloud Hypervisor's ch-remote (`EXITLESS_CH_REMOTE`, else the peers' build); None (said as a
-/// skip) where it is absent.
-fn ch_remote(test: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("EXITLESS_CH_REMOTE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/work/peers/ch/target/release/ch-remote"));
-    if !path.is_file() {
-        vmm::test_skip::skip(test, "ch-remote is not installed (EXITLESS_CH_REMOTE)");
-        return None;
-    }
-    Some(path)
 }
 
 /// Bytes of the first `blocks` 4 KiB blocks of `image` that differ from the guest's pattern.
@@ -283,7 +270,7 @@ fn ch_remote_hot_adds_a_vhost_user_disk_and_a_generic_vhost_user_device() {
     if !kvm_or_skip("ch_remote_vhost_user") {
         return;
     }
-    let Some(remote) = ch_remote("ch_remote_vhost_user") else {
+    let Some(remote) = common::ch_remote::find("ch_remote_vhost_user", "not run") else {
         return;
     };
     let image = Image::new("vublk-hp", 16);

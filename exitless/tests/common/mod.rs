@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod api_vmm;
+pub mod ch_remote;
 pub mod kata;
 pub mod snapshot;
 pub mod virtiofsd;

@@ -1,0 +1,26 @@
+//! Cloud Hypervisor's `ch-remote`, which the API tests drive exitless with: `EXITLESS_CH_REMOTE`
+//! if set, else the first `ch-remote` on PATH (build it from Cloud Hypervisor's public
+//! source). Without one, the test says so in a skip line and does what it can without it.
+
+use std::path::PathBuf;
+
+/// The `ch-remote` to use, or None after printing `test`'s skip line with `without`: what the
+/// test does instead (or that it does nothing).
+pub fn find(test: &str, without: &str) -> Option<PathBuf> {
+    let given = std::env::var_os("EXITLESS_CH_REMOTE").map(PathBuf::from);
+    let found = given.or_else(|| {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|d| d.join("ch-remote"))
+            .find(|p| p.is_file())
+    });
+    match found.filter(|p| p.is_file()) {
+        Some(path) => Some(path),
+        None => {
+            vmm::test_skip::skip(
+                test,
+                &format!("ch-remote is not on PATH (or EXITLESS_CH_REMOTE): {without}"),
+            );
+            None
+        }
+    }
+}
