@@ -1,10 +1,12 @@
 //! Kata Containers' shipped request sequence (control/src/api/fixtures/kata_clh_virtiofs.json,
-//! the `kata_shipped` fixture) without its virtio-fs device (issue 41 item 1 saves that):
-//! shared memory, a read-only root disk, a tap sent as an fd, vsock, the balloon with free
-//! page reporting, then memory grown, a disk hot-added and asked back, a vCPU added, and the
-//! pause. Where Kata would resume, the VM is snapshotted and restored in a fresh VMM (the tap
-//! sent again with `net_fds`): the bench guest's `case=snapshot hotplug=1` goes on using its
-//! grown memory, the hot-added disk and the added vCPU.
+//! the `kata_shipped` fixture): shared memory, virtio-fs (`kataShared`, on a Rust virtiofsd),
+//! a read-only root disk, a tap sent as an fd, vsock, the balloon with free page reporting,
+//! then memory grown, a disk hot-added and asked back, a vCPU added, and the pause. Where Kata
+//! would resume, the VM is snapshotted and restored in a fresh VMM (the tap sent again with
+//! `net_fds`, a fresh virtiofsd on the same directory, as Kata starts its own): the bench
+//! guest's `case=snapshot hotplug=1 fs=1` goes on using its grown memory, the hot-added disk,
+//! the added vCPU and the file it holds open through `kataShared`. Without a Rust virtiofsd
+//! the sequence runs without its virtio-fs device (said in a skip line).
 
 mod common;
 
@@ -14,8 +16,10 @@ use std::path::Path;
 use common::api_vmm::{json, ok, Vmm};
 use common::kata::tap;
 use common::snapshot::{saved_state, shutdown, wait_file, SnapTest};
+use common::virtiofsd::Virtiofsd;
 use exitless_control::api::client::ApiClient;
 use serde_json::{json, Value};
+use vmm::devices::virtio::vhost_user::virtiofsd::Flavour;
 
 const CMDLINE: &str = "case=snapshot ticks=10 iters=20000 touch_mib=8 hotplug=1 balloon=1 hold";
 
@@ -30,8 +34,8 @@ fn send(c: &mut ApiClient, r: &Value, fds: &[i32]) -> Value {
 }
 
 /// The fixture's requests up to its pause, for `dir` and `kernel`, with the console in a file
-/// and no virtio-fs device; what the guest must have printed before each is sent.
-fn sequence(dir: &Path, kernel: &Path, serial: &Path) -> Vec<Value> {
+/// and the virtio-fs device on `fs` (none without).
+fn sequence(dir: &Path, kernel: &Path, serial: &Path, fs: Option<&Path>) -> Vec<Value> {
     let fixture = include_str!("../../control/src/api/fixtures/kata_clh_virtiofs.json")
         .replace("@TMP@", dir.to_str().unwrap())
         .replace("@VMDIR@", dir.to_str().unwrap())
@@ -43,8 +47,16 @@ fn sequence(dir: &Path, kernel: &Path, serial: &Path) -> Vec<Value> {
         .position(|r| r["path"] == "/api/v1/vm.pause");
     requests.truncate(pause.unwrap());
     let create = &mut requests[1]["body"];
-    create.as_object_mut().unwrap().remove("fs");
-    create["payload"]["cmdline"] = json!(CMDLINE);
+    match fs {
+        Some(socket) => {
+            create["fs"][0]["socket"] = json!(socket);
+            create["payload"]["cmdline"] = json!(format!("{CMDLINE} fs=1"));
+        }
+        None => {
+            create.as_object_mut().unwrap().remove("fs");
+            create["payload"]["cmdline"] = json!(CMDLINE);
+        }
+    }
     create["serial"] = json!({"mode": "File", "file": serial});
     requests
 }
@@ -62,11 +74,17 @@ fn taken_after(r: &Value) -> Option<&'static str> {
 
 /// Walks the sequence to Kata's pause on a fresh VMM (the tap sent where Kata sends it),
 /// then snapshots the VM into `snap`; the id of the disk Kata hot-added.
-fn walk_and_snapshot(t: &SnapTest, vm_dir: &Path, serial: &Path, tap: i32) -> String {
+fn walk_and_snapshot(
+    t: &SnapTest,
+    vm_dir: &Path,
+    serial: &Path,
+    tap: i32,
+    fs: Option<&Path>,
+) -> String {
     let vmm = Vmm::start("snap-kata");
     let mut c = vmm.client();
     let mut disk_id = String::new();
-    for mut r in sequence(vm_dir, &t.guest, serial) {
+    for mut r in sequence(vm_dir, &t.guest, serial, fs) {
         if r["path"] == "/api/v1/vm.remove-device" {
             r["body"]["id"] = json!(disk_id);
         }
@@ -106,8 +124,40 @@ fn restore_with_tap(snap: &Path, tap: i32) -> Vmm {
     vmm
 }
 
+/// The Rust virtiofsd started as a snapshot needs it, serving `shared` (else a folder of its
+/// own); None, said in a skip line, where there is none.
+fn virtiofsd(tag: &str, shared: Option<std::path::PathBuf>) -> Option<Virtiofsd> {
+    let test = "snapshot_kata_virtio_fs";
+    let daemon = Virtiofsd::find(test)?;
+    if daemon.flavour != Flavour::Rust {
+        let why = "the virtiofsd found is QEMU's C one, which has no device state: no virtio-fs";
+        vmm::test_skip::skip(test, why);
+        return None;
+    }
+    Some(Virtiofsd::spawn(tag, daemon, shared, true))
+}
+
+/// What the restored VM's guest printed, and its VMM, once it finished.
+fn check_saved(t: &SnapTest, disk_id: &str, fs: bool) {
+    let state = saved_state(&t.dir);
+    assert_eq!(state.vcpus.len(), 2);
+    assert_eq!(state.memory.hotplugged, 256 << 20);
+    for id in ["_disk0", disk_id] {
+        assert_eq!(state.devices[id].kind, "virtio-blk", "{id}");
+    }
+    assert_eq!(state.devices["_net0"].kind, "virtio-net");
+    assert_eq!(state.devices["_balloon0"].kind, "virtio-balloon");
+    if fs {
+        let data = state.devices["_fs0"]
+            .data
+            .clone()
+            .expect("virtiofsd's state");
+        assert!(t.dir.join(data.file).is_file());
+    }
+}
+
 #[test]
-fn kata_s_shipped_sequence_without_virtio_fs_is_snapshotted_and_goes_on_in_a_fresh_vmm() {
+fn kata_s_shipped_sequence_is_snapshotted_and_goes_on_in_a_fresh_vmm_with_a_fresh_virtiofsd() {
     let Some(t) = SnapTest::start("snapshot_kata", "kata") else {
         return;
     };
@@ -118,28 +168,40 @@ fn kata_s_shipped_sequence_without_virtio_fs_is_snapshotted_and_goes_on_in_a_fre
     std::fs::create_dir(&vm_dir).unwrap();
     std::fs::write(vm_dir.join("rootfs.img"), vec![0u8; 1 << 20]).unwrap();
     std::fs::write(vm_dir.join("hotplug.img"), vec![0u8; 1 << 20]).unwrap();
-    let serial = t.scratch.join("serial.log");
-    let disk_id = walk_and_snapshot(&t, &vm_dir, &serial, tap_fd.as_raw_fd());
-
-    let state = saved_state(&t.dir);
-    assert_eq!(state.vcpus.len(), 2);
-    assert_eq!(state.memory.hotplugged, 256 << 20);
-    for id in ["_disk0", disk_id.as_str()] {
-        assert_eq!(state.devices[id].kind, "virtio-blk", "{id}");
+    let first = virtiofsd("snapkata-a", None);
+    if let Some(d) = &first {
+        std::fs::write(d.shared().join("snap.bin"), b"").unwrap();
     }
-    assert_eq!(state.devices["_net0"].kind, "virtio-net");
-    assert_eq!(state.devices["_balloon0"].kind, "virtio-balloon");
+    let serial = t.scratch.join("serial.log");
+    let socket = first.as_ref().map(|d| d.socket.as_path());
+    let disk_id = walk_and_snapshot(&t, &vm_dir, &serial, tap_fd.as_raw_fd(), socket);
+    check_saved(&t, &disk_id, first.is_some());
+    // Kata's own virtiofsd for the restored sandbox: fresh, on the same directory (the
+    // first ended with its VMM; kept until the end, it owns the directory).
+    let shared = first.as_ref().map(Virtiofsd::shared);
+    let second = shared.and_then(|dir| virtiofsd("snapkata-b", Some(dir)));
     let restored = t.scratch.join("restored.log");
     let path = t.dir.join("config.json");
     let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     config["serial"]["file"] = json!(restored);
+    if let Some(d) = &second {
+        config["fs"][0]["socket"] = json!(d.socket);
+    }
     std::fs::write(&path, config.to_string()).unwrap();
 
     let vmm = restore_with_tap(&t.dir, tap_fd.as_raw_fd());
     let text = wait_file(&restored, "EXITLESS DONE");
+    assert!(!text.contains("EXITLESS ERROR"), "{text}");
     assert!(text.contains(" hotplug_ok=1"), "{text}");
     assert!(text.contains(" ok=1"), "{text}");
     assert!(text.contains(" mem_bad=0 disk_bad=0 "), "{text}");
+    if let Some(d) = &second {
+        // Every round's 16-byte record through the one FUSE handle, and the new file.
+        assert!(text.contains("EXITLESS SNAPFS n=9 bytes=160"), "{text}");
+        let old = std::fs::read(d.shared().join("snap.bin")).unwrap();
+        assert_eq!(old.len(), 160);
+        assert_eq!(std::fs::read(d.shared().join("snap-new.bin")).unwrap(), old);
+    }
     let mut c = vmm.client();
     let info = json(&ok(c.request("GET", "vm.info", None).unwrap(), "vm.info"));
     assert_eq!(info["config"]["memory"]["size"], 512u64 << 20, "{info}");
