@@ -26,8 +26,8 @@ use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    Activation, DeviceHealth, MemoryView, QueueCounters, StallGuard, VirtioDevice, VirtioError,
-    VirtioInterrupt, TYPE_BLOCK, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
+    Activation, DeviceDirtyLog, DeviceHealth, MemoryView, QueueCounters, StallGuard, VirtioDevice,
+    VirtioError, VirtioInterrupt, TYPE_BLOCK, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
     VIRTIO_RING_F_INDIRECT_DESC,
 };
 use crate::config::DiskConfig;
@@ -281,6 +281,7 @@ impl VirtioDevice for Block {
             deferred: false,
             warned_io: false,
             health: a.health,
+            dirty: a.dirty,
         };
         Ok(Arc::new(Mutex::new(worker)))
     }
@@ -331,6 +332,7 @@ struct BlockWorker {
     deferred: bool,
     warned_io: bool,
     health: Arc<DeviceHealth>,
+    dirty: Arc<DeviceDirtyLog>,
 }
 
 impl Drop for BlockWorker {
