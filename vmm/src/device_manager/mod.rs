@@ -158,6 +158,18 @@ impl DeviceManager {
         }
     }
 
+    /// Lets go of (`held` false) or takes back every virtio device's host file locks (disk
+    /// images), for a live migration to a destination on this host.
+    pub fn image_locks(&self, held: bool) -> Result<(), String> {
+        for v in &self.virtio {
+            let name = v.device.name();
+            v.device
+                .image_lock(held)
+                .map_err(|e| format!("{name}: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// The virtio devices' log of the guest pages they write ([`DeviceDirtyLog`]).
     pub fn device_log(&self) -> &Arc<DeviceDirtyLog> {
         &self.device_log

@@ -241,6 +241,19 @@ impl Source for Outgoing<'_> {
     fn end_capture(&mut self) {
         self.vm.devices.snapshot_ended();
     }
+
+    fn release_files(&mut self) -> Result<(), MigrationError> {
+        self.vm
+            .devices
+            .image_locks(false)
+            .map_err(MigrationError::Destination)
+    }
+
+    fn retake_files(&mut self) {
+        if let Err(e) = self.vm.devices.image_locks(true) {
+            eprintln!("exitless: a disk's lock not taken back after the failed migration: {e}");
+        }
+    }
 }
 
 /// Sets in `bitmap` (one bit a page, from guest page `first`) the guest pages of `pages`
@@ -461,7 +474,11 @@ mod tests {
     #[test]
     fn device_pages_join_the_bitmap_of_their_region_only() {
         let mut bitmap = vec![0u64; 2];
-        add_pages(&mut bitmap, 0x100, &[0x10, 0x100, 0x13f, 0x17f, 0x180, 0x1000]);
+        add_pages(
+            &mut bitmap,
+            0x100,
+            &[0x10, 0x100, 0x13f, 0x17f, 0x180, 0x1000],
+        );
         assert_eq!(bitmap, [1 | 1 << 63, 1 << 63]);
     }
 

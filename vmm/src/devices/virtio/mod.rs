@@ -384,6 +384,12 @@ pub trait VirtioDevice: Send {
     }
     /// Per-queue counters, by queue index.
     fn counters(&self) -> Arc<[QueueCounters]>;
+    /// Live migration to this host: lets go of (`held` false) or takes back the locks on
+    /// the host files the device holds (a disk image's), so that the destination can take
+    /// them. Nothing by default.
+    fn image_lock(&self, _held: bool) -> Result<(), String> {
+        Ok(())
+    }
     /// What the device counts beyond its queues (frames, drops, connections), by name.
     fn device_counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()

@@ -130,6 +130,8 @@ pub struct Block {
     write_through: WriteThrough,
     counters: Arc<[QueueCounters]>,
     stats: Arc<BlockStats>,
+    /// The image's path, when the device holds its lock (lock=on).
+    locked: Option<String>,
 }
 
 impl Block {
@@ -188,6 +190,7 @@ impl Block {
             write_through: WriteThrough::GroupSync,
             counters: Arc::from(vec![QueueCounters::default()]),
             stats: Arc::default(),
+            locked: disk.lock.then_some(path),
         })
     }
 
@@ -212,6 +215,18 @@ impl Block {
 impl VirtioDevice for Block {
     fn device_type(&self) -> u32 {
         TYPE_BLOCK
+    }
+
+    /// The image's lock (lock=on), let go of for a destination on this host and taken back
+    /// when the migration failed.
+    fn image_lock(&self, held: bool) -> Result<(), String> {
+        let Some(path) = &self.locked else {
+            return Ok(());
+        };
+        match held {
+            true => image::lock(&self.file, path, self.shape.readonly).map_err(|e| e.to_string()),
+            false => image::unlock(&self.file).map_err(|e| format!("unlocking {path}: {e}")),
+        }
     }
     fn queue_max_sizes(&self) -> &[u16] {
         &[QUEUE_SIZE]

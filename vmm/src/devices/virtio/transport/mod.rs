@@ -210,6 +210,11 @@ impl VirtioPciDevice {
         &self.name
     }
 
+    /// Lets go of or takes back the device's host file locks ([`VirtioDevice::image_lock`]).
+    pub fn image_lock(&self, held: bool) -> Result<(), String> {
+        lock(&self.transport).device.image_lock(held)
+    }
+
     /// The interrupt side: its irqfds to connect as MSI routes.
     pub fn interrupt(&self) -> &Arc<MsixInterrupt> {
         &self.irq
