@@ -218,7 +218,10 @@ fn a_destination_that_fails_leaves_the_source_resumed() {
     assert!(matches!(received, Err(MigrationError::Destination(_))));
     let log = src.log.lock().unwrap().clone();
     // The disk locks let go of before State are taken back before the VM resumes.
-    assert_eq!(log, ["track", "pause", "release", "untrack", "retake", "resume"]);
+    assert_eq!(
+        log,
+        ["track", "pause", "release", "untrack", "retake", "resume"]
+    );
 }
 
 #[test]
