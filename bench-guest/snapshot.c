@@ -46,6 +46,12 @@
  * them (and with `balloon=1` inflates the balloon to its target), and checks them every
  * round; the result line adds hotplug_ok=<0|1>.
  *
+ * `blkcheck=K` (with virtio=N) also writes K blocks of the disk (n*K up) with their pattern
+ * in round n and reads each back into a page of its own above the pattern, and at the end
+ * checks them all: the result line adds blkcheck_bad=<blocks not read back as written> (a
+ * live migration must carry the pages the device wrote, which KVM's dirty log does not see).
+ * The disk needs ticks*K blocks of 4 KiB.
+ *
  * `dirty=1` also writes every page of the pattern again each round, mixed with the round's
  * number (what the end checks then): a live migration must carry pages written while it
  * copies (its dirty passes).
@@ -63,7 +69,8 @@
 #define PAGE_SIZE 4096UL
 
 struct snapshot_run {
-    u64 pages, ticks, iters, count, bad, virtio, net, bridge, fs, hotplug, dirty;
+    u64 pages, ticks, iters, count, bad, virtio, net, bridge, fs, hotplug, dirty, blkcheck;
+    u64 blkcheck_bad;
     const char *cmdline;
 };
 
@@ -152,6 +159,9 @@ static volatile u64 tick_count;
 
 static u64 pattern(u64 page) { return (SNAP_BASE + page * PAGE_SIZE) ^ SNAP_SEED; }
 
+/* Where blkcheck=1 reads each round's block back: just above the pattern. */
+static u8 *blkcheck_area(const struct snapshot_run *r) { return (u8 *)(SNAP_BASE + r->pages * PAGE_SIZE); }
+
 static u64 snapshot_user(u64 arg)
 {
     struct snapshot_run *r = (struct snapshot_run *)arg;
@@ -164,6 +174,9 @@ static u64 snapshot_user(u64 arg)
             outb(COM1_PORT + 7, (u8)i);
         if (r->virtio) {
             loop_virtio_blk(r->virtio);
+            if (r->blkcheck)
+                virtio_blk_check_round(t, r->blkcheck,
+                                       blkcheck_area(r) + t * r->blkcheck * PAGE_SIZE);
             u64 nonzero = snapshot_rng_read();
             puts_("EXITLESS SNAPVIRTIO n=");
             put_u64(t);
@@ -189,6 +202,8 @@ static u64 snapshot_user(u64 arg)
     }
     if (r->fs)
         snapshot_fs_end(r->ticks);
+    if (r->virtio && r->blkcheck)
+        r->blkcheck_bad = virtio_blk_check_end(r->ticks * r->blkcheck, blkcheck_area(r));
     u64 mix = r->dirty ? r->ticks : 0;
     for (u64 p = 0; p < r->pages; p++)
         if (*(volatile u64 *)(SNAP_BASE + p * PAGE_SIZE) != (pattern(p) ^ mix))
@@ -217,6 +232,7 @@ void snapshot_main(const char *cmdline)
             virtio_fail(why);
     }
     r.dirty = parse_u64(find_arg(cmdline, "dirty="));
+    r.blkcheck = parse_u64(find_arg(cmdline, "blkcheck="));
     r.bridge = parse_u64(find_arg(cmdline, "bridge="));
     if (r.bridge)
         snapshot_size_bridge();
@@ -249,6 +265,10 @@ void snapshot_main(const char *cmdline)
     }
     if (r.virtio)
         report_virtio_blk();
+    if (r.virtio && r.blkcheck) {
+        puts_(" blkcheck_bad=");
+        put_u64(r.blkcheck_bad);
+    }
     if (r.hotplug) {
         puts_(" hotplug_ok=");
         put_u64(snapshot_hotplug_ok());

@@ -127,6 +127,8 @@ const char *virtio_blk_setup(const char *cmdline);
 /* The same for the virtio-blk function in `slot` (a hot-added disk beside others). */
 const char *virtio_blk_setup_at(const char *cmdline, u8 slot);
 u64 loop_virtio_blk(u64 n);
+void virtio_blk_check_round(u64 round, u64 k, u8 *into);
+u64 virtio_blk_check_end(u64 blocks, const u8 *from);
 u64 loop_virtio_check(u64 blocks);
 u64 loop_virtio_blk_hostile(u64 rounds);
 /* The virtio_blk result line's own fields. */

@@ -41,19 +41,24 @@ static u64 next_random(void)
     return rng_seed >> 17;
 }
 
-/* Request slot s uses descriptors 3s (header), 3s+1 (data), 3s+2 (status). */
-static void blk_post(u32 s, u32 type, u64 sector, u32 len)
+/* Request slot s uses descriptors 3s (header), 3s+1 (data at buf), 3s+2 (status). */
+static void blk_post_at(u32 s, u32 type, u64 sector, u32 len, u8 *buf)
 {
     struct vring_desc *d = &blk_vq.desc[3 * s];
     headers[s] = (struct blk_header){type, 0, sector};
     statuses[s] = 0xff;
     d[0] = (struct vring_desc){(u64)&headers[s], sizeof(headers[s]), VRING_DESC_F_NEXT, (u16)(3 * s + 1)};
     u16 dir = type == VIRTIO_BLK_T_OUT ? 0 : VRING_DESC_F_WRITE;
-    d[1] = (struct vring_desc){(u64)buffers[s], len, (u16)(dir | VRING_DESC_F_NEXT), (u16)(3 * s + 2)};
+    d[1] = (struct vring_desc){(u64)buf, len, (u16)(dir | VRING_DESC_F_NEXT), (u16)(3 * s + 2)};
     d[2] = (struct vring_desc){(u64)&statuses[s], 1, VRING_DESC_F_WRITE, 0};
     if (!len) /* a flush: header and status only */
         d[0].next = (u16)(3 * s + 2);
     vring_post(&blk_vq, (u16)(3 * s));
+}
+
+static void blk_post(u32 s, u32 type, u64 sector, u32 len)
+{
+    blk_post_at(s, type, sector, len, buffers[s]);
 }
 
 static void fail(const char *what)
@@ -184,6 +189,39 @@ void report_virtio_blk(void)
 static u8 pattern(u64 seed, u64 block, u64 i)
 {
     return (u8)((seed * 131 + block * 31 + i * 7 + (i >> 9)) & 0xff);
+}
+
+/* Round `round` of case=snapshot's blkcheck=K (no request in flight): blocks round*K up to
+ * K more, each written with its pattern and read back into its own 4 KiB from `into`, kept
+ * for the end's check (a live migration must carry what the device wrote there). */
+void virtio_blk_check_round(u64 round, u64 k, u8 *into)
+{
+    for (u64 j = 0; j < k; j++) {
+        u64 block = round * k + j;
+        if (block >= blk_blocks)
+            fail("virtio_blk: the disk is too small for blkcheck=");
+        for (u64 i = 0; i < BLOCK; i++)
+            buffers[0][i] = pattern(block + 1, block, i);
+        blk_post(0, VIRTIO_BLK_T_OUT, block * SECTORS_PER_BLOCK, BLOCK);
+        vring_kick(&blk_vq);
+        blk_wait();
+        blk_post_at(0, VIRTIO_BLK_T_IN, block * SECTORS_PER_BLOCK, BLOCK, into + j * BLOCK);
+        vring_kick(&blk_vq);
+        blk_wait();
+    }
+}
+
+/* The blocks (`blocks` of them) read back at `from` that are not their pattern. */
+u64 virtio_blk_check_end(u64 blocks, const u8 *from)
+{
+    u64 bad = 0;
+    for (u64 b = 0; b < blocks; b++)
+        for (u64 i = 0; i < BLOCK; i++)
+            if (((volatile const u8 *)from)[b * BLOCK + i] != pattern(b + 1, b, i)) {
+                bad++;
+                break;
+            }
+    return bad;
 }
 
 /* One request, waited for; returns its status. */

@@ -26,7 +26,7 @@ use crate::bus::{BusBuilder, BusError, Buses, SharedBuses, SharedDevice};
 use crate::config::IrqchipMode;
 use crate::devices::pci::{PciConfigPorts, PciDevice, PciEcam, PciRoot};
 use crate::devices::virtio::transport::VirtioPciDevice;
-use crate::devices::virtio::{SharedGuestMemory, VirtioDevice};
+use crate::devices::virtio::{DeviceDirtyLog, SharedGuestMemory, VirtioDevice};
 use crate::event_loop::EventLoopHandle;
 use crate::kvm::{IoEvent, KvmError};
 use crate::memory;
@@ -120,6 +120,9 @@ pub struct DeviceManager {
     memory_listeners: Vec<Box<dyn MemoryListener>>,
     /// Where a restore puts each PCI function, by name ([`DeviceManager::restore_places`]).
     places: HashMap<String, PciPlace>,
+    /// The log of the guest pages the virtio devices write, shared by all of them (read by a
+    /// live migration's passes; off otherwise).
+    device_log: Arc<DeviceDirtyLog>,
 }
 
 impl DeviceManager {
@@ -151,7 +154,25 @@ impl DeviceManager {
             hotplugged: false,
             memory_listeners: Vec::new(),
             places: HashMap::new(),
+            device_log: Arc::default(),
         }
+    }
+
+    /// Lets go of (`held` false) or takes back every virtio device's host file locks (disk
+    /// images), for a live migration to a destination on this host.
+    pub fn image_locks(&self, held: bool) -> Result<(), String> {
+        for v in &self.virtio {
+            let name = v.device.name();
+            v.device
+                .image_lock(held)
+                .map_err(|e| format!("{name}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The virtio devices' log of the guest pages they write ([`DeviceDirtyLog`]).
+    pub fn device_log(&self) -> &Arc<DeviceDirtyLog> {
+        &self.device_log
     }
 
     /// Maps `device` at `[base, base + len)` on `bus` under `name`; returns its stable id.
@@ -295,7 +316,8 @@ impl DeviceManager {
             .allocate(VIRTIO_BAR_SIZE, VIRTIO_BAR_SIZE, policy)
             .map_err(|_| full())?;
         let addr = bar.start();
-        let dev = VirtioPciDevice::new(name, device, addr, mem.clone(), event_loop)
+        let logged = (mem.clone(), self.device_log.clone());
+        let dev = VirtioPciDevice::with_dirty_log(name, device, addr, logged, event_loop)
             .map_err(|e| DeviceManagerError::Device(name.to_string(), e))?;
 
         let mut mapped = MappedVirtio {

@@ -45,6 +45,13 @@ pub trait Source {
     /// [`Source::end_capture`].
     fn capture(&mut self) -> Result<Vec<u8>, MigrationError>;
     fn end_capture(&mut self);
+    /// Lets go of the host files the destination opens (disk image locks), VM paused and
+    /// captured, before State.
+    fn release_files(&mut self) -> Result<(), MigrationError> {
+        Ok(())
+    }
+    /// Takes them back (the migration failed after [`Source::release_files`]).
+    fn retake_files(&mut self) {}
 }
 
 /// What to do when `timeout_s` passes before the dirty pages fit the downtime.
@@ -92,6 +99,7 @@ pub fn send(
         paused: false,
         capturing: false,
         tracking: false,
+        released: false,
     };
     let sent = run.send(s, src, opts);
     if sent.is_err() {
@@ -99,6 +107,9 @@ pub fn send(
     }
     if run.tracking {
         src.stop_tracking();
+    }
+    if sent.is_err() && run.released {
+        src.retake_files();
     }
     if run.capturing {
         src.end_capture();
@@ -115,6 +126,7 @@ struct Run {
     paused: bool,
     capturing: bool,
     tracking: bool,
+    released: bool,
 }
 
 impl Run {
@@ -165,6 +177,8 @@ impl Run {
             self.send_memory(s, src, &last)?;
             self.summary.passes += 1;
         }
+        self.released = true;
+        src.release_files()?;
         request(
             s,
             Request::new(Command::State, state.len() as u64),

@@ -92,6 +92,13 @@ impl Source for FakeSource {
         Ok(b"state".to_vec())
     }
     fn end_capture(&mut self) {}
+    fn release_files(&mut self) -> Result<(), MigrationError> {
+        self.note("release");
+        Ok(())
+    }
+    fn retake_files(&mut self) {
+        self.note("retake");
+    }
 }
 
 #[derive(Default)]
@@ -194,7 +201,7 @@ fn precopy_carries_every_page_written_during_the_passes() {
     // The first pass, two dirty passes, an empty one that fits the downtime, the last.
     assert_eq!(sent.passes, 4, "{sent:?}");
     let log = src.log.lock().unwrap().clone();
-    assert_eq!(log, ["track", "pause", "untrack"]);
+    assert_eq!(log, ["track", "pause", "release", "untrack"]);
 }
 
 #[test]
@@ -210,7 +217,11 @@ fn a_destination_that_fails_leaves_the_source_resumed() {
     );
     assert!(matches!(received, Err(MigrationError::Destination(_))));
     let log = src.log.lock().unwrap().clone();
-    assert_eq!(log, ["track", "pause", "untrack", "resume"]);
+    // The disk locks let go of before State are taken back before the VM resumes.
+    assert_eq!(
+        log,
+        ["track", "pause", "release", "untrack", "retake", "resume"]
+    );
 }
 
 #[test]
@@ -224,7 +235,7 @@ fn a_paused_vm_completes_paused_without_a_pause_of_its_own() {
     sent.unwrap();
     assert!(!received.unwrap().resumed);
     assert_eq!(dest.resumed, Some(false));
-    assert_eq!(*src.log.lock().unwrap(), ["track", "untrack"]);
+    assert_eq!(*src.log.lock().unwrap(), ["track", "release", "untrack"]);
 }
 
 #[test]

@@ -10,6 +10,7 @@
 
 pub mod balloon;
 pub mod blk;
+pub mod dirty_log;
 pub mod health;
 pub mod memory_view;
 pub mod net;
@@ -32,6 +33,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::event_loop::Subscriber;
+pub use dirty_log::DeviceDirtyLog;
 pub use health::{DeviceHealth, RateLimitedLog};
 pub use memory_view::{MemoryView, SharedGuestMemory};
 
@@ -113,6 +115,9 @@ pub struct Activation {
     pub interrupt: Arc<dyn VirtioInterrupt>,
     /// Where the queue work reports a broken ring (the device then needs a reset).
     pub health: Arc<DeviceHealth>,
+    /// The VM's log of the pages the devices write, for live migration: each completion
+    /// calls [`DeviceDirtyLog::completing`] before `add_used` (one relaxed load while off).
+    pub dirty: Arc<DeviceDirtyLog>,
 }
 
 /// Counters of one queue, written only by the thread serving the queue (relaxed atomics: no
@@ -186,8 +191,7 @@ impl StallGuard {
 pub fn serve_available(
     (queue, q): (&mut Queue, u16),
     mem: &GuestMemoryMmap,
-    counters: &QueueCounters,
-    health: &DeviceHealth,
+    (counters, health, dirty): (&QueueCounters, &DeviceHealth, &DeviceDirtyLog),
     mut serve: impl FnMut(DescriptorChain<&GuestMemoryMmap>) -> Option<u32>,
 ) -> bool {
     let mut stall = StallGuard::new(q);
@@ -207,6 +211,7 @@ pub fn serve_available(
                 QueueCounters::add(&counters.malformed, 1);
                 0
             });
+            dirty.completing(mem, queue, head);
             if queue.add_used(mem, head, len).is_err() {
                 QueueCounters::add(&counters.malformed, 1);
             }
@@ -379,6 +384,12 @@ pub trait VirtioDevice: Send {
     }
     /// Per-queue counters, by queue index.
     fn counters(&self) -> Arc<[QueueCounters]>;
+    /// Live migration to this host: lets go of (`held` false) or takes back the locks on
+    /// the host files the device holds (a disk image's), so that the destination can take
+    /// them. Nothing by default.
+    fn image_lock(&self, _held: bool) -> Result<(), String> {
+        Ok(())
+    }
     /// What the device counts beyond its queues (frames, drops, connections), by name.
     fn device_counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()

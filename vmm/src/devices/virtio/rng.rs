@@ -12,8 +12,8 @@ use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    serve_available, signal_used, Activation, DeviceHealth, MemoryView, QueueCounters,
-    VirtioDevice, VirtioError, VirtioInterrupt, TYPE_RNG, VIRTIO_F_VERSION_1,
+    serve_available, signal_used, Activation, DeviceDirtyLog, DeviceHealth, MemoryView,
+    QueueCounters, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_RNG, VIRTIO_F_VERSION_1,
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 
@@ -76,6 +76,7 @@ impl VirtioDevice for Rng {
             interrupt: a.interrupt,
             counters: self.counters.clone(),
             health: a.health,
+            dirty: a.dirty,
         };
         Ok(Arc::new(Mutex::new(worker)))
     }
@@ -93,6 +94,7 @@ struct RngWorker {
     interrupt: Arc<dyn VirtioInterrupt>,
     counters: Arc<[QueueCounters]>,
     health: Arc<DeviceHealth>,
+    dirty: Arc<DeviceDirtyLog>,
 }
 
 /// Fills the chain's writable buffers; returns the bytes written, or None for a chain that
@@ -150,9 +152,10 @@ impl RngWorker {
         self.mem.refresh();
         let (mem, counters) = (self.mem.get(), &self.counters[0]);
         let queue = (&mut self.queue, 0);
-        let completed = serve_available(queue, mem, counters, &self.health, |chain| {
-            fill_chain(chain, mem)
-        });
+        let completed =
+            serve_available(queue, mem, (counters, &self.health, &self.dirty), |chain| {
+                fill_chain(chain, mem)
+            });
         if completed {
             signal_used(&mut self.queue, mem, self.interrupt.as_ref(), 0, counters);
         }
@@ -227,6 +230,7 @@ mod tests {
             }],
             interrupt: irq.clone(),
             health: crate::devices::virtio::test_support::health(),
+            dirty: Default::default(),
         })
         .map(|worker| el.handle().add(worker).unwrap())
         .unwrap();
@@ -267,6 +271,7 @@ mod tests {
                 }],
                 interrupt: Arc::new(CountingIrq::default()),
                 health: crate::devices::virtio::test_support::health(),
+                dirty: Default::default(),
             })
             .unwrap();
         el.handle().add(worker).unwrap();

@@ -75,6 +75,7 @@ fn start(
             queues,
             interrupt: std::sync::Arc::new(CountingIrq::default()),
             health: health(),
+            dirty: Default::default(),
         })
         .unwrap();
     el.handle().add(worker).unwrap();

@@ -14,8 +14,8 @@ use vmm_sys_util::eventfd::EventFd;
 use super::discard::{discard_range, RangeOutcome, PAGE_SIZE};
 use super::{role_of, BalloonStats, Role, Shared};
 use crate::devices::virtio::{
-    serve_available, signal_used, Activation, DeviceHealth, MemoryView, QueueCounters,
-    VirtioInterrupt,
+    serve_available, signal_used, Activation, DeviceDirtyLog, DeviceHealth, MemoryView,
+    QueueCounters, VirtioInterrupt,
 };
 
 /// Most PFNs taken from one inflate or deflate chain (4 GiB of pages; Linux sends 256).
@@ -39,6 +39,7 @@ pub(super) struct BalloonWorker {
     interrupt: Arc<dyn VirtioInterrupt>,
     counters: Arc<[QueueCounters]>,
     health: Arc<DeviceHealth>,
+    dirty: Arc<DeviceDirtyLog>,
     shared: Arc<Shared>,
 }
 
@@ -66,6 +67,7 @@ impl BalloonWorker {
             interrupt: a.interrupt,
             counters,
             health: a.health,
+            dirty: a.dirty,
             shared,
         }
     }
@@ -82,9 +84,12 @@ impl BalloonWorker {
             health: &self.health,
             stats: &self.shared.stats,
         };
-        let served = serve_available((&mut q.queue, index), mem, counter, &self.health, |c| {
-            work.chain(role, c)
-        });
+        let served = serve_available(
+            (&mut q.queue, index),
+            mem,
+            (counter, &self.health, &self.dirty),
+            |c| work.chain(role, c),
+        );
         if served {
             signal_used(&mut q.queue, mem, self.interrupt.as_ref(), index, counter);
         }

@@ -97,6 +97,19 @@ pub fn lock(file: &File, path: &str, readonly: bool) -> Result<(), BlockError> {
     })
 }
 
+/// Lets go of the image's lock (taken again with [`lock`]).
+pub fn unlock(file: &File) -> io::Result<()> {
+    // SAFETY: flock is plain data; all-zero is a valid value to fill in.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_UNLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: F_OFD_SETLK reads the flock we pass, which lives across the call.
+    match unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
 /// Who holds a lock on the file with this device and inode, from the `lock:` lines of
 /// /proc/*/fdinfo (OFD locks show no pid in /proc/locks): "process 123 (exitless)", "this
 /// VM (another device)", or "another program" when it cannot be told.

@@ -26,8 +26,8 @@ use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    Activation, DeviceHealth, MemoryView, QueueCounters, StallGuard, VirtioDevice, VirtioError,
-    VirtioInterrupt, TYPE_BLOCK, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
+    Activation, DeviceDirtyLog, DeviceHealth, MemoryView, QueueCounters, StallGuard, VirtioDevice,
+    VirtioError, VirtioInterrupt, TYPE_BLOCK, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
     VIRTIO_RING_F_INDIRECT_DESC,
 };
 use crate::config::DiskConfig;
@@ -130,6 +130,8 @@ pub struct Block {
     write_through: WriteThrough,
     counters: Arc<[QueueCounters]>,
     stats: Arc<BlockStats>,
+    /// The image's path, when the device holds its lock (lock=on).
+    locked: Option<String>,
 }
 
 impl Block {
@@ -188,6 +190,7 @@ impl Block {
             write_through: WriteThrough::GroupSync,
             counters: Arc::from(vec![QueueCounters::default()]),
             stats: Arc::default(),
+            locked: disk.lock.then_some(path),
         })
     }
 
@@ -212,6 +215,18 @@ impl Block {
 impl VirtioDevice for Block {
     fn device_type(&self) -> u32 {
         TYPE_BLOCK
+    }
+
+    /// The image's lock (lock=on), let go of for a destination on this host and taken back
+    /// when the migration failed.
+    fn image_lock(&self, held: bool) -> Result<(), String> {
+        let Some(path) = &self.locked else {
+            return Ok(());
+        };
+        match held {
+            true => image::lock(&self.file, path, self.shape.readonly).map_err(|e| e.to_string()),
+            false => image::unlock(&self.file).map_err(|e| format!("unlocking {path}: {e}")),
+        }
     }
     fn queue_max_sizes(&self) -> &[u16] {
         &[QUEUE_SIZE]
@@ -281,6 +296,7 @@ impl VirtioDevice for Block {
             deferred: false,
             warned_io: false,
             health: a.health,
+            dirty: a.dirty,
         };
         Ok(Arc::new(Mutex::new(worker)))
     }
@@ -331,6 +347,7 @@ struct BlockWorker {
     deferred: bool,
     warned_io: bool,
     health: Arc<DeviceHealth>,
+    dirty: Arc<DeviceDirtyLog>,
 }
 
 impl Drop for BlockWorker {

@@ -118,6 +118,7 @@ pub(super) fn rig_accepting(
             }],
             interrupt: irq.clone(),
             health: health.clone(),
+            dirty: Default::default(),
         })
         .map(|worker| el.handle().add(worker).unwrap())
         .unwrap();

@@ -38,6 +38,7 @@ impl BlockWorker {
             .map(|a| self.mem.write_obj(status, a).is_ok())
             .unwrap_or(false);
         let len = if written { len + 1 } else { 0 };
+        self.dirty.completing(self.mem.get(), &self.queue, head);
         if self.queue.add_used(self.mem.get(), head, len).is_err() {
             QueueCounters::add(&self.counters[0].malformed, 1);
         }

@@ -221,7 +221,7 @@ impl VirtioDevice for Net {
             self.counters.clone(),
             self.net.clone(),
             a.features & F_MRG_RXBUF != 0,
-            a.health,
+            (a.health, a.dirty),
         );
         Ok(self.worker.start(worker))
     }

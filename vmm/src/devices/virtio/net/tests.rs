@@ -90,6 +90,7 @@ fn rig_with(
         queues,
         interrupt: Arc::new(Irq::default()),
         health: crate::devices::virtio::test_support::health(),
+        dirty: Default::default(),
     })
     .map(|worker| el.handle().add(worker).unwrap())
     .unwrap();

@@ -23,8 +23,8 @@ use super::tap::Tap;
 use super::{NetCounters, RX, TX};
 use crate::devices::virtio::running::QuiesceWorker;
 use crate::devices::virtio::{
-    signal_used, ActiveQueue, DeviceHealth, MemoryView, QueueCounters, SharedGuestMemory,
-    VirtioInterrupt, WritableChain,
+    signal_used, ActiveQueue, DeviceDirtyLog, DeviceHealth, MemoryView, QueueCounters,
+    SharedGuestMemory, VirtioInterrupt, WritableChain,
 };
 pub use tx::gather;
 
@@ -69,6 +69,8 @@ pub(super) struct NetWorker {
     tap_broken: bool,
     warned: bool,
     health: Arc<DeviceHealth>,
+    /// Told of each completion before it is used (see [`DeviceDirtyLog::completing`]).
+    dirty: Arc<DeviceDirtyLog>,
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -86,7 +88,7 @@ impl NetWorker {
         counters: Arc<[QueueCounters]>,
         net: Arc<NetCounters>,
         mrg_rxbuf: bool,
-        health: Arc<DeviceHealth>,
+        (health, dirty): (Arc<DeviceHealth>, Arc<DeviceDirtyLog>),
     ) -> Self {
         NetWorker {
             rx: rx.queue,
@@ -109,6 +111,7 @@ impl NetWorker {
             tap_broken: false,
             warned: false,
             health,
+            dirty,
         }
     }
 

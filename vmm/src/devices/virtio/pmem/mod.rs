@@ -19,9 +19,9 @@ use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    serve_available, signal_used, Activation, DeviceHealth, MemoryView, QueueCounters,
-    VirtioDevice, VirtioError, VirtioInterrupt, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
-    VIRTIO_RING_F_INDIRECT_DESC,
+    serve_available, signal_used, Activation, DeviceDirtyLog, DeviceHealth, MemoryView,
+    QueueCounters, VirtioDevice, VirtioError, VirtioInterrupt, VIRTIO_F_VERSION_1,
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use crate::event_loop::Subscriber;
 pub use mapping::{PmemError, PmemMapping};
@@ -104,6 +104,7 @@ impl VirtioDevice for Pmem {
             queue_counters: self.queue_counters.clone(),
             counters: self.counters.clone(),
             health: a.health,
+            dirty: a.dirty,
             mapping: self.mapping.clone(),
         })))
     }
@@ -135,6 +136,7 @@ struct PmemWorker {
     queue_counters: Arc<[QueueCounters]>,
     counters: Arc<PmemCounters>,
     health: Arc<DeviceHealth>,
+    dirty: Arc<DeviceDirtyLog>,
     mapping: Arc<PmemMapping>,
 }
 
@@ -175,7 +177,8 @@ impl PmemWorker {
         self.mem.refresh();
         let (mem, qc) = (self.mem.get(), &self.queue_counters[0]);
         let (mapping, counters, health) = (&self.mapping, &self.counters, &self.health);
-        let completed = serve_available((&mut self.queue, 0), mem, qc, health, |chain| {
+        let dirty = &self.dirty;
+        let completed = serve_available((&mut self.queue, 0), mem, (qc, health, dirty), |chain| {
             let r = request::parse(chain, mem)?;
             answer(r, mem, mapping, counters, health)
         });

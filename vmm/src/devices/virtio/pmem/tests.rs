@@ -117,6 +117,7 @@ fn a_flush_reaches_the_file_and_bad_requests_are_counted() {
             }],
             interrupt: irq.clone(),
             health: crate::devices::virtio::test_support::health(),
+            dirty: Default::default(),
         })
         .unwrap();
     el.handle().add(worker).unwrap();

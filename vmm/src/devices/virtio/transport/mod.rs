@@ -29,8 +29,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::devices::pci::config::{PciConfig, PciIds};
 use crate::devices::pci::{msix, BarChange, BarKind, PciDevice};
 use crate::devices::virtio::{
-    Activation, ActiveQueue, DeviceHealth, QueueCounters, SharedGuestMemory, VirtioDevice,
-    TYPE_BLOCK, VIRTIO_RING_F_EVENT_IDX,
+    Activation, ActiveQueue, DeviceDirtyLog, DeviceHealth, QueueCounters, SharedGuestMemory,
+    VirtioDevice, TYPE_BLOCK, VIRTIO_RING_F_EVENT_IDX,
 };
 use crate::event_loop::{EventLoopHandle, Subscriber};
 use crate::kvm::IoEvent;
@@ -86,6 +86,8 @@ pub struct VirtioPciDevice {
     mem: SharedGuestMemory,
     event_loop: EventLoopHandle,
     health: Arc<DeviceHealth>,
+    /// The VM's log of the pages devices write (see [`DeviceDirtyLog`]).
+    dirty: Arc<DeviceDirtyLog>,
     /// The device's queue counters (read by the profile without the transport's lock).
     counters: Arc<[QueueCounters]>,
     /// This device, for the work it hands to the event loop.
@@ -152,12 +154,24 @@ fn pci_config(device: &dyn VirtioDevice, bar_addr: u64, vectors: u16) -> (PciCon
 }
 
 impl VirtioPciDevice {
-    /// Wraps `device`, BAR 0 placed at `bar_addr` (the guest may move it).
+    /// Wraps `device`, BAR 0 placed at `bar_addr` (the guest may move it), with a device
+    /// dirty log of its own (nothing harvests it: for a device outside a VM's device manager).
     pub fn new(
         name: &str,
         device: Box<dyn VirtioDevice>,
         bar_addr: u64,
         mem: SharedGuestMemory,
+        event_loop: EventLoopHandle,
+    ) -> std::io::Result<Arc<Self>> {
+        Self::with_dirty_log(name, device, bar_addr, (mem, Arc::default()), event_loop)
+    }
+
+    /// As [`VirtioPciDevice::new`], the device's writes logged in the VM's `dirty` log.
+    pub fn with_dirty_log(
+        name: &str,
+        device: Box<dyn VirtioDevice>,
+        bar_addr: u64,
+        (mem, dirty): (SharedGuestMemory, Arc<DeviceDirtyLog>),
         event_loop: EventLoopHandle,
     ) -> std::io::Result<Arc<Self>> {
         let queues = device.queue_max_sizes().len();
@@ -184,6 +198,7 @@ impl VirtioPciDevice {
             mem,
             event_loop,
             health,
+            dirty,
             counters,
             me: me.clone(),
             touched: AtomicBool::new(false),
@@ -193,6 +208,11 @@ impl VirtioPciDevice {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Lets go of or takes back the device's host file locks ([`VirtioDevice::image_lock`]).
+    pub fn image_lock(&self, held: bool) -> Result<(), String> {
+        lock(&self.transport).device.image_lock(held)
     }
 
     /// The interrupt side: its irqfds to connect as MSI routes.
@@ -367,6 +387,8 @@ impl VirtioPciDevice {
                 queue,
                 notify: self.notify[index].clone(),
             });
+            self.dirty
+                .add_ring(&self.name, index as u16, regs.device, regs.size);
         }
         Ok(Activation {
             mem: self.mem.clone(),
@@ -374,6 +396,7 @@ impl VirtioPciDevice {
             queues,
             interrupt: self.irq.clone(),
             health: self.health.clone(),
+            dirty: self.dirty.clone(),
         })
     }
 

@@ -457,6 +457,7 @@ fn activation(
         queues: (0..queues).map(|i| active_queue(mem, i)).collect(),
         interrupt: irq.clone(),
         health: crate::devices::virtio::test_support::health(),
+        dirty: Default::default(),
     };
     (a, irq)
 }

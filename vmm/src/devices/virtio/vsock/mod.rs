@@ -196,7 +196,7 @@ impl VirtioDevice for Vsock {
             a.mem,
             a.interrupt,
             self.counters.clone(),
-            a.health,
+            (a.health, a.dirty),
             std::mem::take(&mut self.owe_reset),
         );
         Ok(self.worker.start(worker))

@@ -109,6 +109,7 @@ fn rig_of(tag: &str, restored: bool) -> Rig {
         queues,
         interrupt: Arc::new(Irq::default()),
         health: crate::devices::virtio::test_support::health(),
+        dirty: Default::default(),
     })
     .map(|worker| el.handle().add(worker).unwrap())
     .unwrap();

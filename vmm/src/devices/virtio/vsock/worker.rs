@@ -14,8 +14,8 @@ use super::packet::{Header, HDR_LEN, MAX_PAYLOAD};
 use super::{EVENT, RX, TX};
 use crate::devices::virtio::running::QuiesceWorker;
 use crate::devices::virtio::{
-    serve_available, signal_used, ActiveQueue, DeviceHealth, MemoryView, QueueCounters,
-    SharedGuestMemory, StallGuard, VirtioInterrupt, WritableChain,
+    serve_available, signal_used, ActiveQueue, DeviceDirtyLog, DeviceHealth, MemoryView,
+    QueueCounters, SharedGuestMemory, StallGuard, VirtioInterrupt, WritableChain,
 };
 
 pub(super) struct VsockWorker {
@@ -41,6 +41,7 @@ pub(super) struct VsockWorker {
     quiesced: bool,
     buf: Vec<u8>,
     health: Arc<DeviceHealth>,
+    dirty: Arc<DeviceDirtyLog>,
 }
 
 /// `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET` (virtio 1.2, 5.10.6.7): the device's connections
@@ -85,7 +86,7 @@ impl VsockWorker {
         mem: SharedGuestMemory,
         interrupt: Arc<dyn VirtioInterrupt>,
         counters: Arc<[QueueCounters]>,
-        health: Arc<DeviceHealth>,
+        (health, dirty): (Arc<DeviceHealth>, Arc<DeviceDirtyLog>),
         reset_pending: bool,
     ) -> Self {
         VsockWorker {
@@ -103,6 +104,7 @@ impl VsockWorker {
             spare: None,
             buf: Vec::with_capacity(HDR_LEN + MAX_PAYLOAD as usize),
             health,
+            dirty,
         }
     }
 
@@ -132,6 +134,7 @@ impl VsockWorker {
             let head = chain.head_index();
             let taken = WritableChain::take(chain, mem, 4, 4);
             let len = taken.map_or(0, |c| c.fill(mem, &EVENT_TRANSPORT_RESET.to_le_bytes()));
+            self.dirty.completing(mem, event, head);
             let _ = event.add_used(mem, head, len as u32);
             QueueCounters::add(&counters.completed, 1);
             if len == 0 {
@@ -148,11 +151,17 @@ impl VsockWorker {
     fn serve_tx(&mut self) {
         let (mem, buf, muxer) = (self.mem.get(), &mut self.buf, &self.muxer);
         let counters = &self.counters[usize::from(TX)];
-        let completed = serve_available((&mut self.tx, TX), mem, counters, &self.health, |chain| {
-            let (h, len) = read_packet(chain, mem, buf)?;
-            lock(muxer).guest_packet(&h, &buf[HDR_LEN..HDR_LEN + len]);
-            Some(0)
-        });
+        let dirty = &self.dirty;
+        let completed = serve_available(
+            (&mut self.tx, TX),
+            mem,
+            (counters, &self.health, dirty),
+            |chain| {
+                let (h, len) = read_packet(chain, mem, buf)?;
+                lock(muxer).guest_packet(&h, &buf[HDR_LEN..HDR_LEN + len]);
+                Some(0)
+            },
+        );
         if completed {
             self.signal(TX);
         }
@@ -179,6 +188,7 @@ impl VsockWorker {
                     return Some(c);
                 }
                 QueueCounters::add(&self.counter(RX).malformed, 1);
+                self.dirty.completing(self.mem.get(), &self.rx, head);
                 let _ = self.rx.add_used(self.mem.get(), head, 0);
             }
             if !self.rx.enable_notification(self.mem.get()).unwrap_or(false)
@@ -206,6 +216,7 @@ impl VsockWorker {
                 break;
             };
             chain.fill(&self.mem, &self.buf[..n]);
+            self.dirty.completing(self.mem.get(), &self.rx, chain.head);
             if self
                 .rx
                 .add_used(self.mem.get(), chain.head, n as u32)

@@ -110,6 +110,7 @@ impl NetWorker {
     /// Completes a malformed receive chain empty, counted.
     fn use_malformed(&mut self, head: u16) {
         add(&self.counters[usize::from(RX)].malformed, 1);
+        self.dirty.completing(self.mem.get(), &self.rx, head);
         if self.rx.add_used(self.mem.get(), head, 0).is_ok() {
             add(&self.counters[usize::from(RX)].completed, 1);
         }
@@ -176,6 +177,7 @@ impl NetWorker {
             };
             let written = c.fill(&self.mem, &self.rx_frame[done..n]);
             done += written;
+            self.dirty.completing(self.mem.get(), &self.rx, c.head);
             if self
                 .rx
                 .add_used(self.mem.get(), c.head, written as u32)

@@ -78,6 +78,7 @@ impl NetWorker {
     /// Gives a transmit chain back to the driver.
     fn use_tx(&mut self, head: u16) {
         let counters = &self.counters[usize::from(TX)];
+        self.dirty.completing(self.mem.get(), &self.tx, head);
         if self.tx.add_used(self.mem.get(), head, 0).is_err() {
             add(&counters.malformed, 1);
         }
