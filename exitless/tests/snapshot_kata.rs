@@ -11,9 +11,10 @@
 mod common;
 
 use std::os::fd::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::api_vmm::{json, ok, Vmm};
+use common::builds;
 use common::kata::tap;
 use common::snapshot::{saved_state, shutdown, wait_file, SnapTest};
 use common::virtiofsd::Virtiofsd;
@@ -72,19 +73,43 @@ fn taken_after(r: &Value) -> Option<&'static str> {
     }
 }
 
+/// One shipped build's run of the sequence: its binary and its own folders.
+struct Run<'a> {
+    bin: &'a Path,
+    guest: &'a Path,
+    /// The sandbox's folder (Kata's @VMDIR@: its disk images).
+    vm_dir: PathBuf,
+    /// Where the snapshot goes.
+    snap: PathBuf,
+    scratch: PathBuf,
+}
+
+impl<'a> Run<'a> {
+    fn new(t: &'a SnapTest, bin: &'a Path, n: usize) -> Self {
+        let scratch = t.scratch.join(&format!("build{n}"));
+        let (vm_dir, snap) = (scratch.join("vm"), scratch.join("snap"));
+        for d in [&vm_dir, &snap] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(vm_dir.join("rootfs.img"), vec![0u8; 1 << 20]).unwrap();
+        std::fs::write(vm_dir.join("hotplug.img"), vec![0u8; 1 << 20]).unwrap();
+        Run {
+            bin,
+            guest: &t.guest,
+            vm_dir,
+            snap,
+            scratch,
+        }
+    }
+}
+
 /// Walks the sequence to Kata's pause on a fresh VMM (the tap sent where Kata sends it),
-/// then snapshots the VM into `snap`; the id of the disk Kata hot-added.
-fn walk_and_snapshot(
-    t: &SnapTest,
-    vm_dir: &Path,
-    serial: &Path,
-    tap: i32,
-    fs: Option<&Path>,
-) -> String {
-    let vmm = Vmm::start("snap-kata");
+/// then snapshots the VM into `run.snap`; the id of the disk Kata hot-added.
+fn walk_and_snapshot(run: &Run, serial: &Path, tap: i32, fs: Option<&Path>) -> String {
+    let vmm = Vmm::start_build(run.bin, "snap-kata");
     let mut c = vmm.client();
     let mut disk_id = String::new();
-    for mut r in sequence(vm_dir, &t.guest, serial, fs) {
+    for mut r in sequence(&run.vm_dir, run.guest, serial, fs) {
         if r["path"] == "/api/v1/vm.remove-device" {
             r["body"]["id"] = json!(disk_id);
         }
@@ -102,7 +127,7 @@ fn walk_and_snapshot(
         }
     }
     ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
-    let url = json!({"destination_url": format!("file://{}", t.dir.display())});
+    let url = json!({"destination_url": format!("file://{}", run.snap.display())});
     let r = c.request("PUT", "vm.snapshot", Some(&url.to_string()));
     ok(r.unwrap(), "vm.snapshot");
     shutdown(&mut c);
@@ -111,8 +136,8 @@ fn walk_and_snapshot(
 
 /// Restores the snapshot in `snap` in a fresh VMM, the tap sent again as Kata sends it, and
 /// resumes it; the VMM.
-fn restore_with_tap(snap: &Path, tap: i32) -> Vmm {
-    let vmm = Vmm::start("snap-kata-2");
+fn restore_with_tap(bin: &Path, snap: &Path, tap: i32) -> Vmm {
+    let vmm = Vmm::start_build(bin, "snap-kata-2");
     let mut c = vmm.client();
     let body = json!({
         "source_url": format!("file://{}", snap.display()),
@@ -138,8 +163,8 @@ fn virtiofsd(tag: &str, shared: Option<std::path::PathBuf>) -> Option<Virtiofsd>
 }
 
 /// What the restored VM's guest printed, and its VMM, once it finished.
-fn check_saved(t: &SnapTest, disk_id: &str, fs: bool) {
-    let state = saved_state(&t.dir);
+fn check_saved(snap: &Path, disk_id: &str, fs: bool) {
+    let state = saved_state(snap);
     assert_eq!(state.vcpus.len(), 2);
     assert_eq!(state.memory.hotplugged, 256 << 20);
     for id in ["_disk0", disk_id] {
@@ -152,7 +177,7 @@ fn check_saved(t: &SnapTest, disk_id: &str, fs: bool) {
             .data
             .clone()
             .expect("virtiofsd's state");
-        assert!(t.dir.join(data.file).is_file());
+        assert!(snap.join(data.file).is_file());
     }
 }
 
@@ -164,24 +189,29 @@ fn kata_s_shipped_sequence_is_snapshotted_and_goes_on_in_a_fresh_vmm_with_a_fres
     let Some((_ns, tap_fd)) = tap("snapshot_kata") else {
         return;
     };
-    let vm_dir = t.scratch.join("vm");
-    std::fs::create_dir(&vm_dir).unwrap();
-    std::fs::write(vm_dir.join("rootfs.img"), vec![0u8; 1 << 20]).unwrap();
-    std::fs::write(vm_dir.join("hotplug.img"), vec![0u8; 1 << 20]).unwrap();
+    // Each shipped build (Kata runs the VMM-only one: EXITLESS_VMM_BIN in the suite).
+    for (n, bin) in builds().iter().enumerate() {
+        eprintln!("snapshot_kata: {}", bin.display());
+        kata_round(&Run::new(&t, bin, n), tap_fd.as_raw_fd());
+    }
+}
+
+/// The sequence, the snapshot and the restore with one build.
+fn kata_round(run: &Run, tap: i32) {
     let first = virtiofsd("snapkata-a", None);
     if let Some(d) = &first {
         std::fs::write(d.shared().join("snap.bin"), b"").unwrap();
     }
-    let serial = t.scratch.join("serial.log");
+    let serial = run.scratch.join("serial.log");
     let socket = first.as_ref().map(|d| d.socket.as_path());
-    let disk_id = walk_and_snapshot(&t, &vm_dir, &serial, tap_fd.as_raw_fd(), socket);
-    check_saved(&t, &disk_id, first.is_some());
+    let disk_id = walk_and_snapshot(run, &serial, tap, socket);
+    check_saved(&run.snap, &disk_id, first.is_some());
     // Kata's own virtiofsd for the restored sandbox: fresh, on the same directory (the
     // first ended with its VMM; kept until the end, it owns the directory).
     let shared = first.as_ref().map(Virtiofsd::shared);
     let second = shared.and_then(|dir| virtiofsd("snapkata-b", Some(dir)));
-    let restored = t.scratch.join("restored.log");
-    let path = t.dir.join("config.json");
+    let restored = run.scratch.join("restored.log");
+    let path = run.snap.join("config.json");
     let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     config["serial"]["file"] = json!(restored);
     if let Some(d) = &second {
@@ -189,7 +219,7 @@ fn kata_s_shipped_sequence_is_snapshotted_and_goes_on_in_a_fresh_vmm_with_a_fres
     }
     std::fs::write(&path, config.to_string()).unwrap();
 
-    let vmm = restore_with_tap(&t.dir, tap_fd.as_raw_fd());
+    let vmm = restore_with_tap(run.bin, &run.snap, tap);
     let text = wait_file(&restored, "EXITLESS DONE");
     assert!(!text.contains("EXITLESS ERROR"), "{text}");
     assert!(text.contains(" hotplug_ok=1"), "{text}");
