@@ -14,6 +14,7 @@ mod compare_snapshot;
 mod options;
 mod output_file;
 mod remote;
+mod remote_migration;
 mod run;
 mod tap_check;
 

@@ -7,6 +7,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use exitless_control::api::client::ApiClient;
+
+use crate::remote_migration;
 use vmm::config::{BalloonConfig, DiskConfig, MemorySize, NetConfig, VsockConfig};
 
 /// Options of `exitless remote`.
@@ -21,14 +23,19 @@ exitless remote --api-socket /tmp/x.sock resize --memory 1G   # needs memory.hot
 exitless remote --api-socket /tmp/x.sock profile          # where the VM's exit cycles go\n  \
 exitless remote --api-socket /tmp/x.sock pause && exitless remote --api-socket /tmp/x.sock snapshot /tmp/snap\n  \
 exitless remote --api-socket /tmp/y.sock restore /tmp/snap   # in a fresh exitless --api-socket\n\n\
+Live migration (docs/migration.md), ch-remote's arguments; each waits until the migration ends:\n  \
+exitless remote --api-socket /tmp/dst.sock receive-migration receiver_url=unix:/tmp/m.sock &   # a fresh VMM\n  \
+exitless remote --api-socket /tmp/src.sock send-migration destination_url=unix:/tmp/m.sock\n  \
+exitless remote --api-socket /tmp/src.sock send-migration destination_url=unix:/tmp/m.sock,local=on   # shared memory\n\n\
 Each command is one request; a refused one prints its status and why, and exits with 1.")]
 pub struct RemoteArgs {
     /// The socket `exitless --api-socket` (or Cloud Hypervisor) serves
     #[arg(long, value_name = "PATH")]
     api_socket: PathBuf,
-    /// Longest wait for an answer, in seconds
-    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
-    timeout: f64,
+    /// Longest wait for an answer, in seconds [default: 30; send-migration and
+    /// receive-migration: no limit, they are answered when the migration ends]
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<f64>,
     #[command(subcommand)]
     command: RemoteCommand,
 }
@@ -152,6 +159,26 @@ enum RemoteCommand {
     Counters,
     /// The running VM's exit profile (vm.profile, exitless's own)
     Profile,
+    /// Wait for a VM sent by live migration, in a VMM with no VM (vm.receive-migration):
+    /// receiver_url=unix:PATH or receiver_url=tcp:HOST:PORT (or the URL alone); answered
+    /// once the VM runs here
+    ReceiveMigration {
+        /// receiver_url=unix:PATH | receiver_url=tcp:HOST:PORT: where to listen for the
+        /// source (one connection)
+        #[arg(value_name = "SPEC")]
+        spec: String,
+    },
+    /// Move the VM to a VMM waiting in receive-migration (vm.send-migration):
+    /// destination_url=URL[,local=on][,downtime_ms=N][,timeout_s=N]
+    /// [,timeout_strategy=cancel|ignore]; once the destination runs it, this VMM ends
+    SendMigration {
+        /// destination_url=unix:PATH|tcp:HOST:PORT; local=on hands shared memory over as
+        /// fds (unix: only); downtime_ms (default 300) is the pause aimed for; past
+        /// timeout_s (default 3600) cancel gives up (the VM goes on here) or ignore pauses
+        /// anyway
+        #[arg(value_name = "SPEC")]
+        spec: String,
+    },
 }
 
 /// `key=value,...` into pairs, with `id=` taken out.
@@ -266,6 +293,16 @@ fn request(
             let body = serde_json::json!({ "destination_url": file_url(dir)? });
             ("PUT", "vm.snapshot", Some(body.to_string()))
         }
+        C::SendMigration { spec } => (
+            "PUT",
+            "vm.send-migration",
+            Some(remote_migration::send_body(spec)?),
+        ),
+        C::ReceiveMigration { spec } => (
+            "PUT",
+            "vm.receive-migration",
+            Some(remote_migration::receive_body(spec)?),
+        ),
         C::Restore { dir, resume } => {
             let body = serde_json::json!({ "source_url": file_url(dir)?, "resume": resume });
             ("PUT", "vm.restore", Some(body.to_string()))
@@ -303,10 +340,19 @@ fn request(
 
 pub fn main(args: RemoteArgs) -> anyhow::Result<i32> {
     let (method, endpoint, body) = request(&args.command)?;
-    let timeout = Duration::try_from_secs_f64(args.timeout)
-        .ok()
-        .filter(|t| !t.is_zero())
-        .context("--timeout must be a positive number of seconds")?;
+    let migrating = matches!(
+        args.command,
+        RemoteCommand::SendMigration { .. } | RemoteCommand::ReceiveMigration { .. }
+    );
+    let timeout = match args.timeout {
+        Some(secs) => Duration::try_from_secs_f64(secs)
+            .ok()
+            .filter(|t| !t.is_zero())
+            .context("--timeout must be a positive number of seconds")?,
+        // Answered when the migration ends: a year stands for no limit.
+        None if migrating => Duration::from_secs(365 * 24 * 3600),
+        None => Duration::from_secs(30),
+    };
     let socket = args.api_socket.display();
     let mut client = ApiClient::connect(&args.api_socket, timeout)
         .with_context(|| format!("Cannot connect to {socket}"))?;
