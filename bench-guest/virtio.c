@@ -12,8 +12,8 @@
 #define VIRTIO_PCI_CAP_ISR 3
 #define VIRTIO_PCI_CAP_DEVICE 4
 
-/* Ring memory for up to six queues (blk and rng, or net's two, or vsock's three). */
-#define MAX_QUEUES 6
+/* Ring memory for up to eight queues: blk, rng, net's two and vsock's three at once. */
+#define MAX_QUEUES 8
 static struct vring_desc desc_mem[MAX_QUEUES][VQ_MAX] __attribute__((aligned(4096)));
 static u16 avail_mem[MAX_QUEUES][VQ_MAX + 3] __attribute__((aligned(4096)));
 static u32 used_mem[MAX_QUEUES][2 * VQ_MAX + 2] __attribute__((aligned(4096)));

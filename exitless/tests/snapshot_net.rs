@@ -8,120 +8,25 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixListener;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
 
 use common::api_vmm::{ok, Vmm};
+use common::host_echo::{echo_frames, VsockEcho};
 use common::private_tap;
 use common::snapshot::{
     assert_saved_running, boot_to_second_round, last_tick, pause_and_snapshot, restored_in,
     saved_state, shutdown, wait_file, SnapTest,
 };
 use serde_json::Value;
-use vmm::devices::virtio::net::private_net::{PacketSocket, PrivateNet, KATA_TAP_FLAGS};
+use vmm::devices::virtio::net::private_net::{PrivateNet, KATA_TAP_FLAGS};
 use vmm::snapshot::SnapshotState;
 
 const TICKS: u64 = 5;
 /// Through the API the guest halts once done: its reset would reboot the VM.
 const CMDLINE: &str = "case=snapshot ticks=5 iters=20000 touch_mib=8 net=1 hold";
 const TAP: &str = "exlsnap0";
-const ETHERTYPE: u16 = 0x88b5;
-const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xaa, 0xbb, 0xcd];
-const HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
-
-/// Stops a helper thread when dropped.
-struct Stop(Arc<AtomicBool>);
-
-impl Drop for Stop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
-
-/// The host's end of the tap: every frame of the guest's (ethertype 0x88b5, from its MAC)
-/// echoed back to it; counts them.
-fn echo_frames(net: &PrivateNet) -> (Stop, Arc<AtomicU64>) {
-    let sock = net.run(|| PacketSocket::bind(TAP, ETHERTYPE)).unwrap();
-    let sock = sock.unwrap();
-    let (stop, echoed) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let (done, count) = (stop.clone(), echoed.clone());
-    std::thread::spawn(move || {
-        while !done.load(Ordering::Relaxed) {
-            let Ok(f) = sock.recv(Duration::from_millis(100)) else {
-                continue;
-            };
-            if f.len() < 14 || f[6..12] != GUEST_MAC {
-                continue;
-            }
-            let mut back = GUEST_MAC.to_vec();
-            back.extend_from_slice(&HOST_MAC);
-            back.extend_from_slice(&f[12..]);
-            if sock.send(&back).is_ok() {
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    });
-    (Stop(stop), echoed)
-}
-
-/// The host program on vsock port 1234 (`SOCKET_1234`): each connection's bytes echoed back,
-/// but while `hold` is set the bytes are read and held (counted in `held`) until it is not.
-#[derive(Clone, Default)]
-struct VsockEcho {
-    accepted: Arc<AtomicU64>,
-    hold: Arc<AtomicBool>,
-    held: Arc<AtomicU64>,
-}
-
-impl VsockEcho {
-    fn start(socket: &Path) -> VsockEcho {
-        let listener = UnixListener::bind(format!("{}_1234", socket.display())).unwrap();
-        let echo = VsockEcho::default();
-        let shared = echo.clone();
-        std::thread::spawn(move || {
-            for c in listener.incoming().map_while(Result::ok) {
-                shared.accepted.fetch_add(1, Ordering::Relaxed);
-                let each = shared.clone();
-                std::thread::spawn(move || each.serve(c));
-            }
-        });
-        echo
-    }
-
-    fn serve(&self, mut c: std::os::unix::net::UnixStream) {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = c.read(&mut buf) {
-            if n > 0 && self.hold.load(Ordering::Relaxed) {
-                self.held.fetch_add(1, Ordering::Relaxed);
-                while self.hold.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
-            if n == 0 || c.write_all(&buf[..n]).is_err() {
-                return;
-            }
-        }
-    }
-
-    fn wait_held(&self) {
-        let start = Instant::now();
-        while self.held.load(Ordering::Relaxed) == 0 {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "no connection held"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
 
 /// The value of `key=` in a console line.
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
@@ -178,7 +83,7 @@ fn a_guest_using_its_network_card_and_vsock_goes_on_with_both_once_restored() {
         return;
     };
     let (scratch, guest, dir) = (&t.scratch, &t.guest, &t.dir);
-    let (_frames, echoed) = echo_frames(&net);
+    let (_frames, echoed) = echo_frames(&net, TAP);
     let echo = VsockEcho::start(&dir.with_extension("v.sock"));
     let accepted = echo.accepted.clone();
     let last = snapshot_of_a_vm(&net, guest, &echo, dir);

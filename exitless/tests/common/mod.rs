@@ -5,6 +5,7 @@
 
 pub mod api_vmm;
 pub mod ch_remote;
+pub mod host_echo;
 pub mod kata;
 pub mod snapshot;
 pub mod virtiofsd;

@@ -158,8 +158,9 @@ impl DeviceManager {
         }
     }
 
-    /// Lets go of (`held` false) or takes back every virtio device's host file locks (disk
-    /// images), for a live migration to a destination on this host.
+    /// Lets go of (`held` false) or takes back what of the host every virtio device holds
+    /// (disk images' locks, taps, vsock sockets), for a live migration to a destination on
+    /// this host.
     pub fn image_locks(&self, held: bool) -> Result<(), String> {
         for v in &self.virtio {
             let name = v.device.name();

@@ -384,9 +384,9 @@ pub trait VirtioDevice: Send {
     }
     /// Per-queue counters, by queue index.
     fn counters(&self) -> Arc<[QueueCounters]>;
-    /// Live migration to this host: lets go of (`held` false) or takes back the locks on
-    /// the host files the device holds (a disk image's), so that the destination can take
-    /// them. Nothing by default.
+    /// Live migration to this host: lets go of (`held` false) or takes back what of the
+    /// host the device holds that the destination opens too (a disk image's lock, a tap, the
+    /// vsock socket's path), so that the destination can take it. Nothing by default.
     fn image_lock(&self, _held: bool) -> Result<(), String> {
         Ok(())
     }

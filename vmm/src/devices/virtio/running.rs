@@ -51,6 +51,11 @@ impl<W: QuiesceWorker> RunningWorker<W> {
         }
     }
 
+    /// `f` on the worker if the device runs (None if not).
+    pub fn with<R>(&self, f: impl FnOnce(&mut W) -> R) -> Option<R> {
+        self.0.upgrade().map(|worker| f(&mut lock(&worker)))
+    }
+
     /// [`QuiesceWorker::unquiesce`] on the worker if the device runs.
     pub fn unquiesce(&self) {
         if let Some(worker) = self.0.upgrade() {

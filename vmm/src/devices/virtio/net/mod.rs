@@ -253,6 +253,25 @@ impl VirtioDevice for Net {
         self.counters.clone()
     }
 
+    /// The tap, let go of for a destination on this host (which opens it by name) and
+    /// taken back when the migration failed: the worker, on the devices thread, stops
+    /// watching it before it is closed here, and watches it again once it is opened anew
+    /// here (the devices thread may not open files).
+    fn image_lock(&self, held: bool) -> Result<(), String> {
+        let name = self.tap.name();
+        if held {
+            self.tap.retake().map_err(|e| e.to_string())?;
+            self.worker.with(|w| w.wake());
+            return Ok(());
+        }
+        self.tap.ask_release();
+        if self.worker.with(|w| w.wake()).is_some() {
+            let limit = std::time::Duration::from_secs(5);
+            (self.tap.wait_unwatched(limit)).map_err(|e| format!("tap {name}: {e}"))?;
+        }
+        (self.tap.release()).map_err(|e| format!("letting go of tap {name}: {e}"))
+    }
+
     fn device_counters(&self) -> Vec<(&'static str, u64)> {
         self.net.list()
     }

@@ -4,8 +4,10 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -19,6 +21,7 @@ const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
+const IFF_PERSIST: libc::c_short = 0x0800;
 
 /// Offloads the reader of the tap (the guest) accepts: `TUNSETOFFLOAD` flags.
 pub const TUN_F_CSUM: u32 = 0x01;
@@ -65,6 +68,19 @@ pub struct Tap {
     name: String,
     /// Whether the kernel took every offload flag when probed at open.
     offloads: bool,
+    /// Opened by name (it can be opened again after [`Tap::release`]), not given as an fd.
+    by_name: bool,
+    /// Let go of for a live migration's destination ([`Tap::release`]): not read nor written.
+    released: AtomicBool,
+    /// A live migration asked to let go of the tap: the device no longer watches, reads
+    /// nor writes it ([`Tap::ask_release`]).
+    handed_over: AtomicBool,
+    /// The device's worker took the tap out of its watch list after that ask.
+    unwatched: AtomicBool,
+    /// The `TUNSETOFFLOAD` flags last set, set again on a tap opened anew.
+    offload_flags: AtomicU32,
+    /// [`Tap::release`] made the interface persistent; [`Tap::retake`] undoes it.
+    made_persistent: AtomicBool,
 }
 
 fn ioctl_int(fd: RawFd, request: libc::c_ulong, value: libc::c_ulong) -> io::Result<()> {
@@ -108,7 +124,9 @@ impl Tap {
                 },
             });
         }
-        Self::with_header(file, name.to_string())
+        let mut tap = Self::with_header(file, name.to_string())?;
+        tap.by_name = true;
+        Ok(tap)
     }
 
     /// A tap another program opened (Kata sends its fds with `vm.add-net`): it must be a tap
@@ -161,6 +179,12 @@ impl Tap {
             file,
             name,
             offloads,
+            by_name: false,
+            released: AtomicBool::new(false),
+            handed_over: AtomicBool::new(false),
+            unwatched: AtomicBool::new(false),
+            offload_flags: AtomicU32::new(0),
+            made_persistent: AtomicBool::new(false),
         })
     }
 
@@ -180,7 +204,9 @@ impl Tap {
         if !self.offloads && flags == 0 {
             return Ok(());
         }
-        ioctl_int(self.file.as_raw_fd(), TUNSETOFFLOAD, flags.into())
+        ioctl_int(self.file.as_raw_fd(), TUNSETOFFLOAD, flags.into())?;
+        self.offload_flags.store(flags, Ordering::Relaxed);
+        Ok(())
     }
 
     /// A stand-in for a tap in tests: one end of a datagram socket pair (one frame per
@@ -192,6 +218,12 @@ impl Tap {
             file: File::from(std::os::fd::OwnedFd::from(socket)),
             name: "test".into(),
             offloads: false,
+            by_name: false,
+            released: AtomicBool::new(false),
+            handed_over: AtomicBool::new(false),
+            unwatched: AtomicBool::new(false),
+            offload_flags: AtomicU32::new(0),
+            made_persistent: AtomicBool::new(false),
         }
     }
 
@@ -199,6 +231,125 @@ impl Tap {
     /// make one in a network namespace of their own, which removes it when the namespace goes.
     pub fn set_persistent(&self, persist: bool) -> io::Result<()> {
         ioctl_int(self.file.as_raw_fd(), TUNSETPERSIST, persist.into())
+    }
+
+    /// Whether the interface outlives its last fd (`IFF_PERSIST`).
+    fn persistent(&self) -> io::Result<bool> {
+        let mut req = IfReq {
+            name: [0; 16],
+            flags: 0,
+            _pad: [0; 22],
+        };
+        let fd = self.file.as_raw_fd();
+        // SAFETY: TUNGETIFF writes an ifreq into `req`, which is one, and owned here.
+        if unsafe { libc::ioctl(fd, TUNGETIFF as _, &mut req as *mut IfReq) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(req.flags & IFF_PERSIST != 0)
+    }
+
+    /// Puts the file `from` behind this tap's fd (the old one closes). Whoever watched the
+    /// fd in epoll stopped first: a closed file leaves epoll on its own, and the event
+    /// loop's own record of the fd would then be stale.
+    fn replace_file(&self, from: RawFd) -> io::Result<()> {
+        // SAFETY: dup3 takes two fds this tap owns (`from` is open for the call's length)
+        // and no memory; the fd number stays this tap's, now on `from`'s file.
+        if unsafe { libc::dup3(from, self.file.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// A live migration to this host hands the interface to its destination, which opens
+    /// it by name (a tap without `IFF_MULTI_QUEUE` takes one opener at a time): from now on
+    /// the device neither reads nor writes the tap, and its worker takes it out of its watch
+    /// list (on the devices thread, [`Tap::unwatch`]) before [`Tap::release`] closes it.
+    pub fn ask_release(&self) {
+        self.unwatched.store(false, Ordering::Release);
+        self.handed_over.store(true, Ordering::Release);
+    }
+
+    /// Whether a migration asked to let go of the tap (not taken back since).
+    pub fn handed_over(&self) -> bool {
+        self.handed_over.load(Ordering::Acquire)
+    }
+
+    /// The worker took the tap out of its watch list (after [`Tap::ask_release`]).
+    pub fn unwatch(&self) {
+        self.unwatched.store(true, Ordering::Release);
+    }
+
+    /// Whether the worker has yet to take the tap out of its watch list.
+    pub fn watched(&self) -> bool {
+        self.handed_over() && !self.unwatched.load(Ordering::Acquire)
+    }
+
+    /// Waits (at most `limit`) until the worker took the tap out of its watch list.
+    pub fn wait_unwatched(&self, limit: Duration) -> io::Result<()> {
+        let start = Instant::now();
+        while self.watched() {
+            if start.elapsed() > limit {
+                return Err(io::Error::other(format!(
+                    "the devices thread did not stop watching it within {limit:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Lets go of the interface once nothing watches it ([`Tap::ask_release`]): a tap
+    /// opened by name is closed (made persistent first if it was not, or the interface would
+    /// go with its last fd; its fd then holds an eventfd that never reads); a tap given as
+    /// an fd is kept open (whoever gave it gives the destination its own), unread: frames
+    /// for the guest wait in the tap.
+    pub fn release(&self) -> io::Result<()> {
+        if !self.by_name || self.released() {
+            self.released.store(true, Ordering::Release);
+            return Ok(());
+        }
+        if !self.persistent()? {
+            self.set_persistent(true)?;
+            self.made_persistent.store(true, Ordering::Relaxed);
+        }
+        // SAFETY: eventfd takes flags only; the fd it returns is owned below.
+        let placeholder = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if placeholder < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `placeholder` was just opened and is owned by nothing else.
+        let placeholder = unsafe { std::os::fd::OwnedFd::from_raw_fd(placeholder) };
+        self.replace_file(placeholder.as_raw_fd())?;
+        self.released.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The migration failed: a tap opened by name is opened anew (with the offloads it had,
+    /// and its persistence as before), then the device may watch it again.
+    pub fn retake(&self) -> Result<(), TapError> {
+        if self.by_name && self.released() {
+            let again = Tap::open(&self.name)?;
+            let error = |error| TapError::SetIff {
+                name: self.name.clone(),
+                error,
+            };
+            self.replace_file(again.as_raw_fd()).map_err(error)?;
+            let flags = self.offload_flags.load(Ordering::Relaxed);
+            if flags != 0 {
+                ioctl_int(self.file.as_raw_fd(), TUNSETOFFLOAD, flags.into()).map_err(error)?;
+            }
+            if self.made_persistent.swap(false, Ordering::Relaxed) {
+                self.set_persistent(false).map_err(error)?;
+            }
+        }
+        self.released.store(false, Ordering::Release);
+        self.handed_over.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether the tap is let go of ([`Tap::release`]).
+    fn released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
     }
 
     /// Reads one frame (header first); `WouldBlock` when none is waiting.

@@ -132,6 +132,24 @@ impl NetWorker {
         signal_used(queue, self.mem.get(), self.interrupt.as_ref(), q, counters);
     }
 
+    /// A live migration asked to let go of the tap ([`Tap::ask_release`]): out of epoll,
+    /// while its file is still open, before the migration closes it.
+    pub(super) fn unwatch_tap(&mut self, ops: &mut EventOps) {
+        if !self.tap.watched() {
+            return;
+        }
+        if self.tap_events.take().is_some() {
+            let _ = ops.remove(Events::empty_raw(self.tap.as_raw_fd()));
+        }
+        self.tap.unwatch();
+    }
+
+    /// Wakes the loop for this worker ([`NetWorker::unwatch_tap`] and
+    /// [`NetWorker::watch_tap`] then run).
+    pub(super) fn wake(&self) {
+        let _ = self.rx_notify.write(1);
+    }
+
     /// Watches the tap for what the queues wait for: readable unless a received frame waits
     /// for buffers, writable while a transmitted frame waits for the tap.
     fn watch_tap(&mut self, ops: &mut EventOps) {
@@ -142,7 +160,7 @@ impl NetWorker {
         if self.tx_held.is_some() {
             want |= EventSet::OUT;
         }
-        if self.tap_broken {
+        if self.tap_broken || self.tap.handed_over() {
             want = EventSet::empty();
         }
         if self.tap_events == Some(want) || (self.tap_events.is_none() && want.is_empty()) {
@@ -199,6 +217,7 @@ impl QuiesceWorker for NetWorker {
 impl MutEventSubscriber for NetWorker {
     fn process(&mut self, events: Events, ops: &mut EventOps) {
         self.mem.refresh();
+        self.unwatch_tap(ops);
         let fd = events.fd();
         if fd == self.tap.as_raw_fd() {
             let ready = events.event_set();

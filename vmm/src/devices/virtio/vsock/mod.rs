@@ -14,7 +14,7 @@ use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use thiserror::Error;
@@ -91,6 +91,9 @@ pub struct Vsock {
     worker: RunningWorker<VsockWorker>,
     /// Restored from a snapshot: the next start owes the guest a transport reset.
     owe_reset: bool,
+    /// The socket's path, and whether its file is this device's (see [`SocketFile`]).
+    socket: PathBuf,
+    socket_ours: Arc<AtomicBool>,
 }
 
 /// Binds `path`, replacing a socket file no program listens on any more.
@@ -115,13 +118,16 @@ fn listen(path: &Path) -> Result<UnixListener, VsockError> {
     Ok(listener)
 }
 
-/// The device's listening socket file, removed when this is dropped (the VMM ends).
+/// The device's listening socket file, removed when this is dropped (the VMM ends) unless
+/// a live migration handed it to its destination on this host (which then owns the path).
 #[derive(Debug)]
-pub struct SocketFile(PathBuf);
+pub struct SocketFile(PathBuf, Arc<AtomicBool>);
 
 impl Drop for SocketFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if self.1.load(Ordering::Acquire) {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
 }
 
@@ -132,6 +138,7 @@ impl Vsock {
         let vsock = Arc::new(VsockCounters::default());
         let cid = u64::from(config.cid);
         let muxer = Muxer::new(cid, config.socket.clone(), listener, vsock.clone());
+        let socket_ours = Arc::new(AtomicBool::new(true));
         let device = Vsock {
             cid,
             muxer: Arc::new(Mutex::new(muxer)),
@@ -139,8 +146,10 @@ impl Vsock {
             vsock,
             worker: RunningWorker::default(),
             owe_reset: false,
+            socket: config.socket.clone(),
+            socket_ours: socket_ours.clone(),
         };
-        Ok((device, SocketFile(config.socket.clone())))
+        Ok((device, SocketFile(config.socket.clone(), socket_ours)))
     }
 }
 
@@ -236,6 +245,32 @@ impl VirtioDevice for Vsock {
 
     fn counters(&self) -> Arc<[QueueCounters]> {
         self.counters.clone()
+    }
+
+    /// The host socket, handed to a live migration's destination on this host: the
+    /// listener closed and its file removed (the destination listens at the path; this VMM
+    /// no longer removes it when it ends), or listened on again when the migration failed.
+    /// Connections stay until the source ends; the destination's guest sees the transport
+    /// reset a restore gives.
+    fn image_lock(&self, held: bool) -> Result<(), String> {
+        // The worker's lock before the muxer's, as the event loop takes them.
+        let running = self.worker.with(|_| ()).is_some();
+        let mut muxer = self.muxer.lock().unwrap_or_else(|e| e.into_inner());
+        match held {
+            false if self.socket_ours.swap(false, Ordering::AcqRel) => {
+                let _ = std::fs::remove_file(&self.socket);
+                muxer.release_listener(running);
+            }
+            true if !self.socket_ours.load(Ordering::Acquire) => {
+                let listener = listen(&self.socket).map_err(|e| e.to_string())?;
+                muxer.retake_listener(listener, running);
+                self.socket_ours.store(true, Ordering::Release);
+            }
+            _ => return Ok(()),
+        }
+        drop(muxer);
+        self.worker.with(|w| w.wake());
+        Ok(())
     }
 
     fn device_counters(&self) -> Vec<(&'static str, u64)> {

@@ -35,6 +35,9 @@ pub enum FdChange {
     Forget(RawFd),
 }
 
+/// Sockets to close once their fds left the watch list.
+pub type Closing = (Vec<UnixStream>, Option<UnixListener>);
+
 /// An accepted host socket that has not finished its `CONNECT <port>\n` line.
 struct Accepted {
     stream: UnixStream,
@@ -44,7 +47,10 @@ struct Accepted {
 pub struct Muxer {
     guest_cid: u64,
     path: PathBuf,
-    listener: UnixListener,
+    /// None while let go of for a live migration's destination on this host.
+    listener: Option<UnixListener>,
+    /// The listener let go of, closed once its fd left the watch list.
+    closing_listener: Option<UnixListener>,
     conns: HashMap<Key, Connection>,
     by_fd: HashMap<RawFd, Key>,
     accepted: HashMap<RawFd, Accepted>,
@@ -109,7 +115,8 @@ impl Muxer {
         Muxer {
             guest_cid,
             path,
-            listener,
+            listener: Some(listener),
+            closing_listener: None,
             conns: HashMap::new(),
             by_fd: HashMap::new(),
             accepted: HashMap::new(),
@@ -121,8 +128,31 @@ impl Muxer {
         }
     }
 
+    /// The listener's fd (-1 while there is none).
     pub fn listener_fd(&self) -> RawFd {
-        self.listener.as_raw_fd()
+        self.listener.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+    }
+
+    /// Lets go of the listener, for a live migration's destination on this host (which
+    /// listens at the same path once the file is removed): closed at once if `watched` is
+    /// false (the device does not run), else once the event loop took its fd out of the
+    /// watch list ([`Muxer::take_fd_changes`]).
+    pub fn release_listener(&mut self, watched: bool) {
+        if let Some(listener) = self.listener.take() {
+            if watched {
+                self.fd_changes.push(FdChange::Forget(listener.as_raw_fd()));
+                self.closing_listener = Some(listener);
+            }
+        }
+    }
+
+    /// Listens on `listener` again (the migration failed); the event loop watches it if
+    /// `watched` (the device runs), else the next start does.
+    pub fn retake_listener(&mut self, listener: UnixListener, watched: bool) {
+        if watched {
+            self.fd_changes.push(FdChange::Watch(listener.as_raw_fd()));
+        }
+        self.listener = Some(listener);
     }
 
     fn full(&self) -> bool {
@@ -181,11 +211,15 @@ impl Muxer {
         self.closing.push(stream);
     }
 
-    /// The watch-list changes to make, and the sockets to close once they are made.
-    pub fn take_fd_changes(&mut self) -> (Vec<FdChange>, Vec<UnixStream>) {
+    /// The watch-list changes to make, and the sockets (and a listener let go of) to close
+    /// once they are made.
+    pub fn take_fd_changes(&mut self) -> (Vec<FdChange>, Closing) {
         (
             std::mem::take(&mut self.fd_changes),
-            std::mem::take(&mut self.closing),
+            (
+                std::mem::take(&mut self.closing),
+                self.closing_listener.take(),
+            ),
         )
     }
 
@@ -199,8 +233,8 @@ impl Muxer {
 
     /// Accepts the host programs waiting on the listener.
     pub fn accept(&mut self) {
-        loop {
-            let stream = match self.listener.accept() {
+        while let Some(listener) = &self.listener {
+            let stream = match listener.accept() {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => return,

@@ -232,6 +232,12 @@ impl VsockWorker {
         }
     }
 
+    /// Wakes the loop for this worker (a listener let go of or taken back is then
+    /// unwatched or watched).
+    pub(super) fn wake(&self) {
+        let _ = self.rx_notify.write(1);
+    }
+
     fn apply_fd_changes(&mut self, ops: &mut EventOps) {
         let (changes, closing) = lock(&self.muxer).take_fd_changes();
         let watched = EventSet::IN | EventSet::OUT | EventSet::EDGE_TRIGGERED;

@@ -36,6 +36,9 @@ impl NetWorker {
     /// guest's receive buffers. A frame without room waits: the guest is asked to notify
     /// the queue when it posts buffers, and the tap is not read until then.
     pub(super) fn serve_rx(&mut self) {
+        if self.tap.handed_over() {
+            return; // the frames wait in the tap for a migration's destination
+        }
         let mut delivered = false;
         let mut stall = StallGuard::new(RX);
         for _ in 0..RX_BATCH {

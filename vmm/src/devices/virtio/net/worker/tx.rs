@@ -25,6 +25,9 @@ impl NetWorker {
     /// The frame waiting for the tap, then every frame the driver queued, in order; each
     /// chain is completed once the tap took or refused its frame.
     pub(super) fn serve_tx(&mut self) {
+        if self.tap.handed_over() {
+            return; // for a migration's destination: the chains wait (the VM is paused)
+        }
         let mut completed = false;
         if let Some((head, len)) = self.tx_held {
             if self.tap_broken {
