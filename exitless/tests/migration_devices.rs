@@ -278,3 +278,101 @@ fn a_destination_refusing_the_state_leaves_the_source_its_disk_tap_and_vsock() {
     );
     drop(src);
 }
+
+/// The records the bench guest's `fs=1` writes in `rounds` rounds: byte i of round t's 16.
+fn fs_records(rounds: u64) -> Vec<u8> {
+    (0..rounds * 16)
+        .map(|i| ((i / 16 * 31 + i % 16 * 7 + 1) & 0xff) as u8)
+        .collect()
+}
+
+/// virtio-fs on the Rust virtiofsd, which logs its writes to guest memory into the region
+/// exitless shares (LOG_SHMFD, VHOST_F_LOG_ALL): the guest holding a file open through
+/// FUSE, writing a record through it and reading all back every round, is moved mid-loop to
+/// a destination in front of a second virtiofsd on the same directory (at the same socket
+/// path, as a host's orchestrator puts it), which gets the first's state; every round and
+/// record arrives.
+#[test]
+fn a_guest_using_virtio_fs_migrated_mid_loop_goes_on_with_its_open_file() {
+    let test = "virtio_fs_migrated";
+    let Some(t) = SnapTest::start(test, "migfs") else {
+        return;
+    };
+    let Some(daemon) = common::virtiofsd::Virtiofsd::find(test) else {
+        return;
+    };
+    use vmm::devices::virtio::vhost_user::virtiofsd::Flavour;
+    if daemon.flavour != Flavour::Rust {
+        let why = "the virtiofsd found is QEMU's C one, which neither logs nor has device state";
+        return vmm::test_skip::skip(test, why);
+    }
+    let spawn = common::virtiofsd::Virtiofsd::spawn;
+    let first = spawn("migfs-a", daemon.clone(), None, true);
+    let shared = first.shared();
+    std::fs::write(shared.join("snap.bin"), b"").unwrap();
+    let serial = t.scratch.join("fs.log");
+    let body = json!({
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+        "memory": {"size": 256u64 << 20, "shared": true},
+        "payload": {"kernel": t.guest,
+                    "cmdline": format!("case=snapshot ticks={TICKS} iters=2000 touch_mib=8 fs=1 hold")},
+        "serial": {"mode": "File", "file": serial},
+        "fs": [{"tag": "kataShared", "socket": first.socket}],
+    });
+    let mut src = Vmm::start("migfs-src");
+    let mut c = src.client();
+    ok(
+        c.request("PUT", "vm.create", Some(&body.to_string()))
+            .unwrap(),
+        "vm.create",
+    );
+    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    wait_file(&serial, "TICK n=1 ");
+    // The second virtiofsd, on the same directory, takes over the first's socket path.
+    let second = spawn("migfs-b", daemon, Some(shared.clone()), true);
+    std::fs::rename(&second.socket, &first.socket).unwrap();
+    let dest = Vmm::start("migfs-dst");
+    let m = t.scratch.join("m.sock");
+    let mut receiving = remote(
+        &dest.socket,
+        &["receive-migration", &format!("unix:{}", m.display())],
+    )
+    .spawn()
+    .unwrap();
+    wait_path(&m);
+    let destination = format!("destination_url=unix:{},downtime_ms=50", m.display());
+    let sent = remote(&src.socket, &["send-migration", &destination])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&sent.stderr);
+    src.stderr.wait_for(Duration::from_millis(200), |_| false);
+    assert!(
+        sent.status.success(),
+        "{said} {} {} (the second virtiofsd) {}",
+        src.stderr.text,
+        first.log_text(),
+        second.log_text()
+    );
+    assert!(receiving.wait().unwrap().success());
+    let ended = src.wait_exit(Duration::from_secs(10));
+    assert!(
+        ended.is_some_and(|s| s.success()),
+        "the source ends: {ended:?}"
+    );
+    let text = wait_file(&serial, "EXITLESS DONE");
+    assert!(!text.contains("EXITLESS ERROR"), "{text}");
+    let ticks = text.lines().filter(|l| l.contains("TICK")).count() as u64;
+    assert_eq!(ticks, TICKS, "{text}");
+    let all = format!("EXITLESS SNAPFS n={} bytes={}", TICKS - 1, TICKS * 16);
+    assert!(text.contains(&all) && text.contains("ok=1"), "{text}");
+    assert!(second.wait_connected(), "{}", second.log_text());
+    assert_eq!(
+        std::fs::read(shared.join("snap.bin")).unwrap(),
+        fs_records(TICKS)
+    );
+    assert_eq!(
+        std::fs::read(shared.join("snap-new.bin")).unwrap(),
+        fs_records(TICKS)
+    );
+    drop(dest);
+}

@@ -171,6 +171,25 @@ impl DeviceManager {
         Ok(())
     }
 
+    /// [`VirtioDevice::backend_log`] on every virtio device (live migration: vhost-user back
+    /// ends logging their writes to guest memory); the names of those that log (or would).
+    pub fn backend_logs(
+        &self,
+        log: crate::devices::virtio::BackendLog,
+    ) -> Result<Vec<String>, String> {
+        let mut logging = Vec::new();
+        for v in &self.virtio {
+            let name = v.device.name();
+            if v.device
+                .backend_log(log.clone())
+                .map_err(|e| format!("device {name}: {e}"))?
+            {
+                logging.push(name.to_string());
+            }
+        }
+        Ok(logging)
+    }
+
     /// The virtio devices' log of the guest pages they write ([`DeviceDirtyLog`]).
     pub fn device_log(&self) -> &Arc<DeviceDirtyLog> {
         &self.device_log

@@ -13,6 +13,8 @@ use vm_memory::{
 
 use super::{restore_with_memory, LaunchError, LaunchedVm, RestoreOptions};
 use crate::config::VmConfig;
+use crate::devices::virtio::dirty_log::shared::SharedLog;
+use crate::devices::virtio::BackendLog;
 use crate::kvm::{dirty_log, state};
 use crate::memory;
 use crate::memory::hotplug::HotplugRam;
@@ -23,7 +25,7 @@ use crate::migration::MigrationError;
 use crate::snapshot::format::{
     MemorySection, RegionSource, RegionState, SnapshotState, VcpuState, Version, VmSection,
 };
-use crate::snapshot::{cpu_features, DeviceEntry, SnapshotError};
+use crate::snapshot::{cpu_features, device_data, DeviceEntry, SnapshotError};
 
 const VCPU_TIME: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -46,15 +48,16 @@ const LOGGED_DEVICES: &[&str] = &[
 ];
 
 /// A virtio device whose driver set it up and whose writes to guest memory the device dirty
-/// log does not see (virtio-fs: virtiofsd writes the guest's buffers itself; any other
-/// kind exitless does not serve on its own devices thread) is refused by name rather than
+/// log does not see (a kind exitless does not serve on its own devices thread, unless its
+/// back end logs them: `logging`, virtio-fs on virtiofsd) is refused by name rather than
 /// sent with pages missing.
 fn check_no_device_writes(
     devices: &std::collections::BTreeMap<String, DeviceEntry>,
+    logging: &[String],
 ) -> Result<(), MigrationError> {
     for (id, d) in devices {
         let untouched = d.state.get("untouched").and_then(|u| u.as_bool()) == Some(true);
-        let logged = LOGGED_DEVICES.contains(&d.kind.as_str());
+        let logged = LOGGED_DEVICES.contains(&d.kind.as_str()) || logging.contains(id);
         if d.kind.starts_with("virtio") && !untouched && !logged {
             return Err(MigrationError::Unsupported(format!(
                 "device {id} ({}) was set up by its driver and its back end writes guest \
@@ -69,13 +72,22 @@ fn check_no_device_writes(
 
 impl LaunchedVm {
     /// What a migration refuses, checked before a byte is sent: what a snapshot refuses
-    /// (the same lines), and devices that write guest memory.
+    /// (the same lines), and devices that write guest memory where no log sees it.
     pub fn check_migratable(&mut self) -> Result<(), MigrationError> {
         self.check_snapshottable().map_err(launch_error)?;
+        let logging = backends_logging(self, BackendLog::Check)?;
         let devices = self.devices.snapshot_devices();
         self.devices.snapshot_ended();
-        check_no_device_writes(&devices?)
+        check_no_device_writes(&devices?, &logging)
     }
+}
+
+/// The devices whose vhost-user back ends log their writes to guest memory (or would:
+/// `Check`), after `log` was asked of each; a back end that cannot is refused by name.
+fn backends_logging(vm: &LaunchedVm, log: BackendLog) -> Result<Vec<String>, MigrationError> {
+    vm.devices.backend_logs(log).map_err(|e| {
+        MigrationError::Unsupported(format!("{e}: a VM with it running cannot be migrated"))
+    })
 }
 
 /// The sending side of a migration of `vm`, whose config in Cloud Hypervisor's schema is
@@ -99,7 +111,8 @@ impl Outgoing<'_> {
         Ok(())
     }
 
-    /// The VM's state as a snapshot's state.json, memory laid out as one file would be.
+    /// The VM's state as a snapshot's state.json, memory laid out as one file would be,
+    /// with the devices' data after it (`device_data::frame_state`).
     fn state(&mut self) -> Result<Vec<u8>, MigrationError> {
         let nothing: crate::vcpu::VcpuTask = Arc::new(|_, _| {});
         let running = self.vm.running().map_err(launch_error)?;
@@ -107,7 +120,8 @@ impl Outgoing<'_> {
             .on_each_vcpu(nothing, VCPU_TIME)
             .map_err(|e| MigrationError::Destination(e.to_string()))?;
         let devices = self.vm.devices.snapshot_devices()?;
-        check_no_device_writes(&devices)?;
+        let logging = backends_logging(self.vm, BackendLog::Check)?;
+        check_no_device_writes(&devices, &logging)?;
         let vcpus = self.vm.capture_vcpus().map_err(launch_error)?;
         let vm = state::capture_vm(&self.vm.vm.fd).map_err(SnapshotError::Kvm)?;
         let max_vcpus = self.vm.template.as_ref().map_or(1, |t| t.topology_cpus());
@@ -138,7 +152,8 @@ impl Outgoing<'_> {
             },
             devices,
         };
-        Ok(state.to_json()?.into_bytes())
+        let json = state.to_json()?;
+        Ok(device_data::frame_state(json.as_bytes(), &state.devices))
     }
 }
 
@@ -177,12 +192,25 @@ impl Source for Outgoing<'_> {
     fn start_tracking(&mut self) -> Result<(), MigrationError> {
         self.tracking(true)?;
         self.vm.devices.device_log().start();
+        let end = self.mem().last_addr().0 + 1;
+        let shared =
+            SharedLog::new(end).map_err(|e| MigrationError::Io("the back ends' log", e))?;
+        let shared = Arc::new(shared);
+        self.vm.devices.device_log().share(Some(shared.clone()));
+        if let Err(e) = backends_logging(self.vm, BackendLog::Start(shared)) {
+            self.stop_tracking();
+            return Err(e);
+        }
         // Clears whatever a log read would report from before.
         self.dirty().map(drop)
     }
 
     fn stop_tracking(&mut self) {
         self.vm.devices.device_log().stop();
+        if let Err(e) = self.vm.devices.backend_logs(BackendLog::Stop) {
+            eprintln!("exitless: a back end did not stop logging after the migration: {e}");
+        }
+        self.vm.devices.device_log().share(None);
         let _ = self.tracking(false);
     }
 
@@ -445,7 +473,9 @@ impl Destination for Incoming<'_> {
     }
 
     fn state(&mut self, bytes: &[u8]) -> Result<(), MigrationError> {
-        let state = SnapshotState::parse(bytes)?;
+        let (json, data) = device_data::unframe_state(bytes).map_err(MigrationError::Protocol)?;
+        let mut state = SnapshotState::parse(json)?;
+        device_data::take_all(data, &mut state.devices)?;
         let (Some(config), Some(mem)) = (self.config.as_ref(), self.mem.take()) else {
             return Err(destination("state before the config"));
         };
@@ -495,13 +525,17 @@ mod tests {
         }
         devices.insert("fs0".into(), entry("virtio-fs", true));
         devices.insert("serial".into(), entry("serial", false));
-        check_no_device_writes(&devices).unwrap();
+        check_no_device_writes(&devices, &[]).unwrap();
         devices.insert("fs0".into(), entry("virtio-fs", false));
-        let e = check_no_device_writes(&devices).unwrap_err().to_string();
+        let e = check_no_device_writes(&devices, &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("fs0 (virtio-fs)"), "{e}");
+        // Its back end logs its writes.
+        check_no_device_writes(&devices, &["fs0".into()]).unwrap();
         devices.remove("fs0");
         devices.insert("pmem0".into(), entry("virtio", false));
-        assert!(check_no_device_writes(&devices).is_err());
+        assert!(check_no_device_writes(&devices, &[]).is_err());
     }
 
     #[test]

@@ -98,6 +98,80 @@ pub fn read_all(
     Ok(())
 }
 
+/// A live migration's State payload: the length of `json` (u64, little-endian), `json`
+/// (state.json), then each device's data bytes in the entries' order (ids sorted), each
+/// named with its size and CRC-32 in state.json as a snapshot names its file.
+pub fn frame_state(json: &[u8], devices: &BTreeMap<String, DeviceEntry>) -> Vec<u8> {
+    let data: usize = devices
+        .values()
+        .filter_map(|e| e.data.as_ref())
+        .map(|d| d.bytes.len())
+        .sum();
+    let mut out = Vec::with_capacity(8 + json.len() + data);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(json);
+    for d in devices.values().filter_map(|e| e.data.as_ref()) {
+        out.extend_from_slice(&d.bytes);
+    }
+    out
+}
+
+/// Splits a State payload ([`frame_state`]) into state.json's bytes and what follows.
+pub fn unframe_state(payload: &[u8]) -> Result<(&[u8], &[u8]), String> {
+    let (len, rest) = payload
+        .split_first_chunk::<8>()
+        .ok_or("the state is shorter than its length")?;
+    let len = usize::try_from(u64::from_le_bytes(*len)).unwrap_or(usize::MAX);
+    if len > rest.len() {
+        return Err(format!(
+            "the state says {len} bytes of state.json, {} came",
+            rest.len()
+        ));
+    }
+    Ok(rest.split_at(len))
+}
+
+/// Gives each device its data from `rest` (what followed state.json in a State payload),
+/// checked as [`read_all`] checks files: the size and CRC-32 its entry says; nothing may be
+/// left over.
+pub fn take_all(
+    mut rest: &[u8],
+    devices: &mut BTreeMap<String, DeviceEntry>,
+) -> Result<(), SnapshotError> {
+    for (id, entry) in devices.iter_mut() {
+        let Some(data) = entry.data.as_mut() else {
+            continue;
+        };
+        let invalid = |reason: String| SnapshotError::DeviceState {
+            id: id.clone(),
+            kind: entry.kind.clone(),
+            reason,
+        };
+        let size = usize::try_from(data.size).unwrap_or(usize::MAX);
+        if size > rest.len() {
+            return Err(invalid(format!(
+                "{size} bytes of data, {} came",
+                rest.len()
+            )));
+        }
+        let (bytes, more) = rest.split_at(size);
+        if crc_of(bytes) != data.crc32 {
+            return Err(invalid(
+                "its data's CRC-32 differs from the one named".into(),
+            ));
+        }
+        data.bytes = bytes.to_vec();
+        rest = more;
+    }
+    match rest.is_empty() {
+        true => Ok(()),
+        false => Err(SnapshotError::Corrupt(format!(
+            "{} bytes after the devices' data",
+            rest.len()
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

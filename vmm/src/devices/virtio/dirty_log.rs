@@ -17,9 +17,11 @@
 //! the device completes them, breaks the virtio contract: it may lose its own writes on the
 //! destination, and nothing else.
 
+pub mod shared;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
@@ -63,6 +65,8 @@ pub struct DeviceDirtyLog {
     words: Mutex<BTreeMap<u64, u64>>,
     /// Each queue's used ring, by (device, queue): `(gpa, bytes)`.
     rings: Mutex<BTreeMap<(String, u16), (u64, u64)>>,
+    /// The log vhost-user back ends write, while they log ([`shared::SharedLog`]).
+    shared: Mutex<Option<Arc<shared::SharedLog>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -141,8 +145,19 @@ impl DeviceDirtyLog {
         }
     }
 
-    /// The pages logged since the last call (and every registered used ring's), sorted,
-    /// as guest page numbers (gpa / [`PAGE`]); the log is cleared.
+    /// Harvests `log` too (vhost-user back ends write it), or no more (None).
+    pub fn share(&self, log: Option<Arc<shared::SharedLog>>) {
+        *lock(&self.shared) = log;
+    }
+
+    /// The log vhost-user back ends write, if one is shared.
+    pub fn shared(&self) -> Option<Arc<shared::SharedLog>> {
+        lock(&self.shared).clone()
+    }
+
+    /// The pages logged since the last call (and every registered used ring's, and what
+    /// back ends logged), sorted, as guest page numbers (gpa / [`PAGE`]); the logs are
+    /// cleared.
     pub fn take(&self, mem: &GuestMemoryMmap) -> Vec<u64> {
         let rings: Vec<(u64, u64)> = lock(&self.rings).values().copied().collect();
         let mut words = lock(&self.words);
@@ -157,6 +172,11 @@ impl DeviceDirtyLog {
                 pages.push(w * 64 + u64::from(bits.trailing_zeros()));
                 bits &= bits - 1;
             }
+        }
+        if let Some(log) = self.shared() {
+            log.take(&mut pages);
+            pages.sort_unstable();
+            pages.dedup();
         }
         pages
     }

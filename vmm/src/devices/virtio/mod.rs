@@ -390,10 +390,28 @@ pub trait VirtioDevice: Send {
     fn image_lock(&self, _held: bool) -> Result<(), String> {
         Ok(())
     }
+    /// Live migration: a device whose back end writes guest memory outside exitless
+    /// (vhost-user) has it log those writes ([`BackendLog`]). Ok(true): it logs (or, for
+    /// `Check`, would); Ok(false): nothing to log (no back end, or not running); Err(why):
+    /// its back end cannot log. Runs on the devices thread. Nothing by default.
+    fn backend_log(&mut self, _log: BackendLog) -> Result<bool, String> {
+        Ok(false)
+    }
     /// What the device counts beyond its queues (frames, drops, connections), by name.
     fn device_counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()
     }
+}
+
+/// What [`VirtioDevice::backend_log`] is asked.
+#[derive(Debug, Clone)]
+pub enum BackendLog {
+    /// Whether the back end could log (before a migration starts).
+    Check,
+    /// Log into this region from now on.
+    Start(std::sync::Arc<dirty_log::shared::SharedLog>),
+    /// Stop logging.
+    Stop,
 }
 
 /// What the devices' tests share: an interrupt that counts, descriptors.

@@ -132,6 +132,12 @@ impl VirtioPciDevice {
         rx.recv()
             .map_err(|_| "the device event loop dropped the work".to_string())
     }
+
+    /// [`VirtioDevice::backend_log`] on the devices thread (the thread that talks to a
+    /// vhost-user back end once it runs).
+    pub fn backend_log(&self, log: crate::devices::virtio::BackendLog) -> Result<bool, String> {
+        self.on_loop(move |device| device.backend_log(log))?
+    }
 }
 
 /// Whether the device has used every chain the driver made available (split ring: the

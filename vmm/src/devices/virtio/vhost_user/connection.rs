@@ -139,8 +139,8 @@ impl Connection {
         })
     }
 
-    /// Sends `code` with `body` and `fds` (SET_DEVICE_STATE_FD's pipe) and returns the back
-    /// end's reply.
+    /// Sends `code` with `body` and `fds` (SET_DEVICE_STATE_FD's pipe, SET_LOG_BASE's log
+    /// region) and returns the back end's reply.
     pub fn ask_with_fds<T: ByteValued + VhostUserMsgValidator + Default>(
         &mut self,
         code: FrontendReq,

@@ -20,7 +20,7 @@ use super::{Frontend, VhostUserError, Vring, REPLY_TIMEOUT};
 use crate::config::fs::MAX_TAG_LEN;
 use crate::config::FsConfig;
 use crate::devices::virtio::{
-    Activation, DeviceHealth, QueueCounters, VirtioDevice, VirtioError, TYPE_FS,
+    Activation, BackendLog, DeviceHealth, QueueCounters, VirtioDevice, VirtioError, TYPE_FS,
     VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use crate::event_loop::{EventLoopHandle, Subscriber};
@@ -140,8 +140,15 @@ impl Fs {
             });
         }
         // The whole table as it is now: regions hot-added before this start included.
-        self.frontend()
-            .start(&a.mem.memory(), a.features, &vrings)?;
+        let mut frontend = self.frontend();
+        frontend.start(&a.mem.memory(), a.features, &vrings)?;
+        // Started while a migration runs: its writes are logged from the first.
+        if let Some(log) = a.dirty.shared().filter(|_| frontend.can_log()) {
+            if !frontend.logging() {
+                frontend.set_logging(Some(&log))?;
+            }
+        }
+        drop(frontend);
         self.last_start = Some(LastStart {
             mem: a.mem.clone(),
             features: a.features,
@@ -288,6 +295,30 @@ impl VirtioDevice for Fs {
                 frontend.path().display()
             );
         }
+    }
+
+    /// virtiofsd writes the guest's buffers itself: for a migration its back end logs
+    /// those writes (and its used rings') into the shared region, while the queues run.
+    fn backend_log(&mut self, log: BackendLog) -> Result<bool, String> {
+        if self.last_start.is_none() || self.gone.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let mut frontend = self.frontend();
+        if !frontend.can_log() {
+            return Err(format!(
+                "it was set up by its driver and its vhost-user back end at {} does not \
+                 offer to log its writes to guest memory (VHOST_USER_PROTOCOL_F_LOG_SHMFD \
+                 and VHOST_F_LOG_ALL; the Rust virtiofsd does), which no dirty log sees",
+                frontend.path().display()
+            ));
+        }
+        let done = match &log {
+            BackendLog::Check => Ok(()),
+            BackendLog::Start(region) => frontend.set_logging(Some(region)),
+            BackendLog::Stop => frontend.set_logging(None),
+        };
+        done.map_err(|e| format!("its vhost-user back end: {e}"))?;
+        Ok(true)
     }
 
     fn resets_on_stop(&self) -> bool {

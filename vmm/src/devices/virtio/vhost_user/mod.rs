@@ -34,9 +34,10 @@ use std::time::Duration;
 
 use thiserror::Error;
 use vhost::vhost_user::message::{
-    FrontendReq, VhostUserConfig, VhostUserConfigFlags, VhostUserMemory, VhostUserMemoryRegion,
-    VhostUserProtocolFeatures, VhostUserSingleMemoryRegion, VhostUserU64, VhostUserVirtioFeatures,
-    VhostUserVringAddr, VhostUserVringAddrFlags, VhostUserVringState, MAX_ATTACHED_FD_ENTRIES,
+    FrontendReq, VhostUserConfig, VhostUserConfigFlags, VhostUserLog, VhostUserMemory,
+    VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserSingleMemoryRegion, VhostUserU64,
+    VhostUserVirtioFeatures, VhostUserVringAddr, VhostUserVringAddrFlags, VhostUserVringState,
+    MAX_ATTACHED_FD_ENTRIES,
 };
 use vm_memory::{
     ByteValued, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
@@ -44,6 +45,7 @@ use vm_memory::{
 
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::devices::virtio::dirty_log::shared::SharedLog;
 use crate::devices::virtio::VIRTIO_F_VERSION_1;
 use crate::memory;
 pub use connection::Connection;
@@ -53,11 +55,13 @@ pub const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
 /// The protocol features exitless uses when the back end offers them: REPLY_ACK (every
 /// request acknowledged, so a refused one is seen), MQ (the back end says how many queues it
 /// serves), CONFIGURE_MEM_SLOTS (memory regions added one at a time, for memory hotplug),
-/// DEVICE_STATE (the back end's own state saved and loaded: snapshots, migration).
+/// DEVICE_STATE (the back end's own state saved and loaded: snapshots, migration), LOG_SHMFD
+/// (the back end logs its writes to guest memory in a region exitless shares: migration).
 pub const WANTED_PROTOCOL_FEATURES: VhostUserProtocolFeatures = VhostUserProtocolFeatures::MQ
     .union(VhostUserProtocolFeatures::REPLY_ACK)
     .union(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
-    .union(VhostUserProtocolFeatures::DEVICE_STATE);
+    .union(VhostUserProtocolFeatures::DEVICE_STATE)
+    .union(VhostUserProtocolFeatures::LOG_SHMFD);
 
 /// Errors talking to a vhost-user back end.
 #[derive(Debug, Error)]
@@ -146,6 +150,12 @@ pub struct Frontend {
     protocol: VhostUserProtocolFeatures,
     /// Queues handed to the back end since the last start.
     started: Vec<u16>,
+    /// The back end offers VHOST_F_LOG_ALL (it can log its writes to guest memory).
+    log_all: bool,
+    /// The features the last start acked (logging turns VHOST_F_LOG_ALL on and off on them).
+    acked: u64,
+    /// The back end logs its writes ([`Frontend::set_logging`]): a start keeps it logging.
+    logging: bool,
     /// The thread that started them (the devices event loop): only it talks to the back end
     /// afterwards, so a reset a vCPU thread completes (the loop gone) does no socket I/O.
     owner: Option<ThreadId>,
@@ -199,6 +209,9 @@ impl Frontend {
             offered: 0,
             protocol: VhostUserProtocolFeatures::empty(),
             started: Vec::new(),
+            log_all: false,
+            acked: 0,
+            logging: false,
             owner: None,
         };
         f.conn.send(FrontendReq::SET_OWNER, &[], &[])?;
@@ -214,6 +227,7 @@ impl Frontend {
             return Err(VhostUserError::Missing("VHOST_USER_F_PROTOCOL_FEATURES"));
         }
         f.offered = offered & !protocol_bit & !VhostUserVirtioFeatures::LOG_ALL.bits();
+        f.log_all = offered & VhostUserVirtioFeatures::LOG_ALL.bits() != 0;
         // VERSION_1 too: QEMU's C virtiofsd (libvhost-user) ends the connection on a
         // SET_FEATURES without it ("virtio legacy devices aren't supported"). The driver's
         // features replace these when the device starts.
@@ -318,7 +332,13 @@ impl Frontend {
         let (table, fds) = mem_table(mem)?;
         self.owner = Some(std::thread::current().id());
         let acked = features | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
-        self.conn.send_u64(FrontendReq::SET_FEATURES, acked, &[])?;
+        let log_all = match self.logging {
+            true => VhostUserVirtioFeatures::LOG_ALL.bits(),
+            false => 0,
+        };
+        self.conn
+            .send_u64(FrontendReq::SET_FEATURES, acked | log_all, &[])?;
+        self.acked = acked;
         self.conn.send(FrontendReq::SET_MEM_TABLE, &table, &fds)?;
         for v in vrings {
             self.start_vring(mem, v)?;
@@ -387,6 +407,42 @@ impl Frontend {
             VhostUserSingleMemoryRegion::new(start, region.len(), region.as_ptr() as u64, offset);
         self.conn
             .send(FrontendReq::ADD_MEM_REG, body.as_slice(), &[fd])
+    }
+
+    /// Whether the back end can log its writes to guest memory (LOG_SHMFD and
+    /// VHOST_F_LOG_ALL), for live migration.
+    pub fn can_log(&self) -> bool {
+        self.log_all && self.protocol.contains(VhostUserProtocolFeatures::LOG_SHMFD)
+    }
+
+    /// Has the running back end log its writes to guest memory into `log` (SET_LOG_BASE
+    /// with the region's memfd, then SET_FEATURES with VHOST_F_LOG_ALL), or no more (None:
+    /// SET_FEATURES without it). On the thread that started the queues.
+    pub fn set_logging(&mut self, log: Option<&SharedLog>) -> Result<(), VhostUserError> {
+        if !self.can_log() {
+            return Err(VhostUserError::Missing("LOG_SHMFD and VHOST_F_LOG_ALL"));
+        }
+        let all = VhostUserVirtioFeatures::LOG_ALL.bits();
+        let features = match log {
+            Some(log) => {
+                let body = VhostUserLog::new(log.size(), 0);
+                let request = FrontendReq::SET_LOG_BASE;
+                let _: VhostUserLog =
+                    self.conn
+                        .ask_with_fds(request, body.as_slice(), &[log.fd()])?;
+                self.acked | all
+            }
+            None => self.acked & !all,
+        };
+        self.conn
+            .send_u64(FrontendReq::SET_FEATURES, features, &[])?;
+        self.logging = log.is_some();
+        Ok(())
+    }
+
+    /// Whether the back end logs its writes now.
+    pub fn logging(&self) -> bool {
+        self.logging
     }
 
     /// Forgets the queues without asking the back end (it is gone).
