@@ -11,7 +11,7 @@ use std::os::fd::OwnedFd;
 use vmm::migration::protocol::MigrationConfig;
 use vmm::migration::receiver::{self, Channel, Destination};
 use vmm::migration::MigrationError;
-use vmm::snapshot::SnapshotState;
+use vmm::snapshot::{device_data, SnapshotState};
 
 /// Most guest memory the fake destination makes.
 const MAX_MEMORY: u64 = 1 << 20;
@@ -81,8 +81,11 @@ impl Destination for Fake {
         Ok(())
     }
 
+    /// As exitless's destination reads it: the length, state.json, the devices' data.
     fn state(&mut self, state: &[u8]) -> Result<(), MigrationError> {
-        SnapshotState::parse(state)?;
+        let (json, data) = device_data::unframe_state(state).map_err(MigrationError::Protocol)?;
+        let mut parsed = SnapshotState::parse(json)?;
+        device_data::take_all(data, &mut parsed.devices)?;
         self.stated = true;
         Ok(())
     }

@@ -187,6 +187,32 @@ mod tests {
     }
 
     #[test]
+    fn a_migrations_state_carries_the_data_after_state_json_checked() {
+        let saved: BTreeMap<_, _> = [entry("_fs0", b"state of fs0"), entry("fs1", b"x")]
+            .into_iter()
+            .collect();
+        let json = serde_json::to_vec(&saved).unwrap();
+        let payload = frame_state(&json, &saved);
+        let (got, data) = unframe_state(&payload).unwrap();
+        assert_eq!((got, data), (&json[..], &b"state of fs0x"[..]));
+        let mut read: BTreeMap<String, DeviceEntry> = serde_json::from_slice(got).unwrap();
+        take_all(data, &mut read).unwrap();
+        assert_eq!(read, saved);
+        // Too short, a changed byte, bytes left over, a length past the end: refused.
+        for (bytes, why) in [
+            (&b"state of fs0"[..], "1 bytes of data, 0 came"),
+            (b"state of fs1x", "CRC-32"),
+            (b"state of fs0xy", "1 bytes after"),
+        ] {
+            let mut again: BTreeMap<String, DeviceEntry> = serde_json::from_slice(got).unwrap();
+            let e = take_all(bytes, &mut again).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+        }
+        assert!(unframe_state(&payload[..8 + json.len() - 1]).is_err());
+        assert!(unframe_state(&payload[..7]).is_err());
+    }
+
+    #[test]
     fn data_goes_to_a_file_per_device_and_comes_back_checked() {
         let dir = std::env::temp_dir().join(format!("exitless-devdata-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -186,12 +186,16 @@ fn the_handshake_negotiates_what_both_sides_have() {
         ]
     );
     assert_eq!(f.offered_features(), VIRTIO_F_VERSION_1 | (1 << 29));
+    let not_offered =
+        VhostUserProtocolFeatures::DEVICE_STATE | VhostUserProtocolFeatures::LOG_SHMFD;
     assert_eq!(
         f.protocol_features(),
-        WANTED_PROTOCOL_FEATURES.difference(VhostUserProtocolFeatures::DEVICE_STATE),
-        "CONFIG is not taken, DEVICE_STATE is not offered"
+        WANTED_PROTOCOL_FEATURES.difference(not_offered),
+        "CONFIG is not taken, DEVICE_STATE and LOG_SHMFD are not offered"
     );
     assert!(f.can_add_regions());
+    // A migration refuses a running device on it: it cannot log its writes.
+    assert!(!f.can_log());
 }
 
 #[test]
