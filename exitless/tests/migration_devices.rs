@@ -148,6 +148,37 @@ fn wait_path(path: &Path) {
     }
 }
 
+/// Moves the VM of `src` to `dest` (a VMM with none) with `exitless remote
+/// receive-migration` / `send-migration` over `unix:` at `m`; checks both succeeded and the
+/// source ended. `said` is what a failure adds (a back end's log).
+fn move_with_remote(src: &mut Vmm, dest: &Vmm, m: &Path, said: impl Fn() -> String) {
+    let receiver_url = format!("receiver_url=unix:{}", m.display());
+    let mut receiving = remote(&dest.socket, &["receive-migration", &receiver_url])
+        .spawn()
+        .unwrap();
+    wait_path(m);
+    let destination = format!("destination_url=unix:{},downtime_ms=50", m.display());
+    let sent = remote(&src.socket, &["send-migration", &destination])
+        .output()
+        .unwrap();
+    if !sent.status.success() {
+        src.stderr.wait_for(Duration::from_millis(200), |_| false);
+    }
+    assert!(
+        sent.status.success(),
+        "{} {} {}",
+        String::from_utf8_lossy(&sent.stderr),
+        src.stderr.text,
+        said()
+    );
+    assert!(receiving.wait().unwrap().success());
+    let ended = src.wait_exit(Duration::from_secs(10));
+    assert!(
+        ended.is_some_and(|s| s.success()),
+        "the source ends: {ended:?}"
+    );
+}
+
 #[test]
 fn a_guest_with_disk_tap_and_vsock_busy_migrated_on_one_host_finishes_on_the_destination() {
     let test = "devices_migrated_on_one_host";
@@ -156,26 +187,10 @@ fn a_guest_with_disk_tap_and_vsock_busy_migrated_on_one_host_finishes_on_the_des
     };
     let (mut src, serial) = r.source("migdev-src");
     let dest = r.vmm("migdev-dst");
-    let m = r.t.scratch.join("m.sock");
-    let receiver_url = format!("receiver_url=unix:{}", m.display());
-    let mut receiving = remote(&dest.socket, &["receive-migration", &receiver_url])
-        .spawn()
-        .unwrap();
-    wait_path(&m);
     let before = last_tick(&std::fs::read_to_string(&serial).unwrap()).unwrap();
     let echoed_before = r.echoed.load(Ordering::Relaxed);
-    let destination = format!("destination_url=unix:{},downtime_ms=50", m.display());
-    let sent = remote(&src.socket, &["send-migration", &destination])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&sent.stderr);
-    assert!(sent.status.success(), "{said} {}", dest.stderr.text);
-    assert!(receiving.wait().unwrap().success());
-    let ended = src.wait_exit(Duration::from_secs(10));
-    assert!(
-        ended.is_some_and(|s| s.success()),
-        "the source ends: {ended:?}"
-    );
+    let m = r.t.scratch.join("m.sock");
+    move_with_remote(&mut src, &dest, &m, String::new);
     let after = last_tick(&std::fs::read_to_string(&serial).unwrap()).unwrap();
     // The source ended without removing the socket the destination listens on.
     assert!(r.socket.exists(), "the destination's vsock socket is gone");
@@ -286,6 +301,30 @@ fn fs_records(rounds: u64) -> Vec<u8> {
         .collect()
 }
 
+/// The source of the virtio-fs test: the bench guest on shared memory with `fs=1` on the
+/// back end at `socket`, in its second round.
+fn fs_source(t: &SnapTest, socket: &Path) -> (Vmm, PathBuf) {
+    let serial = t.scratch.join("fs.log");
+    let cmdline = format!("case=snapshot ticks={TICKS} iters=2000 touch_mib=8 fs=1 hold");
+    let body = json!({
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+        "memory": {"size": 256u64 << 20, "shared": true},
+        "payload": {"kernel": t.guest, "cmdline": cmdline},
+        "serial": {"mode": "File", "file": serial},
+        "fs": [{"tag": "kataShared", "socket": socket}],
+    });
+    let src = Vmm::start("migfs-src");
+    let mut c = src.client();
+    ok(
+        c.request("PUT", "vm.create", Some(&body.to_string()))
+            .unwrap(),
+        "vm.create",
+    );
+    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    wait_file(&serial, "TICK n=1 ");
+    (src, serial)
+}
+
 /// virtio-fs on the Rust virtiofsd, which logs its writes to guest memory into the region
 /// exitless shares (LOG_SHMFD, VHOST_F_LOG_ALL): the guest holding a file open through
 /// FUSE, writing a record through it and reading all back every round, is moved mid-loop to
@@ -310,55 +349,20 @@ fn a_guest_using_virtio_fs_migrated_mid_loop_goes_on_with_its_open_file() {
     let first = spawn("migfs-a", daemon.clone(), None, true);
     let shared = first.shared();
     std::fs::write(shared.join("snap.bin"), b"").unwrap();
-    let serial = t.scratch.join("fs.log");
-    let body = json!({
-        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
-        "memory": {"size": 256u64 << 20, "shared": true},
-        "payload": {"kernel": t.guest,
-                    "cmdline": format!("case=snapshot ticks={TICKS} iters=2000 touch_mib=8 fs=1 hold")},
-        "serial": {"mode": "File", "file": serial},
-        "fs": [{"tag": "kataShared", "socket": first.socket}],
-    });
-    let mut src = Vmm::start("migfs-src");
-    let mut c = src.client();
-    ok(
-        c.request("PUT", "vm.create", Some(&body.to_string()))
-            .unwrap(),
-        "vm.create",
-    );
-    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
-    wait_file(&serial, "TICK n=1 ");
+    let (mut src, serial) = fs_source(&t, &first.socket);
     // The second virtiofsd, on the same directory, takes over the first's socket path.
     let second = spawn("migfs-b", daemon, Some(shared.clone()), true);
     std::fs::rename(&second.socket, &first.socket).unwrap();
     let dest = Vmm::start("migfs-dst");
     let m = t.scratch.join("m.sock");
-    let mut receiving = remote(
-        &dest.socket,
-        &["receive-migration", &format!("unix:{}", m.display())],
-    )
-    .spawn()
-    .unwrap();
-    wait_path(&m);
-    let destination = format!("destination_url=unix:{},downtime_ms=50", m.display());
-    let sent = remote(&src.socket, &["send-migration", &destination])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&sent.stderr);
-    src.stderr.wait_for(Duration::from_millis(200), |_| false);
-    assert!(
-        sent.status.success(),
-        "{said} {} {} (the second virtiofsd) {}",
-        src.stderr.text,
-        first.log_text(),
-        second.log_text()
-    );
-    assert!(receiving.wait().unwrap().success());
-    let ended = src.wait_exit(Duration::from_secs(10));
-    assert!(
-        ended.is_some_and(|s| s.success()),
-        "the source ends: {ended:?}"
-    );
+    let logs = || {
+        format!(
+            "{}\n(the second virtiofsd)\n{}",
+            first.log_text(),
+            second.log_text()
+        )
+    };
+    move_with_remote(&mut src, &dest, &m, logs);
     let text = wait_file(&serial, "EXITLESS DONE");
     assert!(!text.contains("EXITLESS ERROR"), "{text}");
     let ticks = text.lines().filter(|l| l.contains("TICK")).count() as u64;
