@@ -6,7 +6,9 @@
 //! with every check passing: the source let go of the disk's lock, the tap and the vsock
 //! socket's path before the state went, and did not remove the socket the destination
 //! listens on when it ended. A destination that refuses the state leaves the source with
-//! all three taken back, its rounds going on.
+//! all three taken back, its rounds going on. With virtio-fs on the Rust virtiofsd (`fs=1`:
+//! a file held open through FUSE), the back end logs its writes to guest memory and its
+//! state goes with the VM's to a second virtiofsd: every record arrives.
 
 mod common;
 
