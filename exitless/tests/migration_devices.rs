@@ -6,13 +6,15 @@
 //! with every check passing: the source let go of the disk's lock, the tap and the vsock
 //! socket's path before the state went, and did not remove the socket the destination
 //! listens on when it ended. A destination that refuses the state leaves the source with
-//! all three taken back, its rounds going on. With virtio-fs on the Rust virtiofsd (`fs=1`:
+//! all three taken back, its rounds going on. A card on a tap given as a file descriptor
+//! moves to the one the destination is given (`net_fds`). With virtio-fs on the Rust virtiofsd (`fs=1`:
 //! a file held open through FUSE), the back end logs its writes to guest memory and its
 //! state goes with the VM's to a second virtiofsd: every record arrives.
 
 mod common;
 
 use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,7 +27,7 @@ use common::host_echo::{echo_frames, Stop, VsockEcho};
 use common::private_tap;
 use common::snapshot::{last_tick, wait_file, SnapTest};
 use serde_json::json;
-use vmm::devices::virtio::net::private_net::PrivateNet;
+use vmm::devices::virtio::net::private_net::{PrivateNet, KATA_TAP_FLAGS};
 
 const TAP: &str = "exlmig0";
 const TICKS: u64 = 12;
@@ -68,6 +70,12 @@ impl Rig {
     /// The source: the VM with a disk (locked, the default), the tap and vsock, in its
     /// second round.
     fn source(&self, tag: &str) -> (Vmm, PathBuf) {
+        self.source_on(tag, None)
+    }
+
+    /// [`Rig::source`], its card on the tap `tap_fd` is open on (sent with `vm.add-net`,
+    /// as Kata sends its taps) if given, else on the tap by name.
+    fn source_on(&self, tag: &str, tap_fd: Option<RawFd>) -> (Vmm, PathBuf) {
         let serial = self.t.scratch.join(&format!("{tag}.log"));
         let cmdline = format!(
             "case=snapshot ticks={TICKS} iters=2000 touch_mib=8 virtio=4 blkcheck=4 net=1 hold"
@@ -78,9 +86,13 @@ impl Rig {
             "payload": {"kernel": self.t.guest, "cmdline": cmdline},
             "serial": {"mode": "File", "file": serial},
             "disks": [{"path": self.image}],
-            "net": [{"tap": TAP, "mac": "52:54:00:aa:bb:cd"}],
             "vsock": {"cid": 7, "socket": self.socket},
         });
+        let mut body = body;
+        let card = json!({"mac": "52:54:00:aa:bb:cd"});
+        if tap_fd.is_none() {
+            body["net"] = json!([{"tap": TAP, "mac": card["mac"]}]);
+        }
         let vmm = self.vmm(tag);
         let mut c = vmm.client();
         ok(
@@ -88,6 +100,10 @@ impl Rig {
                 .unwrap(),
             "vm.create",
         );
+        if let Some(fd) = tap_fd {
+            let r = c.request_with_fds("PUT", "vm.add-net", Some(&card.to_string()), &[fd]);
+            ok(r.unwrap(), "vm.add-net with the tap's fd");
+        }
         ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
         let text = wait_file(&serial, "TICK n=1 ");
         assert!(text.contains("EXITLESS SNAPNET n=0 "), "{text}");
@@ -206,6 +222,60 @@ fn a_guest_with_disk_tap_and_vsock_busy_migrated_on_one_host_finishes_on_the_des
         "one transport reset once moved (rounds {before}..={after}): {text}"
     );
     assert_every_round(&text, reset);
+    assert!(r.echoed.load(Ordering::Relaxed) > echoed_before + 1);
+    drop(dest);
+}
+
+/// A card whose tap came as a file descriptor (as Kata gives its taps): the destination
+/// takes the one `vm.receive-migration` brings (`net_fds`, here another descriptor of the
+/// same open tap, as whoever gave the source its own would give it); the source stops
+/// reading its own at the hand-over, so the frames for the guest wait for the destination.
+#[test]
+fn a_card_on_a_tap_given_as_an_fd_moves_to_the_fd_the_destination_is_given() {
+    let test = "tap_fd_migrated_on_one_host";
+    let Some(r) = rig(test, "migdev-fd") else {
+        return;
+    };
+    let tap = r.net.open_foreign_tap(TAP, KATA_TAP_FLAGS).unwrap();
+    let (mut src, serial) = r.source_on("migdev-fd-src", Some(tap.as_raw_fd()));
+    let dest = r.vmm("migdev-fd-dst");
+    let m = r.t.scratch.join("m.sock");
+    let body = json!({
+        "receiver_url": format!("unix:{}", m.display()),
+        "net_fds": [{"id": "_net0", "num_fds": 1}],
+    });
+    let mut c = dest.client();
+    let receiving = std::thread::spawn(move || {
+        let fd = tap.as_raw_fd();
+        let r = c.request_with_fds(
+            "PUT",
+            "vm.receive-migration",
+            Some(&body.to_string()),
+            &[fd],
+        );
+        (r.unwrap(), tap)
+    });
+    wait_path(&m);
+    let echoed_before = r.echoed.load(Ordering::Relaxed);
+    let destination = format!("destination_url=unix:{}", m.display());
+    let sent = remote(&src.socket, &["send-migration", &destination])
+        .output()
+        .unwrap();
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    let (received, _tap) = receiving.join().unwrap();
+    assert_eq!(received.status, 204, "{}", received.body);
+    let ended = src.wait_exit(Duration::from_secs(10));
+    assert!(
+        ended.is_some_and(|s| s.success()),
+        "the source ends: {ended:?}"
+    );
+    let text = wait_file(&serial, "EXITLESS DONE");
+    assert_every_round(&text, first_reset(&text));
+    assert!(first_reset(&text).is_some(), "{text}");
     assert!(r.echoed.load(Ordering::Relaxed) > echoed_before + 1);
     drop(dest);
 }
