@@ -29,6 +29,8 @@ const SHARED_CASES: &[&str] = &[
     "virtio_net_qd32",
     "virtio_fs_qd1",
     "virtio_fs_qd32",
+    "vhost_user_blk_qd1",
+    "vhost_user_blk_qd32",
     "pio_out_devices",
     "snapshot",
 ];
@@ -67,7 +69,11 @@ pub struct CompareArgs {
     /// virtio_net_qd1, virtio_net_qd32: 64-byte frames sent to each VMM's virtio-net-pci on a
     /// tap in a network namespace of the comparison's own, needs root; virtio_fs_qd1,
     /// virtio_fs_qd32: 4 KiB FUSE READs through each VMM's virtio-fs (shared memory) to a
-    /// virtiofsd of its own on one 16 MiB file, needs root and virtiofsd; pio_out_devices:
+    /// virtiofsd of its own on one 16 MiB file, needs root and virtiofsd;
+    /// vhost_user_blk_qd1, vhost_user_blk_qd32: virtio_blk's requests to each VMM's
+    /// vhost-user disk (`--disk vhost_user=on,socket=...`, shared memory) on a
+    /// qemu-storage-daemon of its own exporting the 16 MiB image, the daemon's CPU beside the
+    /// VMM's (with virtio_blk_qd*, exitless's own virtio-blk on the image); pio_out_devices:
     /// pio_out with a 16 MiB raw disk, a virtio-net on that tap and vsock (cid 3) attached to
     /// every VMM but not driven, for memory and start-up with devices, needs root; QEMU
     /// gets no vsock: its vhost-vsock-pci needs /dev/vhost-vsock; snapshot: the guest paused
@@ -329,7 +335,7 @@ fn print_table(report: &CompareReport) {
                 .turnaround_ratio_to_floor
                 .map_or("-".into(), |[min, p50]| format!("{min:.2}/{p50:.2}x"));
             println!(
-                "{:<15} {:<17} {:>18} {:>8} {:>18} {:>12.0} {:>20} {:>12.1} {:>11.0} {:>13.0} {:>10.0} {:>7} {:>24} {:>13}",
+                "{:<19} {:<17} {:>18} {:>8} {:>18} {:>12.0} {:>20} {:>12.1} {:>11.0} {:>13.0} {:>10.0} {:>7} {:>24} {:>13}",
                 case,
                 v.vmm,
                 spread(&c.first_line_ms, 1),
@@ -368,7 +374,7 @@ fn print_table(report: &CompareReport) {
 
 fn print_case_header() {
     println!(
-        "{:<15} {:<17} {:>18} {:>8} {:>18} {:>12} {:>20} {:>12} {:>11} {:>13} {:>10} {:>7} {:>24} {:>13}",
+        "{:<19} {:<17} {:>18} {:>8} {:>18} {:>12} {:>20} {:>12} {:>11} {:>13} {:>10} {:>7} {:>24} {:>13}",
         "case",
         "vmm",
         "first line ms",
@@ -422,7 +428,7 @@ fn print_device_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
         println!("kernel exits/req: {why}");
     }
     println!(
-        "{:<16} {:<17} {:>26} {:>16} {:>16} {:>22}",
+        "{:<19} {:<17} {:>26} {:>16} {:>16} {:>22}",
         "case", "vmm", "requests/s", "user exits/req", "kernel exits/req", "threads cpu us/req"
     );
     let opt = |s: &Option<Spread>| {
@@ -435,7 +441,7 @@ fn print_device_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
                 continue;
             };
             println!(
-                "{:<16} {:<17} {:>26} {:>16} {:>16} {:>22}",
+                "{:<19} {:<17} {:>26} {:>16} {:>16} {:>22}",
                 case,
                 v.vmm,
                 spread(&c.iters_per_s, 0),
@@ -447,8 +453,8 @@ fn print_device_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
     }
 }
 
-/// Per request of the cases with a vhost-user back end: the VMM's threads, its virtiofsd's,
-/// and both (what a request costs the host).
+/// Per request of the cases with a vhost-user back end: the VMM's threads, its back end's
+/// (virtiofsd, qemu-storage-daemon), and both (what a request costs the host).
 fn print_backend_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
     let with_backend: Vec<&str> = cases
         .iter()
@@ -458,10 +464,13 @@ fn print_backend_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
     if with_backend.is_empty() {
         return;
     }
-    println!("\nCPU per request with the back end: median (min-max), each VMM's own virtiofsd");
     println!(
-        "{:<16} {:<17} {:>22} {:>22} {:>14}",
-        "case", "vmm", "VMM threads us/req", "virtiofsd us/req", "sum of medians"
+        "\nCPU per request with the back end: median (min-max), each VMM's own virtiofsd \
+         (fs) or qemu-storage-daemon (vhost_user_blk)"
+    );
+    println!(
+        "{:<19} {:<17} {:>22} {:>22} {:>14}",
+        "case", "vmm", "VMM threads us/req", "back end us/req", "sum of medians"
     );
     for case in with_backend {
         for v in &report.vmms {
@@ -472,7 +481,7 @@ fn print_backend_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
                 continue;
             };
             println!(
-                "{:<16} {:<17} {:>22} {:>22} {:>14.2}",
+                "{:<19} {:<17} {:>22} {:>22} {:>14.2}",
                 case,
                 v.vmm,
                 spread(&c.threads_cpu_per_iter_us, 2),

@@ -73,6 +73,7 @@ pub fn starter(
         tap: None,
         vsock: None,
         fs: None,
+        vhost_blk: None,
         exits: &exits,
     };
     let command = vmm.command(&launch).map_err(|e| e.to_string())?;
