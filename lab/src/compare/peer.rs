@@ -54,6 +54,30 @@ pub struct Launch<'a> {
     pub exits: &'a ExitsSource,
 }
 
+impl<'a> Launch<'a> {
+    /// `cmdline` on `guest` with no device.
+    pub fn bare(
+        guest: &'a Path,
+        cmdline: &'a str,
+        memory_mib: u64,
+        workdir: &'a Path,
+        exits: &'a ExitsSource,
+    ) -> Self {
+        Launch {
+            guest,
+            cmdline,
+            memory_mib,
+            workdir,
+            disk: None,
+            tap: None,
+            vsock: None,
+            fs: None,
+            vhost_blk: None,
+            exits,
+        }
+    }
+}
+
 /// The devices a compare case attaches to every VMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
@@ -410,6 +434,32 @@ fn is_executable(path: &Path) -> bool {
 mod tests {
     use super::*;
 
+    /// A peer of `kind` (its path does not matter to the command line).
+    fn vmm(kind: VmmKind) -> Vmm {
+        Vmm {
+            kind,
+            path: PathBuf::from("/bin/true"),
+        }
+    }
+
+    /// 512 MiB of `cmdline` with no device, exits from debugfs, in a folder nothing is
+    /// written to (no Firecracker command is made of it).
+    fn launch_of(cmdline: &str) -> Launch<'_> {
+        let workdir = Path::new("/nonexistent/compare");
+        Launch::bare(
+            Path::new("/g.elf"),
+            cmdline,
+            512,
+            workdir,
+            &ExitsSource::Debugfs,
+        )
+    }
+
+    /// The command line `launch` gives a VMM of `kind`, joined.
+    fn line_of(kind: VmmKind, launch: &Launch) -> String {
+        args(&vmm(kind).command(launch).unwrap()).join(" ")
+    }
+
     fn args(cmd: &Command) -> Vec<String> {
         cmd.get_args()
             .map(|a| a.to_string_lossy().into_owned())
@@ -529,24 +579,11 @@ mod tests {
 
     #[test]
     fn an_fs_case_gives_every_vmm_shared_memory_and_the_socket_but_firecracker_sits_it_out() {
-        let dir = std::env::temp_dir();
         let launch = Launch {
-            guest: Path::new("/g.elf"),
-            cmdline: "case=virtio_fs qd=32",
-            memory_mib: 512,
-            workdir: &dir,
-            disk: None,
-            tap: None,
-            vsock: None,
             fs: Some(Path::new("/fs.sock")),
-            vhost_blk: None,
-            exits: &ExitsSource::Debugfs,
+            ..launch_of("case=virtio_fs qd=32")
         };
-        let vmm = |kind| Vmm {
-            kind,
-            path: PathBuf::from("/bin/true"),
-        };
-        let line = |kind| args(&vmm(kind).command(&launch).unwrap()).join(" ");
+        let line = |kind| line_of(kind, &launch);
         let fs = "--fs tag=kataShared,num_queues=1,queue_size=1024,socket=/fs.sock";
         let exitless = line(VmmKind::Exitless);
         assert!(
@@ -584,24 +621,11 @@ mod tests {
 
     #[test]
     fn a_vhost_user_blk_case_gives_every_vmm_the_daemon_s_socket_on_shared_memory_only() {
-        let dir = std::env::temp_dir();
         let launch = Launch {
-            guest: Path::new("/g.elf"),
-            cmdline: "case=virtio_blk qd=32",
-            memory_mib: 512,
-            workdir: &dir,
-            disk: None,
-            tap: None,
-            vsock: None,
-            fs: None,
             vhost_blk: Some(Path::new("/b.sock")),
-            exits: &ExitsSource::Debugfs,
+            ..launch_of("case=virtio_blk qd=32")
         };
-        let vmm = |kind| Vmm {
-            kind,
-            path: PathBuf::from("/bin/true"),
-        };
-        let line = |kind| args(&vmm(kind).command(&launch).unwrap()).join(" ");
+        let line = |kind| line_of(kind, &launch);
         // exitless's requests all go to the daemon: no disk of its own, the vhost-user one's
         // kicks and calls KVM's ioeventfd and irqfd (0 userspace exits a request).
         let exitless = line(VmmKind::Exitless);
