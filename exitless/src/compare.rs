@@ -145,7 +145,8 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
         None => std::env::current_exe().context("Cannot find the exitless binary")?,
     };
     let mut vmms = vec![Vmm::named(VmmKind::Exitless, &exitless)?];
-    vmms.extend(peers(&args)?);
+    let (found, missing) = peers(&args)?;
+    vmms.extend(found);
     let workdir = std::env::temp_dir().join(format!("exitless-compare-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)
         .with_context(|| format!("Cannot create {}", workdir.display()))?;
@@ -198,7 +199,8 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
         || vmm::launch::stop_signal().is_some(),
     );
     let _ = std::fs::remove_dir_all(&workdir);
-    let report = report?;
+    let mut report = report?;
+    report.not_run.extend(missing);
     print_table(&report);
     if let Some(path) = &args.json {
         write_json(path, &report)?;
@@ -285,24 +287,26 @@ fn check(args: &CompareArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The peers named or found on PATH; a missing one is said on stderr and left out.
-fn peers(args: &CompareArgs) -> anyhow::Result<Vec<Vmm>> {
+/// The peers named or found on PATH, and a line for each missing one (said on stderr now,
+/// and among the report's "not run" lines).
+fn peers(args: &CompareArgs) -> anyhow::Result<(Vec<Vmm>, Vec<String>)> {
     let named = [&args.qemu, &args.firecracker, &args.cloud_hypervisor];
-    let mut found = Vec::new();
+    let (mut found, mut missing) = (Vec::new(), Vec::new());
     for (kind, path) in VmmKind::PEERS.into_iter().zip(named) {
         match path {
             Some(p) => found.push(Vmm::named(kind, p)?),
             None => match Vmm::on_path(kind) {
                 Some(vmm) => found.push(vmm),
-                None => eprintln!(
-                    "[compare] {}: not on PATH (name it with --{}); left out",
-                    kind.name(),
-                    kind.name()
-                ),
+                None => {
+                    let name = kind.name();
+                    let why = format!("{name}: not on PATH (name it with --{name})");
+                    eprintln!("[compare] {why}; left out");
+                    missing.push(why);
+                }
             },
         }
     }
-    Ok(found)
+    Ok((found, missing))
 }
 
 fn print_table(report: &CompareReport) {
