@@ -361,13 +361,20 @@ static void hostile_post(u16 d, u32 segs)
     vring_post(&blk_vq, d);
 }
 
-/* Waits for `n` completions; returns how many came back with data (a served read). */
+/* Waits for `n` completions, however long the device takes to walk the tables (a full
+ * queue of them is millions of descriptors: tens of seconds for a debug build on a busy
+ * host), so a slow host is not a failure. What ends the wait is an event: a completion, or
+ * the device asking for a reset (a vhost-user back end that gave up on the ring); a device
+ * that does neither is ended by the VMM's own --timeout. Returns how many came back with
+ * data (a served read). */
 static u32 hostile_wait(u32 n)
 {
     u32 served = 0;
     struct vring_used_elem e;
     for (u32 i = 0; i < n; i++) {
-        vring_wait(&blk_vq, use_irq, &e, "virtio_blk_hostile: no completion within seconds");
+        while (!vring_wait_until(&blk_vq, use_irq, &e, VIRTIO_WAIT_CYCLES))
+            if (mmio_read8(blk.common + CC_STATUS) & S_NEEDS_RESET)
+                fail("virtio_blk_hostile: the device needs a reset");
         served += e.len > 1;
     }
     return served;

@@ -9,7 +9,9 @@
 # Usage: measure-migration.py EXITLESS BENCH_ELF ROUNDS [WRITING_MIB [REST_MIB [ROWS]]]
 #   (docs/migration.md, "Figures"; REST_MIB is what rest and local touch, 8 by default; ROWS a
 #   comma-separated choice of rest,writing,local)
-import http.client, json, os, re, socket, statistics, subprocess, sys, tempfile, threading, time
+import os, re, statistics, subprocess, sys, tempfile, threading, time
+
+from measure_api import request
 
 EXITLESS, GUEST, ROUNDS = sys.argv[1], sys.argv[2], int(sys.argv[3])
 MIB = int(sys.argv[4]) if len(sys.argv) > 4 else 64
@@ -18,27 +20,9 @@ ROWS = sys.argv[6].split(',') if len(sys.argv) > 6 else ['rest', 'writing', 'loc
 WORK = tempfile.mkdtemp(prefix='exitless-measure-mig-')
 
 
-class Unix(http.client.HTTPConnection):
-    def __init__(self, path):
-        super().__init__('localhost', timeout=600)
-        self.path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(self.path)
-
-
 def call(sock, method, path, body=None):
-    c = Unix(sock)
-    t0 = time.perf_counter()
-    c.request(method, '/api/v1/' + path, body=json.dumps(body) if body is not None else None,
-              headers={'Content-Type': 'application/json'} if body is not None else {})
-    r = c.getresponse()
-    data = r.read()
-    ms = (time.perf_counter() - t0) * 1e3
-    c.close()
-    if r.status >= 300:
-        raise RuntimeError(f'{method} {path}: {r.status} {data!r}')
+    """An /api/v1/ request (a migration may take minutes): (body, ms)."""
+    _, data, ms = request(sock, method, '/api/v1/' + path, body, timeout=600)
     return data, ms
 
 

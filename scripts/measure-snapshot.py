@@ -10,36 +10,18 @@
 #   clones   Private_Dirty summed over /proc/PID/smaps of each of 10 clones of one snapshot,
 #            running at once, 1 s after their start
 # Usage: measure-snapshot.py EXITLESS FIRECRACKER BENCH_ELF ROUNDS  (docs/snapshot.md, "Figures")
-import http.client, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time
+import json, os, shutil, socket, statistics, subprocess, sys, tempfile, time
+
+from measure_api import request
 
 EXITLESS, FIRECRACKER, GUEST, ROUNDS = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 CMDLINE = 'case=snapshot ticks=100000000 iters=20 touch_mib=10'
 WORK = tempfile.mkdtemp(prefix='exitless-measure-snap-')
 
 
-class Unix(http.client.HTTPConnection):
-    def __init__(self, path):
-        super().__init__('localhost', timeout=60)
-        self.path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(self.path)
-
-
 def call(sock, method, path, body=None):
     """One request; (status, body, ms)."""
-    c = Unix(sock)
-    t0 = time.perf_counter()
-    c.request(method, path, body=json.dumps(body) if body is not None else None,
-              headers={'Content-Type': 'application/json'} if body is not None else {})
-    r = c.getresponse()
-    data = r.read()
-    ms = (time.perf_counter() - t0) * 1e3
-    c.close()
-    if r.status >= 300:
-        raise RuntimeError(f'{method} {path}: {r.status} {data!r}')
-    return r.status, data, ms
+    return request(sock, method, path, body)
 
 
 def wait_socket(sock, limit=10):

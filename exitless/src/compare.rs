@@ -29,6 +29,8 @@ const SHARED_CASES: &[&str] = &[
     "virtio_net_qd32",
     "virtio_fs_qd1",
     "virtio_fs_qd32",
+    "vhost_user_blk_qd1",
+    "vhost_user_blk_qd32",
     "pio_out_devices",
     "snapshot",
 ];
@@ -67,7 +69,11 @@ pub struct CompareArgs {
     /// virtio_net_qd1, virtio_net_qd32: 64-byte frames sent to each VMM's virtio-net-pci on a
     /// tap in a network namespace of the comparison's own, needs root; virtio_fs_qd1,
     /// virtio_fs_qd32: 4 KiB FUSE READs through each VMM's virtio-fs (shared memory) to a
-    /// virtiofsd of its own on one 16 MiB file, needs root and virtiofsd; pio_out_devices:
+    /// virtiofsd of its own on one 16 MiB file, needs root and virtiofsd;
+    /// vhost_user_blk_qd1, vhost_user_blk_qd32: virtio_blk's requests to each VMM's
+    /// vhost-user disk (`--disk vhost_user=on,socket=...`, shared memory) on a
+    /// qemu-storage-daemon of its own exporting the 16 MiB image, the daemon's CPU beside the
+    /// VMM's (with virtio_blk_qd*, exitless's own virtio-blk on the image); pio_out_devices:
     /// pio_out with a 16 MiB raw disk, a virtio-net on that tap and vsock (cid 3) attached to
     /// every VMM but not driven, for memory and start-up with devices, needs root; QEMU
     /// gets no vsock: its vhost-vsock-pci needs /dev/vhost-vsock; snapshot: the guest paused
@@ -139,7 +145,8 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
         None => std::env::current_exe().context("Cannot find the exitless binary")?,
     };
     let mut vmms = vec![Vmm::named(VmmKind::Exitless, &exitless)?];
-    vmms.extend(peers(&args)?);
+    let (found, missing) = peers(&args)?;
+    vmms.extend(found);
     let workdir = std::env::temp_dir().join(format!("exitless-compare-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)
         .with_context(|| format!("Cannot create {}", workdir.display()))?;
@@ -192,7 +199,8 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
         || vmm::launch::stop_signal().is_some(),
     );
     let _ = std::fs::remove_dir_all(&workdir);
-    let report = report?;
+    let mut report = report?;
+    report.not_run.extend(missing);
     print_table(&report);
     if let Some(path) = &args.json {
         write_json(path, &report)?;
@@ -279,24 +287,26 @@ fn check(args: &CompareArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The peers named or found on PATH; a missing one is said on stderr and left out.
-fn peers(args: &CompareArgs) -> anyhow::Result<Vec<Vmm>> {
+/// The peers named or found on PATH, and a line for each missing one (said on stderr now,
+/// and among the report's "not run" lines).
+fn peers(args: &CompareArgs) -> anyhow::Result<(Vec<Vmm>, Vec<String>)> {
     let named = [&args.qemu, &args.firecracker, &args.cloud_hypervisor];
-    let mut found = Vec::new();
+    let (mut found, mut missing) = (Vec::new(), Vec::new());
     for (kind, path) in VmmKind::PEERS.into_iter().zip(named) {
         match path {
             Some(p) => found.push(Vmm::named(kind, p)?),
             None => match Vmm::on_path(kind) {
                 Some(vmm) => found.push(vmm),
-                None => eprintln!(
-                    "[compare] {}: not on PATH (name it with --{}); left out",
-                    kind.name(),
-                    kind.name()
-                ),
+                None => {
+                    let name = kind.name();
+                    let why = format!("{name}: not on PATH (name it with --{name})");
+                    eprintln!("[compare] {why}; left out");
+                    missing.push(why);
+                }
             },
         }
     }
-    Ok(found)
+    Ok((found, missing))
 }
 
 fn print_table(report: &CompareReport) {
@@ -329,7 +339,7 @@ fn print_table(report: &CompareReport) {
                 .turnaround_ratio_to_floor
                 .map_or("-".into(), |[min, p50]| format!("{min:.2}/{p50:.2}x"));
             println!(
-                "{:<15} {:<17} {:>18} {:>8} {:>18} {:>12.0} {:>20} {:>12.1} {:>11.0} {:>13.0} {:>10.0} {:>7} {:>24} {:>13}",
+                "{:<19} {:<17} {:>18} {:>8} {:>18} {:>12.0} {:>20} {:>12.1} {:>11.0} {:>13.0} {:>10.0} {:>7} {:>24} {:>13}",
                 case,
                 v.vmm,
                 spread(&c.first_line_ms, 1),
@@ -368,7 +378,7 @@ fn print_table(report: &CompareReport) {
 
 fn print_case_header() {
     println!(
-        "{:<15} {:<17} {:>18} {:>8} {:>18} {:>12} {:>20} {:>12} {:>11} {:>13} {:>10} {:>7} {:>24} {:>13}",
+        "{:<19} {:<17} {:>18} {:>8} {:>18} {:>12} {:>20} {:>12} {:>11} {:>13} {:>10} {:>7} {:>24} {:>13}",
         "case",
         "vmm",
         "first line ms",
@@ -422,7 +432,7 @@ fn print_device_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
         println!("kernel exits/req: {why}");
     }
     println!(
-        "{:<16} {:<17} {:>26} {:>16} {:>16} {:>22}",
+        "{:<19} {:<17} {:>26} {:>16} {:>16} {:>22}",
         "case", "vmm", "requests/s", "user exits/req", "kernel exits/req", "threads cpu us/req"
     );
     let opt = |s: &Option<Spread>| {
@@ -435,7 +445,7 @@ fn print_device_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
                 continue;
             };
             println!(
-                "{:<16} {:<17} {:>26} {:>16} {:>16} {:>22}",
+                "{:<19} {:<17} {:>26} {:>16} {:>16} {:>22}",
                 case,
                 v.vmm,
                 spread(&c.iters_per_s, 0),
@@ -447,8 +457,8 @@ fn print_device_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
     }
 }
 
-/// Per request of the cases with a vhost-user back end: the VMM's threads, its virtiofsd's,
-/// and both (what a request costs the host).
+/// Per request of the cases with a vhost-user back end: the VMM's threads, its back end's
+/// (virtiofsd, qemu-storage-daemon), and both (what a request costs the host).
 fn print_backend_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
     let with_backend: Vec<&str> = cases
         .iter()
@@ -458,10 +468,13 @@ fn print_backend_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
     if with_backend.is_empty() {
         return;
     }
-    println!("\nCPU per request with the back end: median (min-max), each VMM's own virtiofsd");
     println!(
-        "{:<16} {:<17} {:>22} {:>22} {:>14}",
-        "case", "vmm", "VMM threads us/req", "virtiofsd us/req", "sum of medians"
+        "\nCPU per request with the back end: median (min-max), each VMM's own virtiofsd \
+         (fs) or qemu-storage-daemon (vhost_user_blk)"
+    );
+    println!(
+        "{:<19} {:<17} {:>22} {:>22} {:>14}",
+        "case", "vmm", "VMM threads us/req", "back end us/req", "sum of medians"
     );
     for case in with_backend {
         for v in &report.vmms {
@@ -472,7 +485,7 @@ fn print_backend_table(report: &CompareReport, cases: &[compare::CaseFigures]) {
                 continue;
             };
             println!(
-                "{:<16} {:<17} {:>22} {:>22} {:>14.2}",
+                "{:<19} {:<17} {:>22} {:>22} {:>14.2}",
                 case,
                 v.vmm,
                 spread(&c.threads_cpu_per_iter_us, 2),

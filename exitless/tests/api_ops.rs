@@ -10,10 +10,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::api_vmm::{json, ok, Vmm};
-use common::{builds, export_guest, kvm_available, Image};
+use common::api_vmm::{bench_vm_body, json, ok, Vmm};
+use common::{builds, export_guest, kvm_available, wait_serial, Image};
 use exitless_control::api::client::Reply;
 use serde_json::Value;
 
@@ -29,18 +29,7 @@ fn operate(
     body: Option<Value>,
 ) -> (bool, String) {
     if let Some(ch) = ch {
-        let o = Command::new(ch)
-            .arg("--api-socket")
-            .arg(&vmm.socket)
-            .args(args)
-            .output()
-            .unwrap();
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        return (o.status.success(), said);
+        return common::ch_remote::run(ch, &vmm.socket, args);
     }
     let body = body.map(|b| b.to_string());
     let r: Reply = vmm
@@ -57,34 +46,10 @@ fn scratch(tag: &str, ext: &str) -> PathBuf {
     std::env::temp_dir().join(format!("exitless-ops-{tag}-{}.{ext}", std::process::id()))
 }
 
-fn wait_serial(path: &Path, line: &str) -> String {
-    let start = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if text.contains(line) {
-            return text;
-        }
-        assert!(
-            !text.contains("EXITLESS ERROR") && !text.contains("EXITLESS SKIP"),
-            "{text}"
-        );
-        assert!(start.elapsed() < GUEST_WAIT, "no '{line}' in:\n{text}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Creates and boots the bench guest in `cmdline` with `extra` (disks...) on `vcpus` vCPUs.
-fn boot(vmm: &Vmm, kernel: &Path, serial: &Path, cmdline: &str, vcpus: u8, extra: Value) {
-    let mut body = serde_json::json!({
-        "cpus": {"boot_vcpus": vcpus, "max_vcpus": vcpus},
-        "memory": {"size": 256u64 << 20},
-        "payload": {"kernel": kernel, "cmdline": cmdline},
-        "serial": {"mode": "File", "file": serial},
-        "console": {"mode": "Off"},
-    });
-    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
-        b.extend(e.clone());
-    }
+fn boot(vmm: &Vmm, kernel: &Path, serial: &Path, cmdline: &str, vcpus: u8, mut extra: Value) {
+    extra["cpus"] = serde_json::json!({"boot_vcpus": vcpus, "max_vcpus": vcpus});
+    let body = bench_vm_body(kernel, cmdline, serial, extra);
     let mut c = vmm.client();
     ok(
         c.request("PUT", "vm.create", Some(&body.to_string()))
@@ -96,6 +61,16 @@ fn boot(vmm: &Vmm, kernel: &Path, serial: &Path, cmdline: &str, vcpus: u8, extra
 
 fn status(vmm: &Vmm, endpoint: &str, body: Option<&str>) -> Reply {
     vmm.client().request("PUT", endpoint, body).unwrap()
+}
+
+/// Each of `refusals` (a body, the status it gets, what the answer names) sent to `endpoint`
+/// and refused so.
+fn assert_refused(vmm: &Vmm, endpoint: &str, refusals: &[(&str, u16, &str)]) {
+    for &(body, code, why) in refusals {
+        let r = status(vmm, endpoint, Some(body));
+        assert_eq!(r.status, code, "{body}: {}", r.body);
+        assert!(r.body.contains(why), "{body}: {}", r.body);
+    }
 }
 
 /// `power-button`: the guest (waiting for the GED's power button bit) powers off through the
@@ -232,27 +207,27 @@ fn resize_disk_grows_the_image_and_tells_the_guest() {
         let want = "EXITLESS RESIZE changed sectors=65536 generation_changed=1 isr_config=1 irqs=1";
         assert!(text.contains(want), "{text}");
         assert_eq!(std::fs::metadata(&image.0).unwrap().len(), 32 << 20);
-        for (body, code, why) in [
-            (
-                r#"{"id":"_disk0","desired_size":8388608}"#,
-                400,
-                "shrinking is not supported",
-            ),
-            (
-                r#"{"id":"_disk0","desired_size":33554433}"#,
-                400,
-                "512-byte sectors",
-            ),
-            (
-                r#"{"id":"nothing","desired_size":33554432}"#,
-                404,
-                "nothing",
-            ),
-        ] {
-            let r = status(&vmm, "vm.resize-disk", Some(body));
-            assert_eq!(r.status, code, "{body}: {}", r.body);
-            assert!(r.body.contains(why), "{body}: {}", r.body);
-        }
+        assert_refused(
+            &vmm,
+            "vm.resize-disk",
+            &[
+                (
+                    r#"{"id":"_disk0","desired_size":8388608}"#,
+                    400,
+                    "shrinking is not supported",
+                ),
+                (
+                    r#"{"id":"_disk0","desired_size":33554433}"#,
+                    400,
+                    "512-byte sectors",
+                ),
+                (
+                    r#"{"id":"nothing","desired_size":33554432}"#,
+                    404,
+                    "nothing",
+                ),
+            ],
+        );
         assert_eq!(
             std::fs::metadata(&image.0).unwrap().len(),
             32 << 20,
@@ -402,27 +377,27 @@ fn resize_zone_grows_a_zone_the_guest_uses() {
             zones,
         );
         wait_serial(&serial, "EXITLESS MEMORY ready");
-        for (body, code, why) in [
-            (
-                r#"{"id":"mem0","desired_ram":805306368}"#,
-                400,
-                "limit of 671088640 bytes",
-            ),
-            (
-                r#"{"id":"mem1","desired_ram":268435456}"#,
-                400,
-                "has no hotplug_size",
-            ),
-            (
-                r#"{"id":"nothing","desired_ram":268435456}"#,
-                404,
-                "nothing",
-            ),
-        ] {
-            let r = status(&vmm, "vm.resize-zone", Some(body));
-            assert_eq!(r.status, code, "{body}: {}", r.body);
-            assert!(r.body.contains(why), "{body}: {}", r.body);
-        }
+        assert_refused(
+            &vmm,
+            "vm.resize-zone",
+            &[
+                (
+                    r#"{"id":"mem0","desired_ram":805306368}"#,
+                    400,
+                    "limit of 671088640 bytes",
+                ),
+                (
+                    r#"{"id":"mem1","desired_ram":268435456}"#,
+                    400,
+                    "has no hotplug_size",
+                ),
+                (
+                    r#"{"id":"nothing","desired_ram":268435456}"#,
+                    404,
+                    "nothing",
+                ),
+            ],
+        );
         ok(
             status(
                 &vmm,

@@ -498,23 +498,58 @@ fn density_starts_n_vms_of_each_vmm_and_gives_every_figure() {
 /// request included, and a request makes no userspace exit under exitless.
 #[test]
 fn the_fs_cases_give_each_vmm_its_own_virtiofsd_and_count_its_cpu() {
-    if std::fs::metadata("/dev/kvm").is_err() {
-        vmm::test_skip::skip("compare_fs", "/dev/kvm is missing on this host");
-        return;
-    }
     if let Err(why) = exitless_lab::bench::fs::daemon() {
         vmm::test_skip::skip("compare_fs", &why);
         return;
     }
+    let Some(out) = back_end_cases("compare_fs", ["virtio_fs_qd1", "virtio_fs_qd32"]) else {
+        return;
+    };
+    assert!(
+        out.contains("firecracker: not run: virtio_fs_qd1"),
+        "Firecracker has no virtio-fs: {out}"
+    );
+}
+
+/// The vhost-user-blk cases: exitless and Cloud Hypervisor (when installed) each drive a
+/// vhost-user disk on a qemu-storage-daemon of their own exporting the same image; the
+/// daemon's CPU per request is there, and a request makes no userspace exit under exitless
+/// (counted: the guest's console lines are the only ones).
+#[test]
+fn the_vhost_user_blk_cases_give_each_vmm_its_own_daemon_and_count_its_cpu() {
+    if vmm::devices::virtio::vhost_user_device::storage_daemon::find().is_none() {
+        let why = "qemu-storage-daemon is not installed (apt-get install qemu-system-common)";
+        vmm::test_skip::skip("compare_vhost_user_blk", why);
+        return;
+    }
+    let cases = ["vhost_user_blk_qd1", "vhost_user_blk_qd32"];
+    let Some(out) = back_end_cases("compare_vhost_user_blk", cases) else {
+        return;
+    };
+    assert!(
+        out.contains("firecracker: not run: vhost_user_blk_qd1"),
+        "Firecracker's vhost-user-blk is virtio-mmio only: {out}"
+    );
+}
+
+/// Runs `cases` (each with a vhost-user back end of the VMM's own) for exitless and Cloud
+/// Hypervisor when it is on PATH, and checks every VMM's figures: requests per second, the
+/// back end's CPU, no userspace exit per request under exitless. Returns the printed table
+/// (None without /dev/kvm: the test skipped).
+fn back_end_cases(test: &str, cases: [&str; 2]) -> Option<String> {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        vmm::test_skip::skip(test, "/dev/kvm is missing on this host");
+        return None;
+    }
     let ch = Vmm::on_path(VmmKind::CloudHypervisor).map(|v| v.path.display().to_string());
     if ch.is_none() {
+        let skip = format!("{test}_cloud_hypervisor");
         vmm::test_skip::skip(
-            "compare_fs_cloud_hypervisor",
+            &skip,
             "cloud-hypervisor is not on PATH; exitless's half ran",
         );
     }
-    let json =
-        std::env::temp_dir().join(format!("exitless-compare-fs-{}.json", std::process::id()));
+    let json = std::env::temp_dir().join(format!("exitless-{test}-{}.json", std::process::id()));
     let (report, out, _) = report_of(
         &[
             "--qemu",
@@ -524,7 +559,7 @@ fn the_fs_cases_give_each_vmm_its_own_virtiofsd_and_count_its_cpu() {
             "--cloud-hypervisor",
             ch.as_deref().unwrap_or("/bin/false"),
             "--cases",
-            "virtio_fs_qd1,virtio_fs_qd32",
+            &cases.join(","),
             "--iterations",
             "500",
             "--rounds",
@@ -547,18 +582,18 @@ fn the_fs_cases_give_each_vmm_its_own_virtiofsd_and_count_its_cpu() {
             .find(|v| v["vmm"] == *name)
             .unwrap_or_else(|| panic!("{name} in {report:#}"));
         assert!(vmm["failed"].is_null(), "{vmm}");
-        let cases = vmm["cases"].as_array().unwrap();
-        let found: Vec<&str> = cases.iter().filter_map(|c| c["case"].as_str()).collect();
-        assert_eq!(found, ["virtio_fs_qd1", "virtio_fs_qd32"], "{vmm}");
-        for c in cases {
+        let figures = vmm["cases"].as_array().unwrap();
+        let found: Vec<&str> = figures.iter().filter_map(|c| c["case"].as_str()).collect();
+        assert_eq!(found, cases, "{vmm}");
+        for c in figures {
             assert!(c["iters_per_s"]["median"].as_f64() > Some(0.0), "{c}");
-            // Measured for each VMM's own virtiofsd. Not its sign: with 500 iterations in one
+            // Measured for each VMM's own back end. Not its sign: with 500 iterations in one
             // round, a difference of two runs' CPU is within a loaded host's noise (one run
             // here gave -2.6 us while the first run's virtiofsd start cost more).
             let backend = c["backend_cpu_per_iter_us"]["median"].as_f64();
             assert!(
                 backend.is_some_and(f64::is_finite),
-                "virtiofsd's CPU measured: {c}"
+                "the back end's CPU measured: {c}"
             );
             // The guest's console lines are the only userspace exits: far below 1 a request.
             let exits = c["userspace_exits_per_iter"]["median"].as_f64();
@@ -567,11 +602,8 @@ fn the_fs_cases_give_each_vmm_its_own_virtiofsd_and_count_its_cpu() {
             }
         }
     }
-    assert!(out.contains("virtiofsd us/req"), "{out}");
-    assert!(
-        out.contains("firecracker: not run: virtio_fs_qd1"),
-        "Firecracker has no virtio-fs: {out}"
-    );
+    assert!(out.contains("back end us/req"), "{out}");
+    Some(out)
 }
 
 /// The snapshot case: exitless, Firecracker and Cloud Hypervisor each boot the guest through

@@ -252,7 +252,7 @@ impl Virtiofsd {
     /// virtiofsd's binary, if this host can run it (as root), else `test` is reported skipped.
     fn find(test: &str) -> Option<vmm::devices::virtio::vhost_user::virtiofsd::Daemon> {
         // The bench's lookup (root, EXITLESS_VIRTIOFSD, PATH, ~/.cargo/bin, distributions').
-        exitless_lab::bench::fs::daemon()
+        vmm::devices::virtio::vhost_user::virtiofsd::find()
             .map_err(|why| vmm::test_skip::skip(test, &why))
             .ok()
     }

@@ -10,10 +10,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
-use common::api_vmm::{json, kvm_or_skip, ok, Vmm};
-use common::{export_guest, guest_pattern, kvm_available, Image};
+use common::api_vmm::{bench_vm_body, json, kvm_or_skip, ok, Vmm};
+use common::{export_guest, guest_pattern, kvm_available, wait_serial, Image};
 use vmm::devices::virtio::vhost_user_device::storage_daemon::{self, StorageDaemon};
 
 const SEED: u64 = 7;
@@ -186,33 +185,12 @@ fn a_vhost_user_disk_on_private_memory_or_without_a_back_end_is_one_line() {
     std::fs::remove_file(&kernel).ok();
 }
 
-/// The `vm.create` body of a bench-guest VM on shared memory, its console in a file.
+/// The `vm.create` body of a bench-guest VM on 128 MiB of shared memory with `disks`, its
+/// console in a file.
 fn create_body(kernel: &Path, cmdline: &str, serial: &Path, disks: serde_json::Value) -> String {
-    serde_json::json!({
-        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
-        "memory": {"size": 128u64 << 20, "shared": true},
-        "payload": {"kernel": kernel, "cmdline": cmdline},
-        "serial": {"mode": "File", "file": serial},
-        "console": {"mode": "Off"},
-        "disks": disks,
-    })
-    .to_string()
-}
-
-fn wait_serial(path: &Path, line: &str) -> String {
-    let start = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if text.contains(line) {
-            return text;
-        }
-        assert!(!text.contains("EXITLESS ERROR"), "{text}");
-        assert!(
-            start.elapsed() < Duration::from_secs(90),
-            "no '{line}' in:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let memory = serde_json::json!({"size": 128u64 << 20, "shared": true});
+    let extra = serde_json::json!({"memory": memory, "disks": disks});
+    bench_vm_body(kernel, cmdline, serial, extra).to_string()
 }
 
 /// `vm.create` with a `disks[]` entry `{"vhost_user": true, "vhost_socket"}`: the guest's
@@ -306,15 +284,8 @@ fn ch_remote_hot_adds_a_vhost_user_disk_and_a_generic_vhost_user_device() {
         );
         ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
         wait_serial(&serial, "EXITLESS HOTPLUG ready");
-        let o = std::process::Command::new(&remote)
-            .arg("--api-socket")
-            .arg(&vmm.socket)
-            .args([command, &spec])
-            .output()
-            .unwrap();
-        let said =
-            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "{command}: {said}");
+        let (done, said) = common::ch_remote::run(&remote, &vmm.socket, &[command, &spec]);
+        assert!(done, "{command}: {said}");
         assert!(said.contains("\"id\":\"vu1\""), "{command}: {said}");
         let text = wait_serial(&serial, "EXITLESS HOTPLUG waiting for removal");
         assert!(
@@ -323,13 +294,8 @@ fn ch_remote_hot_adds_a_vhost_user_disk_and_a_generic_vhost_user_device() {
         );
         // The hotplug case writes the pattern of seed 1.
         assert_eq!(seeded_mismatches(&image.0, 4, 1), 0, "{command}");
-        let o = std::process::Command::new(&remote)
-            .arg("--api-socket")
-            .arg(&vmm.socket)
-            .args(["remove-device", "vu1"])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let (done, said) = common::ch_remote::run(&remote, &vmm.socket, &["remove-device", "vu1"]);
+        assert!(done, "{said}");
         wait_serial(&serial, "EXITLESS HOTPLUG removed slot=");
         ok(
             c.request("PUT", "vmm.shutdown", None).unwrap(),

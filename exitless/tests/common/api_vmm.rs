@@ -125,3 +125,25 @@ pub fn ok(r: Reply, what: &str) -> Reply {
 pub fn json(r: &Reply) -> Value {
     serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body))
 }
+
+/// The `vm.create` body of a bench-guest VM running `cmdline`, its serial console in the
+/// file `serial`: one vCPU and 256 MiB unless `extra` says otherwise (its top-level fields
+/// replace the defaults': `cpus`, `memory`, `disks`...).
+pub fn bench_vm_body(
+    kernel: &std::path::Path,
+    cmdline: &str,
+    serial: &std::path::Path,
+    extra: Value,
+) -> Value {
+    let mut body = serde_json::json!({
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+        "memory": {"size": 256u64 << 20},
+        "payload": {"kernel": kernel, "cmdline": cmdline},
+        "serial": {"mode": "File", "file": serial},
+        "console": {"mode": "Off"},
+    });
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    body
+}

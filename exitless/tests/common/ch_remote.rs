@@ -24,3 +24,17 @@ pub fn find(test: &str, without: &str) -> Option<PathBuf> {
         }
     }
 }
+
+/// Runs `remote` (a `ch-remote`) on the API socket `socket` with `args`: whether it
+/// succeeded, and what it said (stdout then stderr).
+pub fn run(remote: &std::path::Path, socket: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let o = std::process::Command::new(remote)
+        .arg("--api-socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    (o.status.success(), said)
+}

@@ -123,6 +123,27 @@ pub fn guest_pattern(seed: u64, block: u64, i: u64) -> u8 {
     ((seed * 131 + block * 31 + i * 7 + (i >> 9)) & 0xff) as u8
 }
 
+/// Waits for `line` in the serial console file `path` (a guest's `EXITLESS ERROR` or `SKIP`
+/// fails at once; 90 s at most); returns the console so far.
+pub fn wait_serial(path: &std::path::Path, line: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(line) {
+            return text;
+        }
+        assert!(
+            !text.contains("EXITLESS ERROR") && !text.contains("EXITLESS SKIP"),
+            "{text}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "no '{line}' in:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A zero-filled raw disk image in the temp folder (`tag` keeps tests apart), removed when
 /// dropped.
 pub struct Image(pub std::path::PathBuf);

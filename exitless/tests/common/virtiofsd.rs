@@ -31,7 +31,7 @@ impl Virtiofsd {
     /// The daemon the bench's lookup finds (root, EXITLESS_VIRTIOFSD, PATH, ~/.cargo/bin,
     /// distributions'), or None (the test reported skipped).
     pub fn find(test: &str) -> Option<vmm::devices::virtio::vhost_user::virtiofsd::Daemon> {
-        match exitless_lab::bench::fs::daemon() {
+        match vmm::devices::virtio::vhost_user::virtiofsd::find() {
             Ok(daemon) => Some(daemon),
             Err(why) => {
                 vmm::test_skip::skip(test, &why);

@@ -12,6 +12,7 @@ pub mod peer;
 pub mod process;
 pub mod snapshot;
 pub mod turnaround;
+mod vhost_blk;
 pub mod vmm_kind;
 
 use std::path::PathBuf;
@@ -55,6 +56,8 @@ pub enum CompareError {
     Stopped,
     #[error("Cannot start virtiofsd: {0}")]
     Backend(String),
+    #[error("Cannot start qemu-storage-daemon: {0}")]
+    StorageDaemon(String),
     #[error("{0}")]
     Snapshot(String),
     #[error("exitless itself failed on case {case}: {source}")]
@@ -223,6 +226,8 @@ struct Setting<'a> {
     debugfs: bool,
     /// The virtiofsd and shared directory the fs cases use.
     fs: Option<&'a FsHost>,
+    /// The qemu-storage-daemon program the vhost_user_blk cases use.
+    blk_daemon: Option<&'a std::path::Path>,
 }
 
 /// What the fs cases share: the virtiofsd program and the directory every VMM's own
@@ -296,8 +301,10 @@ pub fn run(
     drop_page_caches(plan, &mut progress);
     let net = net_for(plan);
     let (fs, fs_not_run) = fs_for(plan);
+    let (blk_daemon, blk_not_run) = vhost_blk::daemon_for(plan);
     let mut not_run = tap_cases_not_run(plan, &net);
     not_run.extend(fs_not_run);
+    not_run.extend(blk_not_run);
     not_run
         .iter()
         .for_each(|why| progress(&format!("not run: {why}")));
@@ -308,6 +315,7 @@ pub fn run(
         net: net.as_ref().and_then(|n| n.as_ref().ok()),
         debugfs: kvm_stats::debugfs_readable().is_ok(),
         fs: fs.as_ref(),
+        blk_daemon: blk_daemon.as_deref(),
     };
     let mut snapshots = Snapshots::new(plan);
     for round in 1..=plan.rounds {
@@ -318,6 +326,7 @@ pub fn run(
             }
             if (needs_tap(case) && setting.net.is_none())
                 || (needs_fs(case) && setting.fs.is_none())
+                || (vhost_blk::needs_daemon(case) && setting.blk_daemon.is_none())
             {
                 continue;
             }
@@ -482,10 +491,10 @@ impl DeviceFiles {
         }
     }
 
-    /// A fresh 16 MiB raw image when `device` has a disk, and no socket left by the last run
+    /// A fresh 16 MiB raw image when `device` needs one, and no socket left by the last run
     /// (each VMM makes the socket it listens on and refuses one that is there).
     fn prepare(&self, device: Option<Device>) -> Result<(), CompareError> {
-        if device.is_some_and(Device::has_disk) {
+        if device.is_some_and(Device::needs_image) {
             let image = std::fs::File::create(&self.disk).map_err(CompareError::Workdir)?;
             image.set_len(16 << 20).map_err(CompareError::Workdir)?;
         }
@@ -514,6 +523,7 @@ impl DeviceFiles {
             vsock: (has(Device::has_vsock) && vmm.left_out(case).is_none())
                 .then_some(self.vsock.as_path()),
             fs: None,
+            vhost_blk: None,
             exits,
         }
     }
@@ -540,6 +550,11 @@ fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareErr
         .workdir
         .join(format!("virtiofsd-{}.sock", vmm.kind.name()));
     let fs_host = setting.fs.filter(|_| device.is_some_and(Device::has_fs));
+    // Likewise its own qemu-storage-daemon on the run's fresh image.
+    let blk_socket = plan.workdir.join(format!("vublk-{}.sock", vmm.kind.name()));
+    let blk_daemon = setting
+        .blk_daemon
+        .filter(|_| device.is_some_and(Device::has_vhost_blk));
     let one = |iters: u64| -> Result<Run, CompareError> {
         // `hold`: the guest halts after its last line instead of ending the VM, so that
         // every VMM is still there to be measured (QEMU would exit at once).
@@ -549,7 +564,13 @@ fn run_pair(setting: &Setting, vmm: &Vmm, case: &str) -> Result<Pair, CompareErr
         let mut launch = files.launch(plan, (vmm, case), &cmdline, &exits);
         let backend = fs_host.map(|h| h.start(&fs_socket)).transpose()?;
         launch.fs = backend.as_ref().map(|_| fs_socket.as_path());
-        let backend_cpu = || backend.as_ref().map(|d| threads::process_sample(d.pid()));
+        let blk = blk_daemon
+            .map(|p| vhost_blk::start(p, &files.disk, &blk_socket))
+            .transpose()?;
+        launch.vhost_blk = blk.as_ref().map(|d| d.socket.as_path());
+        let backend_pid = backend.as_ref().map(Virtiofsd::pid);
+        let backend_pid = backend_pid.or(blk.as_ref().map(|d| d.pid()));
+        let backend_cpu = || backend_pid.map(threads::process_sample);
         let mut backend_cpu_ns = (None, None);
         let mut traced = Err("not traced".to_string());
         let mut kvm_exits = Err("not read".to_string());

@@ -47,8 +47,35 @@ pub struct Launch<'a> {
     /// A virtiofsd's vhost-user socket, attached as the VMM's virtio-fs device (tag
     /// `kataShared`, one request queue of 1024) on shared guest memory (fs cases).
     pub fs: Option<&'a Path>,
+    /// A vhost-user-blk back end's socket (qemu-storage-daemon's export), attached as the
+    /// VMM's vhost-user disk (one queue of 128) on shared guest memory (vhost_user_blk cases).
+    pub vhost_blk: Option<&'a Path>,
     /// Where KVM's exit count is read (a VMM's own channel is switched on for it).
     pub exits: &'a ExitsSource,
+}
+
+impl<'a> Launch<'a> {
+    /// `cmdline` on `guest` with no device.
+    pub fn bare(
+        guest: &'a Path,
+        cmdline: &'a str,
+        memory_mib: u64,
+        workdir: &'a Path,
+        exits: &'a ExitsSource,
+    ) -> Self {
+        Launch {
+            guest,
+            cmdline,
+            memory_mib,
+            workdir,
+            disk: None,
+            tap: None,
+            vsock: None,
+            fs: None,
+            vhost_blk: None,
+            exits,
+        }
+    }
 }
 
 /// The devices a compare case attaches to every VMM.
@@ -63,6 +90,9 @@ pub enum Device {
     Attached,
     /// A virtiofsd of the VMM's own (vhost-user) the guest's virtio-fs driver reads through.
     Fs,
+    /// A qemu-storage-daemon of the VMM's own exporting the image as vhost-user-blk: the
+    /// guest's virtio-blk driver drives it as a plain disk.
+    VhostBlk,
 }
 
 impl Device {
@@ -84,6 +114,16 @@ impl Device {
         self == Device::Fs
     }
 
+    /// Whether the case needs qemu-storage-daemon and shared guest memory.
+    pub fn has_vhost_blk(self) -> bool {
+        self == Device::VhostBlk
+    }
+
+    /// Whether the case needs the comparison's raw image (its own disk, or the daemon's).
+    pub fn needs_image(self) -> bool {
+        self.has_disk() || self.has_vhost_blk()
+    }
+
     /// Whether the guest drives the device (its figures are per request).
     pub fn driven(self) -> bool {
         self != Device::Attached
@@ -98,6 +138,8 @@ pub const DEVICE_CASES: &[&str] = &[
     "virtio_net_qd32",
     "virtio_fs_qd1",
     "virtio_fs_qd32",
+    "vhost_user_blk_qd1",
+    "vhost_user_blk_qd32",
 ];
 
 /// A compare case name ending in this runs its guest case with [`Device::Attached`].
@@ -108,8 +150,9 @@ fn peer_device(case: &str) -> Option<Device> {
 }
 
 /// A compare case's guest case, queue depth (device cases) and device:
-/// `virtio_blk_qd32` is the guest's `virtio_blk` at `qd=32` on a disk; `pio_out_devices` is
-/// the guest's `pio_out` with a disk, a tap and vsock attached.
+/// `virtio_blk_qd32` is the guest's `virtio_blk` at `qd=32` on a disk; `vhost_user_blk_qd1`
+/// the same loop at `qd=1` on a vhost-user-blk disk; `pio_out_devices` is the guest's
+/// `pio_out` with a disk, a tap and vsock attached.
 pub fn guest_case(case: &str) -> (&str, Option<u32>, Option<Device>) {
     if let Some(name) = case.strip_suffix(ATTACHED_SUFFIX) {
         return (name, None, Some(Device::Attached));
@@ -118,13 +161,15 @@ pub fn guest_case(case: &str) -> (&str, Option<u32>, Option<Device>) {
         Some((name, qd)) if qd.parse::<u32>().is_ok() => (name, qd.parse().ok()),
         _ => (case, None),
     };
-    let device = match name {
-        "virtio_blk" => Some(Device::Disk),
-        "virtio_net" => Some(Device::Net),
-        "virtio_fs" => Some(Device::Fs),
-        _ => None,
+    let (guest, device) = match name {
+        "virtio_blk" => (name, Some(Device::Disk)),
+        "virtio_net" => (name, Some(Device::Net)),
+        "virtio_fs" => (name, Some(Device::Fs)),
+        // The guest sees a plain virtio-blk disk: its virtio_blk loop.
+        "vhost_user_blk" => ("virtio_blk", Some(Device::VhostBlk)),
+        _ => (name, None),
     };
-    (name, qd, device)
+    (guest, qd, device)
 }
 
 impl Vmm {
@@ -164,6 +209,10 @@ impl Vmm {
             (VmmKind::Firecracker, Device::Fs) => {
                 Some("it has no virtio-fs device (no vhost-user front end)")
             }
+            (VmmKind::Firecracker, Device::VhostBlk) => Some(
+                "its vhost-user-blk is virtio-mmio only (with --enable-pci its BARs cannot be \
+                 moved, and the bench guest's driver is virtio-pci)",
+            ),
             (VmmKind::Firecracker, _) => Some(
                 "its devices are virtio-mmio by default, and with --enable-pci its BARs cannot \
                  be moved (no BAR relocation: src/vmm/src/pci/configuration.rs) while the bench \
@@ -222,10 +271,15 @@ const VSOCK_CID: u32 = 3;
 /// The tag and queues every VMM's virtio-fs device gets (Kata's).
 const FS_DEVICE: &str = "tag=kataShared,num_queues=1,queue_size=1024";
 
+/// Whether the launch has a vhost-user device (its guest memory must be shared).
+fn vhost_user(launch: &Launch) -> bool {
+    launch.fs.is_some() || launch.vhost_blk.is_some()
+}
+
 fn exitless_args(cmd: &mut Command, launch: &Launch) {
-    let memory = match launch.fs {
-        Some(_) => format!("size={}M,shared=on", launch.memory_mib),
-        None => format!("{}M", launch.memory_mib),
+    let memory = match vhost_user(launch) {
+        true => format!("size={}M,shared=on", launch.memory_mib),
+        false => format!("{}M", launch.memory_mib),
     };
     cmd.arg("run")
         .arg("--kernel")
@@ -238,6 +292,10 @@ fn exitless_args(cmd: &mut Command, launch: &Launch) {
     }
     if let Some(disk) = launch.disk {
         cmd.arg("--disk").arg(format!("path={}", disk.display()));
+    }
+    if let Some(socket) = launch.vhost_blk {
+        cmd.arg("--disk")
+            .arg(format!("vhost_user=on,socket={}", socket.display()));
     }
     if let Some(tap) = launch.tap {
         cmd.arg("--net").arg(format!("tap={tap}"));
@@ -254,7 +312,7 @@ fn exitless_args(cmd: &mut Command, launch: &Launch) {
 fn qemu_args(cmd: &mut Command, launch: &Launch) {
     // microvm has PCI only through ECAM; the guest's driver uses 0xCF8: a device case runs
     // on the pc machine.
-    let machine = if launch.disk.is_some() || launch.tap.is_some() || launch.fs.is_some() {
+    let machine = if launch.disk.is_some() || launch.tap.is_some() || vhost_user(launch) {
         "pc"
     } else {
         "microvm"
@@ -274,15 +332,26 @@ fn qemu_args(cmd: &mut Command, launch: &Launch) {
         ])
         .arg(format!("file={},if=none,id=d,format=raw", disk.display()));
     }
-    if let Some(socket) = launch.fs {
+    if vhost_user(launch) {
         // vhost-user needs guest RAM in a shared memfd (QEMU's docs/system/devices/vhost-user).
         cmd.args(["-object"])
             .arg(format!("memory-backend-memfd,id=mem,size={mem}M,share=on"))
-            .args(["-numa", "node,memdev=mem", "-chardev"])
+            .args(["-numa", "node,memdev=mem"]);
+    }
+    if let Some(socket) = launch.fs {
+        cmd.arg("-chardev")
             .arg(format!("socket,id=vfs,path={}", socket.display()))
             .args([
                 "-device",
                 "vhost-user-fs-pci,chardev=vfs,tag=kataShared,queue-size=1024",
+            ]);
+    }
+    if let Some(socket) = launch.vhost_blk {
+        cmd.arg("-chardev")
+            .arg(format!("socket,id=vblk,path={}", socket.display()))
+            .args([
+                "-device",
+                "vhost-user-blk-pci,disable-legacy=on,chardev=vblk,num-queues=1,queue-size=128",
             ]);
     }
     if let Some(tap) = launch.tap {
@@ -327,11 +396,7 @@ fn firecracker_args(cmd: &mut Command, launch: &Launch) -> Result<(), CompareErr
 }
 
 fn cloud_hypervisor_args(cmd: &mut Command, launch: &Launch) {
-    let shared = if launch.fs.is_some() {
-        ",shared=on"
-    } else {
-        ""
-    };
+    let shared = if vhost_user(launch) { ",shared=on" } else { "" };
     cmd.arg("--kernel")
         .arg(launch.guest)
         .args(["--cmdline", launch.cmdline, "--cpus", "boot=1"])
@@ -344,6 +409,12 @@ fn cloud_hypervisor_args(cmd: &mut Command, launch: &Launch) {
     if let Some(disk) = launch.disk {
         cmd.arg("--disk")
             .arg(format!("path={},image_type=raw", disk.display()));
+    }
+    if let Some(socket) = launch.vhost_blk {
+        cmd.arg("--disk").arg(format!(
+            "vhost_user=on,socket={},num_queues=1,queue_size=128",
+            socket.display()
+        ));
     }
     if let Some(tap) = launch.tap {
         cmd.arg("--net").arg(format!("tap={tap}"));
@@ -362,6 +433,32 @@ fn is_executable(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer of `kind` (its path does not matter to the command line).
+    fn vmm(kind: VmmKind) -> Vmm {
+        Vmm {
+            kind,
+            path: PathBuf::from("/bin/true"),
+        }
+    }
+
+    /// 512 MiB of `cmdline` with no device, exits from debugfs, in a folder nothing is
+    /// written to (no Firecracker command is made of it).
+    fn launch_of(cmdline: &str) -> Launch<'_> {
+        let workdir = Path::new("/nonexistent/compare");
+        Launch::bare(
+            Path::new("/g.elf"),
+            cmdline,
+            512,
+            workdir,
+            &ExitsSource::Debugfs,
+        )
+    }
+
+    /// The command line `launch` gives a VMM of `kind`, joined.
+    fn line_of(kind: VmmKind, launch: &Launch) -> String {
+        args(&vmm(kind).command(launch).unwrap()).join(" ")
+    }
 
     fn args(cmd: &Command) -> Vec<String> {
         cmd.get_args()
@@ -382,6 +479,7 @@ mod tests {
             tap: None,
             vsock: None,
             fs: None,
+            vhost_blk: None,
             exits: &ExitsSource::Debugfs,
         };
         let cmd = |kind| {
@@ -420,6 +518,7 @@ mod tests {
             tap: Some("exlcmp0"),
             vsock: None,
             fs: None,
+            vhost_blk: None,
             exits: &ExitsSource::Qmp(PathBuf::from("/q.sock")),
         };
         let line = |kind| {
@@ -480,23 +579,11 @@ mod tests {
 
     #[test]
     fn an_fs_case_gives_every_vmm_shared_memory_and_the_socket_but_firecracker_sits_it_out() {
-        let dir = std::env::temp_dir();
         let launch = Launch {
-            guest: Path::new("/g.elf"),
-            cmdline: "case=virtio_fs qd=32",
-            memory_mib: 512,
-            workdir: &dir,
-            disk: None,
-            tap: None,
-            vsock: None,
             fs: Some(Path::new("/fs.sock")),
-            exits: &ExitsSource::Debugfs,
+            ..launch_of("case=virtio_fs qd=32")
         };
-        let vmm = |kind| Vmm {
-            kind,
-            path: PathBuf::from("/bin/true"),
-        };
-        let line = |kind| args(&vmm(kind).command(&launch).unwrap()).join(" ");
+        let line = |kind| line_of(kind, &launch);
         let fs = "--fs tag=kataShared,num_queues=1,queue_size=1024,socket=/fs.sock";
         let exitless = line(VmmKind::Exitless);
         assert!(
@@ -533,6 +620,56 @@ mod tests {
     }
 
     #[test]
+    fn a_vhost_user_blk_case_gives_every_vmm_the_daemon_s_socket_on_shared_memory_only() {
+        let launch = Launch {
+            vhost_blk: Some(Path::new("/b.sock")),
+            ..launch_of("case=virtio_blk qd=32")
+        };
+        let line = |kind| line_of(kind, &launch);
+        // exitless's requests all go to the daemon: no disk of its own, the vhost-user one's
+        // kicks and calls KVM's ioeventfd and irqfd (0 userspace exits a request).
+        let exitless = line(VmmKind::Exitless);
+        assert!(
+            exitless.contains("--memory size=512M,shared=on"),
+            "{exitless}"
+        );
+        assert!(
+            exitless.ends_with("--disk vhost_user=on,socket=/b.sock"),
+            "{exitless}"
+        );
+        assert_eq!(exitless.matches("--disk").count(), 1, "{exitless}");
+        let ch = line(VmmKind::CloudHypervisor);
+        assert!(ch.contains("--memory size=512M,shared=on"), "{ch}");
+        assert!(
+            ch.contains("--disk vhost_user=on,socket=/b.sock,num_queues=1,queue_size=128"),
+            "{ch}"
+        );
+        assert!(!ch.contains("image_type"), "{ch}");
+        let qemu = line(VmmKind::Qemu);
+        assert!(
+            qemu.contains("-M pc ") && qemu.contains("share=on"),
+            "{qemu}"
+        );
+        assert!(qemu.contains("socket,id=vblk,path=/b.sock"), "{qemu}");
+        assert!(qemu.contains("vhost-user-blk-pci,disable-legacy=on,chardev=vblk,num-queues=1"));
+        assert!(!qemu.contains("-drive"), "{qemu}");
+        assert_eq!(
+            guest_case("vhost_user_blk_qd32"),
+            ("virtio_blk", Some(32), Some(Device::VhostBlk))
+        );
+        assert!(Device::VhostBlk.needs_image() && !Device::VhostBlk.has_disk());
+        assert!(vmm(VmmKind::Firecracker)
+            .cannot_run("vhost_user_blk_qd1")
+            .is_some());
+        for kind in [VmmKind::Exitless, VmmKind::Qemu, VmmKind::CloudHypervisor] {
+            assert!(
+                vmm(kind).cannot_run("vhost_user_blk_qd1").is_none(),
+                "{kind:?}"
+            );
+        }
+    }
+
+    #[test]
     fn a_named_peer_must_be_an_executable_file() {
         let plain = std::env::temp_dir().join(format!("exitless-plain-{}", std::process::id()));
         std::fs::write(&plain, "x").unwrap();
@@ -556,6 +693,7 @@ mod tests {
             tap: Some("exlcmp0"),
             vsock: Some(Path::new("/v.sock")),
             fs: None,
+            vhost_blk: None,
             exits: &ExitsSource::Debugfs,
         };
         let vmm = |kind| Vmm {

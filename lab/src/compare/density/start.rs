@@ -64,17 +64,7 @@ pub fn starter(
         });
     }
     let exits = ExitsSource::Unavailable("not read");
-    let launch = Launch {
-        guest,
-        cmdline: IDLE_CMDLINE,
-        memory_mib,
-        workdir,
-        disk: None,
-        tap: None,
-        vsock: None,
-        fs: None,
-        exits: &exits,
-    };
+    let launch = Launch::bare(guest, IDLE_CMDLINE, memory_mib, workdir, &exits);
     let command = vmm.command(&launch).map_err(|e| e.to_string())?;
     Ok(Starter {
         index,

@@ -9,13 +9,13 @@
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
-use virtio_queue::QueueT;
 use vm_memory::GuestAddressSpace;
 
+use super::start::{Backend, StartCounters};
 use super::{Frontend, VhostUserError, Vring, REPLY_TIMEOUT};
 use crate::config::fs::MAX_TAG_LEN;
 use crate::config::FsConfig;
@@ -32,14 +32,6 @@ const PASSED_FEATURES: u64 =
 /// Size of the configuration space: the tag and `num_request_queues`.
 const CONFIG_LEN: usize = MAX_TAG_LEN + 4;
 
-/// What the device counts (the queues are the back end's: exitless sees no request).
-#[derive(Debug, Default)]
-struct FsCounters {
-    starts: AtomicU64,
-    failed_starts: AtomicU64,
-    failed_stops: AtomicU64,
-}
-
 /// A virtio-fs device served by a vhost-user back end.
 pub struct Fs {
     /// Shared with the device's [`FsRegions`] listener, which adds hot-added memory to the
@@ -53,7 +45,7 @@ pub struct Fs {
     watch_socket: Arc<UnixStream>,
     /// Set by the watch when the back end closed its socket: nothing more is asked of it.
     gone: Arc<AtomicBool>,
-    counters: Arc<FsCounters>,
+    counters: Arc<StartCounters>,
     /// What the last start handed the back end, to start it again after a snapshot stopped
     /// its queues to read its state.
     last_start: Option<LastStart>,
@@ -120,45 +112,14 @@ impl Fs {
         }
     }
 
-    /// Hands the enabled queues to the back end.
-    fn start(&mut self, a: &Activation) -> Result<(), VhostUserError> {
-        let mut vrings = Vec::with_capacity(a.queues.len());
-        for q in &a.queues {
-            let call = a
-                .interrupt
-                .queue_irqfd(q.index)
-                .map_err(VhostUserError::NoIrqfd)?;
-            vrings.push(Vring {
-                index: q.index,
-                size: q.queue.size(),
-                desc: q.queue.desc_table(),
-                avail: q.queue.avail_ring(),
-                used: q.queue.used_ring(),
-                base: q.queue.next_avail(),
-                kick: q.notify.as_raw_fd(),
-                call,
-            });
+    /// What activate and reset share with the other vhost-user devices.
+    fn backend(&self) -> Backend<'_> {
+        Backend {
+            frontend: &self.frontend,
+            watch_socket: &self.watch_socket,
+            gone: &self.gone,
+            counters: &self.counters,
         }
-        // The whole table as it is now: regions hot-added before this start included.
-        let mut frontend = self.frontend();
-        frontend.start(&a.mem.memory(), a.features, &vrings)?;
-        // Started while a migration runs: its writes are logged from the first.
-        if let Some(log) = a.dirty.shared().filter(|_| frontend.can_log()) {
-            if !frontend.logging() {
-                frontend.set_logging(Some(&log))?;
-            }
-        }
-        drop(frontend);
-        self.last_start = Some(LastStart {
-            mem: a.mem.clone(),
-            features: a.features,
-            vrings,
-            health: a.health.clone(),
-            _kicks: a.queues.iter().map(|q| q.notify.clone()).collect(),
-            _interrupt: a.interrupt.clone(),
-            stopped_at: None,
-        });
-        Ok(())
     }
 
     /// After a snapshot read the back end's state: its queues start again where they
@@ -206,29 +167,17 @@ impl VirtioDevice for Fs {
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
     fn activate(&mut self, a: Activation) -> Result<Subscriber, VirtioError> {
-        let name = a.health.name().to_string();
-        if self.gone.load(Ordering::Acquire) {
-            return Err(VirtioError::Backend {
-                device: name,
-                message: "the vhost-user back end closed its socket earlier".into(),
-            });
-        }
-        if let Err(e) = self.start(&a) {
-            self.counters.failed_starts.fetch_add(1, Ordering::Relaxed);
-            // A half-started back end stops what it got (bounded: a broken one is not asked).
-            let _ = self.frontend().stop();
-            return Err(VirtioError::Backend {
-                device: name,
-                message: e.to_string(),
-            });
-        }
-        self.counters.starts.fetch_add(1, Ordering::Relaxed);
-        Ok(Arc::new(Mutex::new(BackendWatch {
-            socket: self.watch_socket.clone(),
-            path: self.frontend().path().to_path_buf(),
+        let (watch, vrings) = self.backend().activate(&a)?;
+        self.last_start = Some(LastStart {
+            mem: a.mem.clone(),
+            features: a.features,
+            vrings,
             health: a.health.clone(),
-            gone: self.gone.clone(),
-        })))
+            _kicks: a.queues.iter().map(|q| q.notify.clone()).collect(),
+            _interrupt: a.interrupt.clone(),
+            stopped_at: None,
+        });
+        Ok(watch)
     }
 
     fn snapshot_support(&self) -> Result<(), String> {
@@ -272,7 +221,7 @@ impl VirtioDevice for Fs {
 
     fn unquiesce(&mut self) {
         if let Err(e) = self.start_again() {
-            self.counters.failed_starts.fetch_add(1, Ordering::Relaxed);
+            self.counters.failed_start();
             if let Some(last) = &self.last_start {
                 last.health.fail(&format!(
                     "its back end did not start again after a snapshot: {e}"
@@ -283,18 +232,7 @@ impl VirtioDevice for Fs {
 
     fn reset(&mut self) {
         self.last_start = None;
-        if self.gone.load(Ordering::Acquire) {
-            // Said once when it went; its queues went with it.
-            return self.frontend().forget_queues();
-        }
-        let mut frontend = self.frontend();
-        if let Err(e) = frontend.stop() {
-            self.counters.failed_stops.fetch_add(1, Ordering::Relaxed);
-            eprintln!(
-                "exitless: the vhost-user back end at {} did not stop its queues: {e}",
-                frontend.path().display()
-            );
-        }
+        self.backend().reset();
     }
 
     /// virtiofsd writes the guest's buffers itself: for a migration its back end logs
@@ -330,12 +268,7 @@ impl VirtioDevice for Fs {
     }
 
     fn device_counters(&self) -> Vec<(&'static str, u64)> {
-        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        vec![
-            ("backend_starts", l(&self.counters.starts)),
-            ("backend_failed_starts", l(&self.counters.failed_starts)),
-            ("backend_failed_stops", l(&self.counters.failed_stops)),
-        ]
+        self.counters.entries()
     }
 }
 

@@ -22,6 +22,7 @@
 pub mod connection;
 pub mod device_state;
 pub mod fs;
+pub(crate) mod start;
 #[cfg(test)]
 mod tests;
 pub mod virtiofsd;

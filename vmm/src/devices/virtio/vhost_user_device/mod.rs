@@ -15,18 +15,16 @@ pub mod storage_daemon;
 #[cfg(test)]
 mod tests;
 
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use virtio_queue::QueueT;
-use vm_memory::GuestAddressSpace;
 
-use super::vhost_user::fs::{BackendWatch, FsRegions};
-use super::vhost_user::{Frontend, VhostUserError, Vring, REPLY_TIMEOUT, WANTED_PROTOCOL_FEATURES};
+use super::vhost_user::fs::FsRegions;
+use super::vhost_user::start::{Backend, StartCounters};
+use super::vhost_user::{Frontend, VhostUserError, REPLY_TIMEOUT, WANTED_PROTOCOL_FEATURES};
 use super::{
     Activation, QueueCounters, VirtioDevice, VirtioError, TYPE_BLOCK, VIRTIO_F_VERSION_1,
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
@@ -98,9 +96,7 @@ impl Kind {
 /// What the device counts (its queues are the back end's: exitless sees no request).
 #[derive(Debug, Default)]
 struct Counters {
-    starts: AtomicU64,
-    failed_starts: AtomicU64,
-    failed_stops: AtomicU64,
+    start: StartCounters,
     /// Driver writes to the configuration space, which are not forwarded.
     config_writes_ignored: AtomicU64,
 }
@@ -165,26 +161,14 @@ impl VhostUserDevice {
         FsRegions::new(name, frontend, self.gone.clone(), event_loop)
     }
 
-    /// Hands the enabled queues to the back end.
-    fn start(&mut self, a: &Activation) -> Result<(), VhostUserError> {
-        let mut vrings = Vec::with_capacity(a.queues.len());
-        for q in &a.queues {
-            let call = a
-                .interrupt
-                .queue_irqfd(q.index)
-                .map_err(VhostUserError::NoIrqfd)?;
-            vrings.push(Vring {
-                index: q.index,
-                size: q.queue.size(),
-                desc: q.queue.desc_table(),
-                avail: q.queue.avail_ring(),
-                used: q.queue.used_ring(),
-                base: q.queue.next_avail(),
-                kick: q.notify.as_raw_fd(),
-                call,
-            });
+    /// What activate and reset share with the other vhost-user devices.
+    fn backend(&self) -> Backend<'_> {
+        Backend {
+            frontend: &self.frontend,
+            watch_socket: &self.watch_socket,
+            gone: &self.gone,
+            counters: &self.counters.start,
         }
-        self.frontend().start(&a.mem.memory(), a.features, &vrings)
     }
 }
 
@@ -244,44 +228,11 @@ impl VirtioDevice for VhostUserDevice {
     }
 
     fn activate(&mut self, a: Activation) -> Result<Subscriber, VirtioError> {
-        let name = a.health.name().to_string();
-        if self.gone.load(Ordering::Acquire) {
-            return Err(VirtioError::Backend {
-                device: name,
-                message: "the vhost-user back end closed its socket earlier".into(),
-            });
-        }
-        if let Err(e) = self.start(&a) {
-            self.counters.failed_starts.fetch_add(1, Ordering::Relaxed);
-            // A half-started back end stops what it got (bounded: a broken one is not asked).
-            let _ = self.frontend().stop();
-            return Err(VirtioError::Backend {
-                device: name,
-                message: e.to_string(),
-            });
-        }
-        self.counters.starts.fetch_add(1, Ordering::Relaxed);
-        let path: PathBuf = self.frontend().path().to_path_buf();
-        Ok(Arc::new(Mutex::new(BackendWatch::new(
-            self.watch_socket.clone(),
-            path,
-            a.health.clone(),
-            self.gone.clone(),
-        ))))
+        self.backend().activate(&a).map(|(watch, _)| watch)
     }
 
     fn reset(&mut self) {
-        if self.gone.load(Ordering::Acquire) {
-            return self.frontend().forget_queues();
-        }
-        let mut frontend = self.frontend();
-        if let Err(e) = frontend.stop() {
-            self.counters.failed_stops.fetch_add(1, Ordering::Relaxed);
-            eprintln!(
-                "exitless: the vhost-user back end at {} did not stop its queues: {e}",
-                frontend.path().display()
-            );
-        }
+        self.backend().reset();
     }
 
     fn resets_on_stop(&self) -> bool {
@@ -297,15 +248,9 @@ impl VirtioDevice for VhostUserDevice {
     }
 
     fn device_counters(&self) -> Vec<(&'static str, u64)> {
-        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        vec![
-            ("backend_starts", l(&self.counters.starts)),
-            ("backend_failed_starts", l(&self.counters.failed_starts)),
-            ("backend_failed_stops", l(&self.counters.failed_stops)),
-            (
-                "config_writes_ignored",
-                l(&self.counters.config_writes_ignored),
-            ),
-        ]
+        let mut counters = self.counters.start.entries();
+        let ignored = self.counters.config_writes_ignored.load(Ordering::Relaxed);
+        counters.push(("config_writes_ignored", ignored));
+        counters
     }
 }
