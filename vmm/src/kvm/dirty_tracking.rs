@@ -23,7 +23,7 @@ const MAX_SLOTS: usize = 256;
 
 /// A `--dirty-log` value that is not one.
 #[derive(Debug, Error)]
-#[error("Invalid --dirty-log '{0}': expected auto, ring or bitmap")]
+#[error("'{0}' is no dirty log mode: expected auto, ring or bitmap")]
 pub struct ModeError(String);
 
 /// How dirty pages are tracked, as asked for.
