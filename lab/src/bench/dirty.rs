@@ -206,6 +206,30 @@ pub fn run_one(t: Tracking, pages: u64, rounds: u64) -> Result<DirtyRow, RunErro
     }
     vm.start(built.vcpus)?
         .wait(Some(Duration::from_secs(300)))?;
+    let [pages, rounds, first, min, p50] = guest_figures(&serial)?;
+    let counts = port.counts.lock().unwrap_or_else(|e| e.into_inner());
+    let snapshot = profile.snapshot();
+    let ring_full = snapshot.reason(ExitReason::DirtyRingFull);
+    Ok(DirtyRow {
+        tracking: t,
+        kind: if t == Tracking::Off {
+            "-"
+        } else {
+            vm.dirty.kind()
+        },
+        pages,
+        rounds,
+        first_cycles: first,
+        min_cycles: min,
+        p50_cycles: p50,
+        // The harvest before the first round counts what came before it.
+        harvested: counts.iter().skip(1).copied().collect(),
+        ring_full_exits: ring_full.map_or(0, |r| r.stats.count),
+    })
+}
+
+/// The guest's result line's pages, rounds, first, min and p50.
+fn guest_figures(serial: &LineCapture) -> Result<[u64; 5], RunError> {
     let output = serial.take_lines().join("\n");
     let line = output
         .lines()
@@ -216,29 +240,13 @@ pub fn run_one(t: Tracking, pages: u64, rounds: u64) -> Result<DirtyRow, RunErro
             .find_map(|w| w.strip_prefix(k)?.strip_prefix('=')?.parse::<u64>().ok())
             .ok_or_else(|| RunError::GuestError(format!("no {k} in {line}")))
     };
-    let counts = port
-        .counts
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    let snapshot = profile.snapshot();
-    let ring_full = snapshot.reason(ExitReason::DirtyRingFull);
-    Ok(DirtyRow {
-        tracking: t,
-        kind: if t == Tracking::Off {
-            "-"
-        } else {
-            vm.dirty.kind()
-        },
-        pages: field("pages")?,
-        rounds: field("rounds")?,
-        first_cycles: field("first")?,
-        min_cycles: field("min")?,
-        p50_cycles: field("p50")?,
-        // The harvest before the first round counts what came before it.
-        harvested: counts.into_iter().skip(1).collect(),
-        ring_full_exits: ring_full.map_or(0, |r| r.stats.count),
-    })
+    Ok([
+        field("pages")?,
+        field("rounds")?,
+        field("first")?,
+        field("min")?,
+        field("p50")?,
+    ])
 }
 
 /// Turns tracking on for every slot of `vm`, as a migration does, and clears what was logged
