@@ -166,6 +166,7 @@ static const struct bench_case cases[] = {
     {"power_button", 3, NAMED, loop_power_button, loop_empty_c, operations_setup, 0},
     {"nmi_check", 3, NAMED, loop_nmi_check, loop_empty_c, operations_setup, 0},
     {"resize_check", 3, NAMED, loop_resize_check, loop_empty_c, operations_setup, 0},
+    {"dirty_write", 3, NAMED, loop_dirty_write, loop_empty_c, dirty_write_setup, report_dirty_write},
 };
 #define NR_CASES (sizeof(cases) / sizeof(cases[0]))
 

@@ -94,6 +94,11 @@ extern u64 user_rflags;
 void set_gate(int vec, void (*fn)(void), u8 attr);
 void load_idt(void);
 
+/* case=dirty_write (dirty.c): one byte per page, timed, between harvests of the host's log. */
+const char *dirty_write_setup(const char *cmdline);
+u64 loop_dirty_write(u64 iters);
+void report_dirty_write(void);
+
 /* The IPI and shootdown cases (ipi.c): whether `want` names one (and selects it), the set-up
  * before the APs start (returns why the case cannot run, or 0), the run. */
 int ipi_case(const char *want);

@@ -21,6 +21,7 @@
 #define EXIT_PORT        0xf4      /* QEMU isa-debug-exit compatible */
 #define MARKER_PORT      0x7e8     /* begin (1) / end (2) of a measured loop */
 #define BENCH_PORT       0x7e0     /* PIO target: unclaimed, ioeventfd or coalesced */
+#define DIRTY_PORT       0x7ec     /* case=dirty_write: the host harvests its dirty log */
 #define BENCH_MMIO       0xd0000000 /* MMIO target in the MMIO gap */
 #define BENCH_MAGIC      0x600dcafe /* value written, for datamatch */
 #define BENCH_MSR        0xc0000102 /* MSR_KERNEL_GS_BASE: harmless */

@@ -54,7 +54,8 @@
  *
  * `dirty=1` also writes every page of the pattern again each round, mixed with the round's
  * number (what the end checks then): a live migration must carry pages written while it
- * copies (its dirty passes).
+ * copies (its dirty passes). `dirty=2` also checks each page before rewriting it, adding to
+ * `bad` every page that does not hold the last round's value.
  *
  * `bridge=1` first does to the PCI host bridge (00:00.0) what Linux's PCI probe does to every
  * function: each BAR and the ROM BAR written all ones, read back and written back as they
@@ -191,8 +192,14 @@ static u64 snapshot_user(u64 arg)
         if (r->hotplug)
             snapshot_hotplug_round(t);
         if (r->dirty)
-            for (u64 p = 0; p < r->pages; p++)
-                *(volatile u64 *)(SNAP_BASE + p * PAGE_SIZE) = pattern(p) ^ (t + 1);
+            for (u64 p = 0; p < r->pages; p++) {
+                volatile u64 *w = (volatile u64 *)(SNAP_BASE + p * PAGE_SIZE);
+                /* dirty=2: each page checked first (the last round's value), so a page whose
+                 * write a migration lost is counted even though this round rewrites it. */
+                if (r->dirty > 1 && *w != (pattern(p) ^ t))
+                    r->bad++;
+                *w = pattern(p) ^ (t + 1);
+            }
         tick_count = tick_count + 1;
         puts_("EXITLESS TICK n=");
         put_u64(t);

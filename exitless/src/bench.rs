@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use exitless_lab::bench::{self, ablation, guest::BENCH_GUEST, ipi, ipi_table, report, scaling};
+use exitless_lab::bench::{
+    self, ablation, dirty, guest::BENCH_GUEST, ipi, ipi_table, report, scaling,
+};
 
 use crate::output_file::{ensure_writable, write_json};
 
@@ -64,6 +66,14 @@ pub struct BenchArgs {
     /// picks the loop: pio_out_cpl0 (default) or pio_out (CPL3).
     #[arg(long, conflicts_with_all = ["profile", "scaling", "ipi"])]
     ablation: bool,
+    /// Dirty tracking: what a guest's first write to a page costs with tracking off, with
+    /// KVM's bitmap and with KVM's dirty ring (where KVM offers it), in guest cycles per page
+    /// over PAGES pages (default 8192) written at CPL3 between harvests, and the ring-full
+    /// exits it causes. --iterations is the rounds (2 to 64, default 8; the first faults
+    /// the pages in)
+    #[arg(long, value_name = "PAGES", num_args = 0..=1, default_missing_value = "8192",
+          conflicts_with_all = ["profile", "scaling", "ipi", "ablation"])]
+    dirty: Option<u64>,
     #[command(flatten)]
     pub vm: crate::options::VmOptions,
 }
@@ -105,6 +115,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
     }
     if args.ablation {
         return exit_ablation(&args);
+    }
+    if let Some(pages) = args.dirty {
+        return dirty_family(&args, pages);
     }
     let cases = bench::select(&args.cases)?;
     let iterations = bench::check_iterations(args.iterations.unwrap_or(bench::DEFAULT_ITERATIONS))?;
@@ -182,6 +195,20 @@ fn ipi_family(args: &BenchArgs, vcpus: usize) -> anyhow::Result<i32> {
         write_json(path, &report)?;
     }
     Ok(if report.failures.is_empty() { 0 } else { 2 })
+}
+
+fn dirty_family(args: &BenchArgs, pages: u64) -> anyhow::Result<i32> {
+    let rounds = args.iterations.unwrap_or(dirty::DEFAULT_ROUNDS);
+    if !(2..=64).contains(&rounds) || !(1..=16384).contains(&pages) {
+        anyhow::bail!("--dirty takes 1 to 16384 pages and --iterations 2 to 64 rounds");
+    }
+    let ways = dirty::ways_here()?;
+    let rows = dirty::run_dirty(&ways, (pages, rounds), |line| eprintln!("{line}"))?;
+    print!("{}", dirty::render_dirty(&rows));
+    if let Some(path) = &args.json {
+        write_json(path, &rows)?;
+    }
+    Ok(0)
 }
 
 fn print_cases() {

@@ -123,7 +123,11 @@ fn options_for(cli: &mut Cli) -> (VmOptions, ServerOptions) {
         #[cfg(feature = "lab")]
         Some(Command::Compare(args)) => {
             let log = take(&mut args.log);
-            let vm = VmOptions { log, seccomp: None };
+            let vm = VmOptions {
+                log,
+                seccomp: None,
+                dirty_log: None,
+            };
             (vm, ServerOptions::default())
         }
         Some(Command::Remote(_)) | None => (VmOptions::default(), ServerOptions::default()),
@@ -199,6 +203,9 @@ fn main() {
     let (vm, server) = options_for(&mut cli);
     if vm.seccomp == Some(Seccomp::Off) {
         vmm::seccomp::disable();
+    }
+    if let Some(mode) = vm.dirty_log {
+        vmm::kvm::dirty_tracking::prefer(mode.0);
     }
     let result = match &vm.log.log_file {
         Some(path) => redirect_stderr(path).and_then(|()| dispatch(cli.command, server)),

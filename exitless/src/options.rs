@@ -34,6 +34,25 @@ pub struct VmOptions {
     /// [default: on]
     #[arg(long, value_enum, value_name = "on|off")]
     pub seccomp: Option<Seccomp>,
+    /// How a migration tracks the pages the vCPUs write: `ring` (KVM's dirty ring, 64 KiB
+    /// of kernel memory per vCPU, enabled when the VM is made; the VM is refused where KVM
+    /// lacks it), `bitmap` (KVM's bitmap, with manual protect where offered) or `auto` (the
+    /// ring where KVM offers it). Nothing is logged unless a migration runs
+    /// (docs/migration.md) [default: auto]
+    #[arg(long, value_name = "auto|ring|bitmap", value_parser = clap::value_parser!(DirtyLog))]
+    pub dirty_log: Option<DirtyLog>,
+}
+
+/// `--dirty-log`'s value: vmm's mode, parsed with its own error line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirtyLog(pub vmm::kvm::dirty_tracking::DirtyLogMode);
+
+impl std::str::FromStr for DirtyLog {
+    type Err = vmm::kvm::dirty_tracking::ModeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(DirtyLog)
+    }
 }
 
 /// `run`'s and the API server's: the VM's API and what it logs.
@@ -58,6 +77,7 @@ impl VmOptions {
         VmOptions {
             log: LogOptions { log_file },
             seccomp: Some(if off { Seccomp::Off } else { Seccomp::On }),
+            dirty_log: self.dirty_log.or(outer.dirty_log),
         }
     }
 }

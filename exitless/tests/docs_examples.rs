@@ -79,6 +79,8 @@ const LIMIT: Duration = Duration::from_secs(150);
 /// Iterations a bench run is given here (the IPI family's VMs are slow under PVM: fewer).
 const BENCH_ITERATIONS: &str = "200";
 const IPI_ITERATIONS: &str = "20";
+/// Rounds the dirty-tracking family is given here (`--iterations` is its rounds, 2 to 64).
+const DIRTY_ROUNDS: &str = "3";
 
 /// The commands of `text`'s ```sh blocks: continuation lines joined, comments and blank
 /// lines dropped, a quoted argument spanning lines kept whole.
@@ -181,6 +183,8 @@ fn adapt(command: &str, scratch: &Path) -> String {
     if bench && measures {
         let n = if c.contains("--ipi") {
             IPI_ITERATIONS
+        } else if c.contains("--dirty") {
+            DIRTY_ROUNDS
         } else {
             BENCH_ITERATIONS
         };

@@ -229,6 +229,9 @@ impl VcpuTemplate {
         if let Some(ring) = &self.coalesced_ring {
             vcpu.set_coalesced_ring(ring.clone());
         }
+        if let Some(ring) = vm.dirty.vcpu_ring(&vm.fd, vcpu.fd())? {
+            vcpu.set_dirty_ring(ring);
+        }
         Ok((vcpu, profile))
     }
 

@@ -70,6 +70,8 @@ pub struct Vm {
     pub stats: Option<StatsFd>,
     /// KVM's CPUID entries, asked once for every vCPU.
     pub supported_cpuid: SupportedCpuid,
+    /// How the vCPUs' writes are tracked for migration (the ring or the bitmap).
+    pub dirty: Arc<kvm::dirty_tracking::DirtyTracking>,
 }
 
 impl Vm {
@@ -82,9 +84,10 @@ impl Vm {
         backing: &memory::Backing,
         irqchip: IrqchipMode,
     ) -> Result<Self, VmError> {
+        // A head start's VM made before `--dirty-log` was read is replaced if it differs.
         let created = match created {
-            Some(created) => created,
-            None => CreatedVm::create(&kvm)?,
+            Some(created) if created.dirty.as_preferred() => created,
+            _ => CreatedVm::create(&kvm)?,
         };
         let mem = memory::create_guest_memory(mem_size, backing)?;
         Self::assemble(kvm, created, mem, irqchip)
@@ -107,7 +110,7 @@ impl Vm {
         mem: GuestMemoryMmap,
         irqchip: IrqchipMode,
     ) -> Result<Self, VmError> {
-        let CreatedVm { fd, caps } = created;
+        let CreatedVm { fd, caps, dirty } = created;
         let kvm = Arc::new(kvm);
         kvm::register_memory(&fd, &mem)?;
         match irqchip {
@@ -129,6 +132,7 @@ impl Vm {
             control: Arc::new(VmControl::default()),
             stats,
             supported_cpuid: SupportedCpuid::for_new_vm(),
+            dirty: Arc::new(dirty),
         })
     }
 

@@ -181,12 +181,13 @@ impl Vmm {
         if verbose {
             eprintln!(
                 "exitless: {SEND}: complete in {:.1} ms, downtime {:.1} ms, {} MiB of memory \
-                 in {} passes (last {} kB)",
+                 in {} passes (last {} kB), dirty pages by the {}",
                 done.total.as_secs_f64() * 1e3,
                 done.downtime.as_secs_f64() * 1e3,
                 done.memory_bytes >> 20,
                 done.passes,
-                done.last_pass_bytes >> 10
+                done.last_pass_bytes >> 10,
+                out.dirty_kind()
             );
         }
         slot.stop();

@@ -28,9 +28,15 @@ impl Vmm {
 
     /// [`Vmm::start_build`] with the VMM's stdout (where a `Tty` console goes) as given.
     pub fn start_with_stdout(bin: &std::path::Path, tag: &str, stdout: Stdio) -> Vmm {
+        Self::start_with_args(bin, tag, stdout, &[])
+    }
+
+    /// [`Vmm::start_with_stdout`] with more options on the command line (`--dirty-log ring`).
+    pub fn start_with_args(bin: &std::path::Path, tag: &str, stdout: Stdio, args: &[&str]) -> Vmm {
         let socket =
             std::env::temp_dir().join(format!("exitless-api-{tag}-{}.sock", std::process::id()));
         let mut child = std::process::Command::new(bin)
+            .args(args)
             .args(["-v", "--api-socket"])
             .arg(&socket)
             .stdout(stdout)

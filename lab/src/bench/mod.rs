@@ -10,6 +10,7 @@ pub mod blk;
 pub mod cases;
 pub mod config_run;
 pub mod console;
+pub mod dirty;
 pub mod fs;
 /// The bench guest: a crate of its own (`exitless-guest`), which the core's tests boot too.
 pub use exitless_guest as guest;

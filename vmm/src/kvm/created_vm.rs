@@ -3,20 +3,24 @@
 
 use kvm_ioctls::{Kvm, VmFd};
 
+use super::dirty_tracking::DirtyTracking;
 use super::Capabilities;
 
 /// A VM created before its description was known: no memory, no irqchip yet.
 pub struct CreatedVm {
     pub fd: VmFd,
     pub caps: Capabilities,
+    /// How it tracks dirty pages (the ring is enabled here, before any vCPU).
+    pub dirty: DirtyTracking,
 }
 
 impl CreatedVm {
-    /// Creates an empty VM on `kvm` and probes its capabilities.
+    /// Creates an empty VM on `kvm`, probes its capabilities and sets its dirty tracking up.
     pub fn create(kvm: &Kvm) -> Result<Self, super::KvmError> {
         let fd = kvm.create_vm().map_err(super::KvmError::CreateVm)?;
         let caps = Capabilities::probe(kvm);
-        Ok(CreatedVm { fd, caps })
+        let dirty = DirtyTracking::set_up(kvm, &fd)?;
+        Ok(CreatedVm { fd, caps, dirty })
     }
 }
 

@@ -3,6 +3,8 @@
 
 mod created_vm;
 pub mod dirty_log;
+pub mod dirty_ring;
+pub mod dirty_tracking;
 pub mod kick;
 pub mod ring;
 pub mod state;

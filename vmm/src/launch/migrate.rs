@@ -98,12 +98,24 @@ pub struct Outgoing<'a> {
 }
 
 impl Outgoing<'_> {
+    /// How the vCPUs' writes are tracked ("ring", "bitmap (manual protect)", "bitmap").
+    pub fn dirty_kind(&self) -> &'static str {
+        self.vm.vm.dirty.kind()
+    }
+
     /// Guest memory as it is now (its regions are KVM's slots 0, 1, ...).
     fn mem(&self) -> Arc<GuestMemoryMmap> {
         self.vm.vm.memory().into_inner()
     }
 
     fn tracking(&self, on: bool) -> Result<(), MigrationError> {
+        let vm = &self.vm.vm;
+        if on {
+            // Before any slot logs: the rings mapped, or the bitmap's manual protect on.
+            vm.dirty
+                .start(&vm.kvm, &vm.fd, &self.mem())
+                .map_err(|e| MigrationError::Destination(format!("dirty log: {e}")))?;
+        }
         for (slot, region) in (0u32..).zip(self.mem().iter()) {
             dirty_log::set_logging(&self.vm.vm.fd, slot, region, on)
                 .map_err(|e| MigrationError::Destination(format!("dirty log: {e}")))?;
@@ -225,14 +237,17 @@ impl Source for Outgoing<'_> {
         Ok(out)
     }
 
-    /// KVM's log of the vCPUs' writes, ORed with the devices' log of theirs.
+    /// KVM's log of the vCPUs' writes (the rings or the bitmap), ORed with the devices' log
+    /// of theirs.
     fn dirty(&mut self) -> Result<Vec<MemoryRange>, MigrationError> {
         let mem = self.mem();
         let devices = self.vm.devices.device_log().take(&mem);
+        let (tracking, fd) = (&self.vm.vm.dirty, &self.vm.vm.fd);
+        let failed = |e| MigrationError::Destination(format!("dirty log: {e}"));
+        tracking.harvest(fd).map_err(failed)?;
         let mut out = Vec::new();
         for (slot, r) in (0u32..).zip(mem.iter()) {
-            let mut bitmap = dirty_log::take(&self.vm.vm.fd, slot, r.len())
-                .map_err(|e| MigrationError::Destination(format!("dirty log: {e}")))?;
+            let mut bitmap = tracking.take(fd, slot, r.len()).map_err(failed)?;
             let gpa = r.start_addr().0;
             add_pages(&mut bitmap, gpa / dirty_log::PAGE, &devices);
             out.extend(

@@ -66,13 +66,16 @@ pub enum ExitReason {
     FailEntry,
     /// `KVM_RUN` returned `EINTR`: the thread was kicked by a signal.
     Intr,
+    /// `KVM_EXIT_DIRTY_RING_FULL`: the vCPU's dirty ring filled while a migration tracks
+    /// dirty pages; the vCPU harvests it and goes on.
+    DirtyRingFull,
     /// Anything else.
     Other,
 }
 
 impl ExitReason {
     /// Every reason, in declaration order (`ALL[r as usize] == r`).
-    pub const ALL: [ExitReason; 12] = [
+    pub const ALL: [ExitReason; 13] = [
         ExitReason::IoIn,
         ExitReason::IoOut,
         ExitReason::MmioRead,
@@ -84,6 +87,7 @@ impl ExitReason {
         ExitReason::IrqWindowOpen,
         ExitReason::FailEntry,
         ExitReason::Intr,
+        ExitReason::DirtyRingFull,
         ExitReason::Other,
     ];
 
@@ -101,6 +105,7 @@ impl ExitReason {
             ExitReason::IrqWindowOpen => "IRQ_WINDOW_OPEN",
             ExitReason::FailEntry => "FAIL_ENTRY",
             ExitReason::Intr => "INTR",
+            ExitReason::DirtyRingFull => "DIRTY_RING_FULL",
             ExitReason::Other => "OTHER",
         }
     }

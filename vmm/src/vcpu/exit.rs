@@ -199,6 +199,10 @@ pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
         VcpuExit::FailEntry(reason, _) => {
             handled(R::FailEntry, ExitAction::End(VmEnd::KvmFailure(reason)))
         }
+        // The vCPU harvests its own ring after the exit (`Vcpu::after_exit`), then resumes.
+        VcpuExit::Unsupported(kvm_bindings::KVM_EXIT_DIRTY_RING_FULL) => {
+            handled(R::DirtyRingFull, ExitAction::Resume)
+        }
         other => not_handled(&other),
     })
 }

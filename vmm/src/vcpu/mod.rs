@@ -84,6 +84,9 @@ pub struct Vcpu {
     retired: Arc<AtomicBool>,
     /// The generation of the last task this vCPU ran while parked.
     task_seen: u64,
+    /// Its dirty ring, when the VM tracks with the ring: harvested here when KVM says it is
+    /// full.
+    dirty_ring: Option<kvm::dirty_tracking::OwnRing>,
 }
 
 impl Vcpu {
@@ -120,6 +123,7 @@ impl Vcpu {
             affinity: None,
             retired: Arc::new(AtomicBool::new(false)),
             task_seen: 0,
+            dirty_ring: None,
         })
     }
 
@@ -151,6 +155,11 @@ impl Vcpu {
     /// to the devices before the exit itself is handled, so writes reach them in guest order.
     pub fn set_coalesced_ring(&mut self, ring: Arc<CoalescedRing>) {
         self.coalesced_ring = Some(ring);
+    }
+
+    /// Gives the vCPU its dirty ring, which it harvests on `KVM_EXIT_DIRTY_RING_FULL`.
+    pub fn set_dirty_ring(&mut self, ring: kvm::dirty_tracking::OwnRing) {
+        self.dirty_ring = Some(ring);
     }
 
     /// Shows this vCPU's exits to `observer` (replacing any earlier one).
@@ -330,10 +339,24 @@ impl Vcpu {
         if let Some(kind) = h.unhandled {
             self.log_unhandled(kind, rip);
         }
+        if h.reason == ExitReason::DirtyRingFull {
+            self.harvest_full_ring()?;
+        }
         if io && h.device.is_none() && self.log_unmapped && !self.warned_unmapped {
             self.log_unmapped_access(h, rip);
         }
         Ok(())
+    }
+
+    /// `KVM_EXIT_DIRTY_RING_FULL`: harvests the vCPU's own ring (see
+    /// [`kvm::dirty_tracking::OwnRing`]), after which KVM_RUN goes on. Without a ring (KVM
+    /// sends the exit only with one) there is nothing to do.
+    #[cold]
+    fn harvest_full_ring(&mut self) -> Result<(), VcpuError> {
+        match &self.dirty_ring {
+            Some(ring) => ring.harvest_full().map(drop).map_err(VcpuError::Kvm),
+            None => Ok(()),
+        }
     }
 
     /// Says once what an access to nothing means, unless the port is one guests are known to
