@@ -4,6 +4,7 @@
 mod created_vm;
 pub mod dirty_log;
 pub mod kick;
+pub mod raw_run;
 pub mod ring;
 pub mod state;
 pub mod stats;
