@@ -125,8 +125,7 @@ fn options_for(cli: &mut Cli) -> (VmOptions, ServerOptions) {
             let log = take(&mut args.log);
             let vm = VmOptions {
                 log,
-                seccomp: None,
-                dirty_log: None,
+                ..VmOptions::default()
             };
             (vm, ServerOptions::default())
         }
@@ -207,6 +206,9 @@ fn main() {
     if let Some(mode) = vm.dirty_log {
         vmm::kvm::dirty_tracking::prefer(mode.0);
     }
+    if let Some(every) = vm.profile_sample {
+        vmm::profile::set_sample(every);
+    }
     let result = match &vm.log.log_file {
         Some(path) => redirect_stderr(path).and_then(|()| dispatch(cli.command, server)),
         None => dispatch(cli.command, server),
@@ -229,6 +231,18 @@ mod tests {
     fn options(line: &str) -> (super::VmOptions, super::ServerOptions) {
         let mut cli = Cli::try_parse_from(line.split_whitespace()).unwrap();
         options_for(&mut cli)
+    }
+
+    #[test]
+    fn the_profile_sample_is_taken_before_or_after_the_command_and_refused_at_zero() {
+        let (vm, _) = options("exitless --profile-sample 4 run --kernel k");
+        assert_eq!(vm.profile_sample, Some(4));
+        let (vm, _) = options("exitless run --profile-sample 1 --kernel k");
+        assert_eq!(vm.profile_sample, Some(1));
+        let (vm, _) = options("exitless --api-socket /s --profile-sample 8");
+        assert_eq!(vm.profile_sample, Some(8));
+        assert_eq!(options("exitless run --kernel k").0.profile_sample, None);
+        assert!(Cli::try_parse_from(["exitless", "--profile-sample", "0"]).is_err());
     }
 
     #[test]

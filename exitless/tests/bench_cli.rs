@@ -321,9 +321,10 @@ fn the_ablation_has_a_row_per_ingredient_each_with_its_exits() {
     std::fs::remove_file(&json).ok();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let rows = doc["rows"].as_array().unwrap();
-    // The bare loop, 7 ingredients alone, 6 more cumulatively; the floor with tracefs.
+    // The bare loop, 8 ingredients alone, 7 more cumulatively, 3 variants; the floor with
+    // tracefs.
     let floor = usize::from(doc["tracefs"] == true);
-    assert_eq!(rows.len(), 14 + floor, "{doc}");
+    assert_eq!(rows.len(), 19 + floor, "{doc}");
     for row in rows {
         assert_eq!(row["exits"], 100, "{row}");
         assert_eq!(row["other_exits"], 0, "{row}");

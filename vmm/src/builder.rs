@@ -100,6 +100,9 @@ pub struct VcpuOptions {
     pub regs: RegsAccess,
     /// Per-exit profile (off only to measure the profiler itself).
     pub profiling: bool,
+    /// The profile times one exit in this many, counting all
+    /// ([`crate::profile::sample`] by default; 1: every exit).
+    pub profile_sample: u32,
     /// Log the first access to an unmapped address (the bench pokes one on purpose).
     pub log_unmapped: bool,
     pub affinity: Option<CpuAffinity>,
@@ -110,6 +113,7 @@ impl Default for VcpuOptions {
         VcpuOptions {
             regs: RegsAccess::SyncRegs,
             profiling: true,
+            profile_sample: crate::profile::sample(),
             log_unmapped: true,
             affinity: None,
         }
@@ -222,6 +226,7 @@ impl VcpuTemplate {
         let (buses, control) = (self.buses.clone(), vm.control.clone());
         let mut vcpu = Vcpu::new(idx, fd, buses, control, profile.clone(), self.opts.regs)?;
         vcpu.set_profiling(self.opts.profiling);
+        vcpu.set_profile_sample(self.opts.profile_sample);
         vcpu.set_log_unmapped(self.opts.log_unmapped);
         if let Some(cpu) = self.opts.affinity.as_ref().and_then(|a| a.host_cpu(idx)) {
             vcpu.pin_to(cpu);

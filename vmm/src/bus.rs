@@ -190,10 +190,54 @@ impl BusBuilder {
     /// Ends set-up: the ranges are sorted and can no longer change.
     pub fn freeze(mut self) -> Bus {
         self.ranges.sort_by_key(|r| r.base);
+        let claimed = ClaimedBlocks::of(&self.ranges);
         Bus {
             ranges: self.ranges,
             next_id: self.next_id,
+            claimed,
         }
+    }
+}
+
+/// Addresses below 64 Ki (every I/O port) in blocks of 16: which blocks a range touches. An
+/// access to a block no device touches (a guest probing for absent hardware, the bench's
+/// port) is answered without searching the ranges: one load and a bit test, 512 bytes per bus.
+#[derive(Clone)]
+struct ClaimedBlocks([u64; CLAIMED_WORDS]);
+
+/// Each block covers 2^4 addresses.
+const BLOCK_SHIFT: u32 = 4;
+/// 64 Ki addresses / 16 per block / 64 blocks per word.
+const CLAIMED_WORDS: usize = (1 << (16 - BLOCK_SHIFT)) / 64;
+/// The first address the blocks do not cover.
+const CLAIMED_END: u64 = 1 << 16;
+
+impl Default for ClaimedBlocks {
+    fn default() -> Self {
+        ClaimedBlocks([0; CLAIMED_WORDS])
+    }
+}
+
+impl ClaimedBlocks {
+    fn of(ranges: &[BusRange]) -> Self {
+        let mut map = ClaimedBlocks::default();
+        for r in ranges.iter().filter(|r| r.base < CLAIMED_END) {
+            let last = r.end().min(CLAIMED_END) - 1;
+            for block in (r.base >> BLOCK_SHIFT)..=(last >> BLOCK_SHIFT) {
+                map.0[(block / 64) as usize] |= 1 << (block % 64);
+            }
+        }
+        map
+    }
+
+    /// Whether no range touches `addr`'s block (false above the blocks: not known here).
+    #[inline]
+    fn unclaimed(&self, addr: u64) -> bool {
+        if addr >= CLAIMED_END {
+            return false;
+        }
+        let block = addr >> BLOCK_SHIFT;
+        self.0[(block / 64) as usize] & (1 << (block % 64)) == 0
     }
 }
 
@@ -202,6 +246,7 @@ impl BusBuilder {
 pub struct Bus {
     ranges: Vec<BusRange>,
     next_id: usize,
+    claimed: ClaimedBlocks,
 }
 
 /// Result of resolving an address: the device's index on its bus and the offset into it.
@@ -213,8 +258,11 @@ pub struct Resolved {
 
 impl Bus {
     /// Finds the device mapped at `addr`, if any.
-    #[inline]
+    #[inline(always)]
     pub fn resolve(&self, addr: u64) -> Option<Resolved> {
+        if self.claimed.unclaimed(addr) {
+            return None;
+        }
         let i = self.ranges.partition_point(|r| r.base <= addr);
         let index = i.checked_sub(1)?;
         let r = &self.ranges[index];
@@ -247,7 +295,10 @@ impl Bus {
     }
 
     /// Reads from the device at `addr`; an unmapped address reads as all-ones.
-    /// Returns the range's id when one was mapped.
+    /// Returns the range's id when one was mapped. In the exit path's section, should it not
+    /// be inlined: every exit runs it (see exitless/build.rs).
+    #[inline]
+    #[link_section = ".text.hot.exitless_exit_path"]
     pub fn read(&self, addr: u64, data: &mut [u8]) -> Option<usize> {
         match self.resolve(addr) {
             Some(Resolved { index, offset }) => {
@@ -263,7 +314,9 @@ impl Bus {
     }
 
     /// Writes to the device at `addr`; returns the range's id and what the device asks for.
-    /// `Ok(None)` means the address is unmapped.
+    /// `Ok(None)` means the address is unmapped. In the exit path's section, as `read`.
+    #[inline]
+    #[link_section = ".text.hot.exitless_exit_path"]
     pub fn write(&self, addr: u64, data: &[u8]) -> io::Result<Option<(usize, DeviceEvent)>> {
         match self.resolve(addr) {
             Some(Resolved { index, offset }) => {
@@ -379,6 +432,51 @@ mod tests {
 
     fn dev() -> SharedDevice {
         Arc::new(Mutex::new(Latch::default()))
+    }
+
+    #[test]
+    fn ports_in_blocks_no_device_touches_resolve_to_nothing_and_the_others_still_do() {
+        let mut b = BusBuilder::new();
+        b.insert("com1", 0x3f8, 8, dev()).unwrap();
+        b.insert("wide", 0x5ff, 0x12, dev()).unwrap();
+        b.insert("mmio", 0xd000_0000, 0x1000, dev()).unwrap();
+        b.insert("edge", 0xfff8, 0x10, dev()).unwrap();
+        let bus = b.freeze();
+        // Mapped addresses, at the first and last byte of each range.
+        for (addr, index, offset) in [
+            (0x3f8, 0, 0),
+            (0x3ff, 0, 7),
+            (0x5ff, 1, 0),
+            (0x610, 1, 0x11),
+            (0xfff8, 2, 0),
+            (0x1_0007, 2, 0xf),
+            (0xd000_0fff, 3, 0xfff),
+        ] {
+            assert_eq!(
+                bus.resolve(addr),
+                Some(Resolved { index, offset }),
+                "{addr:#x}"
+            );
+        }
+        // Unmapped: in an untouched block, in a touched block beside a range, above 64 Ki.
+        for addr in [
+            0x0,
+            0x7e0,
+            0x3f7,
+            0x5fe,
+            0x611,
+            0xfff7,
+            0x1_0008,
+            0xc000_0000,
+        ] {
+            assert_eq!(bus.resolve(addr), None, "{addr:#x}");
+        }
+        assert!(bus.claimed.unclaimed(0x7e0) && !bus.claimed.unclaimed(0x3f0));
+        // A moved range moves its blocks.
+        let mut b = bus.to_builder();
+        b.relocate(0, 0x7e0).unwrap();
+        let bus = b.freeze();
+        assert!(bus.resolve(0x7e3).is_some() && bus.resolve(0x3f8).is_none());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use super::ablation_loop::{Batch, RowVcpu, RowVm};
-pub use super::ablation_loop::{EXITLESS, INGREDIENTS};
+pub use super::ablation_loop::{EXITLESS, INGREDIENTS, PROFILE, PROFILE_EVERY, RAW_RUN};
 use super::ablation_trace::{pair, Window};
 use super::config_run::RunError;
 use crate::compare::turnaround::{percentiles, Tracer};
@@ -31,6 +31,15 @@ use crate::compare::turnaround::{percentiles, Tracer};
 /// return to a guest in kernel mode, the kernel's path is short and steady here) or at CPL3
 /// (PVM's return to a guest's user mode adds microseconds of noise to every exit).
 pub const CASES: [&str; 2] = ["pio_out_cpl0", "pio_out"];
+
+/// Rows beside the ingredients': the profiler timing every exit alone, exitless's exit path
+/// timing every exit (`--profile-sample 1`), and as it was before the profile was sampled and
+/// KVM_RUN raw (kvm-ioctls' `VcpuFd::run`, every exit timed).
+pub const VARIANTS: [u16; 3] = [
+    PROFILE | PROFILE_EVERY,
+    EXITLESS | PROFILE_EVERY,
+    (EXITLESS & !RAW_RUN) | PROFILE_EVERY,
+];
 
 /// Default exits per row, over [`DEFAULT_ROUNDS`] rounds.
 pub const DEFAULT_ITERATIONS: u64 = 2000;
@@ -61,7 +70,7 @@ pub enum AblationError {
     #[error("Cannot pin the row's thread: {0}")]
     Pin(std::io::Error),
     #[error("No loop is compiled for ingredient mask {0:#x}")]
-    Mask(u8),
+    Mask(u16),
     #[error("The VM was stopped")]
     Stopped,
     #[error("The guest ended the VM ({0})")]
@@ -86,7 +95,7 @@ pub struct AblationPlan {
     /// The bench guest's case: [`CASES`] (its `pio_out` loop, at CPL0 or CPL3).
     pub case: &'static str,
     /// The ingredient masks, one row each (0: the bare loop).
-    pub masks: Vec<u8>,
+    pub masks: Vec<u16>,
     /// Also the floor VMM, as a process of its own per round.
     pub floor: bool,
     /// Exits per row per round.
@@ -106,6 +115,7 @@ impl AblationPlan {
                 masks.push(sum);
             }
         }
+        masks.extend(VARIANTS);
         AblationPlan {
             case: CASES[0],
             masks,
@@ -132,7 +142,7 @@ impl AblationPlan {
 pub struct AblationRow {
     pub name: String,
     /// Its ingredients (None: the floor).
-    pub mask: Option<u8>,
+    pub mask: Option<u16>,
     pub min_ns: Option<f64>,
     pub p50_ns: Option<f64>,
     pub p99_ns: Option<f64>,
@@ -162,7 +172,7 @@ pub struct AblationReport {
 
 /// A row's thread and what it gave so far.
 struct RowThread {
-    mask: u8,
+    mask: u16,
     commands: mpsc::Sender<Option<Vec<u64>>>,
     results: mpsc::Receiver<Result<Batch, AblationError>>,
     handle: JoinHandle<()>,
@@ -318,7 +328,7 @@ fn pin_cpu() -> usize {
 /// Builds row `mask`'s VM (the guest running `case` for `iterations`) and starts its thread,
 /// readied as the mask says.
 fn start_row(
-    mask: u8,
+    mask: u16,
     (case, iterations): (&str, u64),
     cpu: usize,
     timed: bool,
@@ -328,7 +338,7 @@ fn start_row(
     let (answer, results) = mpsc::channel();
     let (tid_tx, tid_rx) = mpsc::channel();
     let handle = std::thread::Builder::new()
-        .name(format!("ablation{mask:02x}"))
+        .name(format!("ablation{mask:03x}"))
         .spawn(move || {
             // SAFETY: gettid has no memory effects.
             let _ = tid_tx.send(unsafe { libc::gettid() } as u32);
@@ -380,7 +390,7 @@ fn record(acc: &mut Accumulated, b: &Batch, n: u64, tsc_khz: u64, timed: bool) {
     }
 }
 
-fn finish(name: String, mask: Option<u8>, mut acc: Accumulated, traced: bool) -> AblationRow {
+fn finish(name: String, mask: Option<u16>, mut acc: Accumulated, traced: bool) -> AblationRow {
     let p = percentiles(&mut acc.turnarounds);
     acc.walls.sort_by(f64::total_cmp);
     AblationRow {
@@ -398,12 +408,21 @@ fn finish(name: String, mask: Option<u8>, mut acc: Accumulated, traced: bool) ->
 }
 
 /// A row's name from its ingredients.
-pub fn row_name(mask: u8) -> String {
+pub fn row_name(mask: u16) -> String {
     if mask == 0 {
         return "bare loop (kvm-ioctls)".into();
     }
     if mask == EXITLESS {
         return "= exitless's exit path (run's default)".into();
+    }
+    if mask == PROFILE | PROFILE_EVERY {
+        return "+ profiler timing every exit (--profile-sample 1)".into();
+    }
+    if mask == EXITLESS | PROFILE_EVERY {
+        return "exitless's exit path, every exit timed (--profile-sample 1)".into();
+    }
+    if mask == (EXITLESS & !RAW_RUN) | PROFILE_EVERY {
+        return "exitless's exit path before (VcpuFd::run, every exit timed)".into();
     }
     let names: Vec<&str> = INGREDIENTS
         .iter()
@@ -471,7 +490,7 @@ impl Drop for Floor {
 
 impl AblationReport {
     /// The row of `mask`.
-    pub fn row(&self, mask: u8) -> Option<&AblationRow> {
+    pub fn row(&self, mask: u16) -> Option<&AblationRow> {
         self.rows.iter().find(|r| r.mask == Some(mask))
     }
 
@@ -501,6 +520,13 @@ impl AblationReport {
             out += &self.render_row(&format!("  {}", r.name), r);
         }
         out += &self.render_cumulative();
+        let variants: Vec<_> = VARIANTS.iter().filter_map(|&m| self.row(m)).collect();
+        if !variants.is_empty() {
+            out += "variants:\n";
+        }
+        for r in variants {
+            out += &self.render_row(&format!("  {}", r.name), r);
+        }
         if self.rows.iter().any(|r| r.other_exits > 0) {
             out += "(some batches had exits other than the loop's: see the JSON's other_exits)\n";
         }

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use kvm_ioctls::VcpuExit;
+use kvm_ioctls::{VcpuExit, VcpuFd};
 use vmm::builder::{KernelImage, VcpuOptions, VmBuilder, VmSpec};
 use vmm::bus::{BusSnapshot, SharedBuses};
 use vmm::config::IrqchipMode;
@@ -20,34 +20,43 @@ use super::console::LineCapture;
 use super::guest;
 
 /// exitless's seccomp filter of a vCPU thread, installed on the row's thread.
-pub const SECCOMP: u8 = 1 << 0;
+pub const SECCOMP: u16 = 1 << 0;
 /// The kick: the thread's kvm_run registered for the kick signal's handler (which every VM
 /// installs for the process), and KVM_RUN's `EINTR` answered as exitless does.
-pub const KICK: u8 = 1 << 1;
+pub const KICK: u16 = 1 << 1;
 /// Sync regs: the general registers copied into kvm_run by KVM on every exit, RIP and RAX read
 /// from there on every exit (what exitless's `RegsAccess::SyncRegs` does).
-pub const SYNC_REGS: u8 = 1 << 2;
-/// The profiler: a TSC read on each side of KVM_RUN and the vCPU profile's three records.
-pub const PROFILE: u8 = 1 << 3;
+pub const SYNC_REGS: u16 = 1 << 2;
+/// The profiler as exitless runs it by default: every exit counted, one in
+/// `vmm::profile::sample()` timed (a TSC read on each side of KVM_RUN and the vCPU profile's
+/// three records).
+pub const PROFILE: u16 = 1 << 3;
 /// The bus: the per-vCPU bus snapshot's generation check and exitless's dispatch.
-pub const BUS: u8 = 1 << 4;
+pub const BUS: u16 = 1 << 4;
 /// The per-exit checks: the stop flag before KVM_RUN, the observer, log-once, the action.
-pub const OBSERVER: u8 = 1 << 5;
+pub const OBSERVER: u16 = 1 << 5;
 /// The thread pinned to one host CPU (exitless does it with `--cpu-affinity` only).
-pub const PIN: u8 = 1 << 6;
+pub const PIN: u16 = 1 << 6;
 /// Not an ingredient: the TSC around KVM_RUN recorded per exit, where tracefs is missing.
-pub const TIMED: u8 = 1 << 7;
+pub const TIMED: u16 = 1 << 7;
+/// Not an ingredient: with [`PROFILE`], every exit timed (`--profile-sample 1`, exitless's
+/// exit path before the profile was sampled).
+pub const PROFILE_EVERY: u16 = 1 << 8;
+/// KVM_RUN as one `syscall` instruction, the exit read straight from kvm_run
+/// (`vmm::kvm::raw_run`, exitless's), instead of kvm-ioctls' `VcpuFd::run`.
+pub const RAW_RUN: u16 = 1 << 9;
 /// What `exitless run` has on its exit path by default (no pinning).
-pub const EXITLESS: u8 = SECCOMP | KICK | SYNC_REGS | PROFILE | BUS | OBSERVER;
+pub const EXITLESS: u16 = SECCOMP | KICK | SYNC_REGS | PROFILE | BUS | OBSERVER | RAW_RUN;
 
 /// Each ingredient's bit and name, in the order they are added.
-pub const INGREDIENTS: [(u8, &str); 7] = [
+pub const INGREDIENTS: [(u16, &str); 8] = [
     (SECCOMP, "seccomp filter"),
     (KICK, "kick signal armed"),
     (SYNC_REGS, "sync regs"),
-    (PROFILE, "profiler timestamps"),
+    (PROFILE, "profiler (timestamps sampled)"),
     (BUS, "bus snapshot + dispatch"),
     (OBSERVER, "observer/stop-flag checks"),
+    (RAW_RUN, "raw KVM_RUN"),
     (PIN, "CPU pinning"),
 ];
 
@@ -71,7 +80,7 @@ pub struct Batch {
 
 /// A row's VM and what its loop reaches, owned by the row's thread.
 pub struct RowVcpu {
-    mask: u8,
+    mask: u16,
     vcpu: Vcpu,
     shared: Arc<SharedBuses>,
     snapshot: BusSnapshot,
@@ -81,6 +90,8 @@ pub struct RowVcpu {
     observe_every_exit: bool,
     /// exitless's vCPU logs the first unmapped access once; this loop starts past it.
     warned_unmapped: bool,
+    /// The profile times one exit in this many (exitless's default).
+    sample: u32,
 }
 
 /// What of a row's VM stays with the thread that built it (dropped after the row's thread).
@@ -98,7 +109,7 @@ impl RowVcpu {
     /// The guest loops `iterations` times: as many as the row will run, no more, since its
     /// empty loop of as many iterations runs first, emulated at CPL0 (~2 µs an iteration
     /// here). The row stops before the guest's loop ends.
-    pub fn build(mask: u8, case: &str, iterations: u64) -> Result<(Self, RowVm), AblationError> {
+    pub fn build(mask: u16, case: &str, iterations: u64) -> Result<(Self, RowVm), AblationError> {
         let spec = VmSpec {
             kernel: KernelImage::Embedded(guest::BENCH_GUEST),
             initrd: None,
@@ -120,6 +131,7 @@ impl RowVcpu {
         let opts = VcpuOptions {
             regs,
             profiling: mask & PROFILE != 0,
+            profile_sample: vmm::profile::sample(),
             log_unmapped: false,
             affinity: None,
         };
@@ -140,6 +152,7 @@ impl RowVcpu {
             observer: None,
             observe_every_exit: false,
             warned_unmapped: true,
+            sample: vmm::profile::sample(),
         };
         let vm = RowVm {
             _vm: built.vm,
@@ -191,6 +204,7 @@ impl RowVcpu {
         }
         by_mask!(
             0,
+            RAW_RUN,
             KICK,
             SYNC_REGS,
             PROFILE,
@@ -200,13 +214,17 @@ impl RowVcpu {
             KICK | SYNC_REGS | PROFILE,
             KICK | SYNC_REGS | PROFILE | BUS,
             KICK | SYNC_REGS | PROFILE | BUS | OBSERVER,
+            KICK | SYNC_REGS | PROFILE | BUS | OBSERVER | RAW_RUN,
+            PROFILE | PROFILE_EVERY,
+            KICK | SYNC_REGS | PROFILE | PROFILE_EVERY | BUS | OBSERVER | RAW_RUN,
+            KICK | SYNC_REGS | PROFILE | PROFILE_EVERY | BUS | OBSERVER,
         )
     }
 }
 
 /// The loop, one copy per mask `F`: what is not in `F` is not compiled in.
 #[inline(never)]
-fn run_batch<const F: u8>(
+fn run_batch<const F: u16>(
     row: &mut RowVcpu,
     n: u64,
     mut samples: Vec<u64>,
@@ -215,6 +233,13 @@ fn run_batch<const F: u8>(
     let (mut exits, mut other_exits) = (0u64, 0u64);
     let mut t_entry = if F & PROFILE != 0 { start_tsc } else { 0 };
     let mut t_returned = 0u64;
+    // As exitless's vCPU: exits left before the next timed one.
+    let every = if F & PROFILE_EVERY != 0 {
+        1
+    } else {
+        row.sample
+    };
+    let mut untimed_left = 0u32;
     while exits < n {
         if F & OBSERVER != 0 && row.control.state() != control::RUN {
             return Err(AblationError::Stopped);
@@ -222,15 +247,12 @@ fn run_batch<const F: u8>(
         if F & TIMED != 0 && t_returned != 0 && samples.len() < samples.capacity() {
             samples.push(profile::rdtsc().wrapping_sub(t_returned));
         }
-        let result = row.vcpu.fd_mut().run();
+        let result = run_once::<F>(row.vcpu.fd_mut());
         if F & TIMED != 0 {
             t_returned = profile::rdtsc();
         }
-        let t_exit = if F & PROFILE != 0 {
-            profile::rdtsc()
-        } else {
-            0
-        };
+        let timed = F & PROFILE != 0 && untimed_left == 0;
+        let t_exit = if timed { profile::rdtsc() } else { 0 };
         let handled = match result {
             Ok(exit) if F & BUS != 0 => handle_exit(row.snapshot.current(&row.shared), exit)
                 .map_err(AblationError::Device)?,
@@ -251,7 +273,11 @@ fn run_batch<const F: u8>(
             per_exit_checks(row, &handled)?;
         }
         if F & PROFILE != 0 {
-            t_entry = record_profile(&row.profile, &handled, t_entry, t_exit);
+            let times = (t_entry, t_exit);
+            (t_entry, untimed_left) = account(&row.profile, &handled, timed, times, untimed_left);
+            if timed {
+                untimed_left = every - 1;
+            }
         }
         if let ExitAction::End(end) = handled.action {
             return Err(AblationError::Ended(format!("{end:?}")));
@@ -269,6 +295,30 @@ fn run_batch<const F: u8>(
         other_exits,
         samples,
     })
+}
+
+/// One KVM_RUN: raw (exitless's) or through kvm-ioctls, as `F` says.
+#[inline(always)]
+fn run_once<const F: u16>(fd: &mut VcpuFd) -> Result<VcpuExit<'_>, kvm_ioctls::Error> {
+    if F & RAW_RUN != 0 {
+        vmm::kvm::raw_run::run(fd)
+    } else {
+        fd.run()
+    }
+}
+
+/// The profile's part of one exit, as exitless's vCPU does it: recorded with its times when
+/// `timed`, else counted; returns the next KVM_RUN's start (read when the next exit is the
+/// timed one) and the exits left before the next timed one (the caller resets it once timed).
+#[inline(always)]
+fn account(p: &VcpuProfile, h: &Handled, timed: bool, times: (u64, u64), left: u32) -> (u64, u32) {
+    if timed {
+        return (record_profile(p, h, times.0, times.1), left);
+    }
+    p.count_exit(h.reason, h.device);
+    let left = left - 1;
+    let t_entry = if left == 0 { profile::rdtsc() } else { 0 };
+    (t_entry, left)
 }
 
 /// The profile's records of one exit, as exitless's vCPU makes them; returns `t_done`, the

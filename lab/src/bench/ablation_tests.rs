@@ -22,8 +22,11 @@ fn the_full_plan_has_the_bare_loop_each_ingredient_alone_and_cumulatively() {
     assert!(plan.masks.contains(&EXITLESS));
     let all = INGREDIENTS.iter().fold(0, |m, &(b, _)| m | b);
     assert!(plan.masks.contains(&all));
-    // 1 bare + 7 alone + 6 cumulative (the first is the seccomp filter alone).
-    assert_eq!(plan.masks.len(), 14);
+    // 1 bare + 8 alone + 7 cumulative (the first is the seccomp filter alone) + 3 variants.
+    assert_eq!(plan.masks.len(), 19);
+    for variant in super::ablation::VARIANTS {
+        assert!(plan.masks.contains(&variant), "{variant:#x}");
+    }
     assert!(plan.floor);
 }
 
@@ -34,7 +37,14 @@ fn every_row_runs_its_iterations_and_the_trace_sees_each_exit() {
     }
     let plan = AblationPlan {
         case: super::ablation::CASES[0],
-        masks: vec![0, INGREDIENTS[0].0, EXITLESS, EXITLESS | INGREDIENTS[6].0],
+        masks: vec![
+            0,
+            INGREDIENTS[0].0,
+            EXITLESS,
+            EXITLESS | INGREDIENTS[7].0,
+            super::ablation::RAW_RUN,
+            EXITLESS | super::ablation::PROFILE_EVERY,
+        ],
         floor: true,
         per_round: 30,
         rounds: 2,
@@ -43,7 +53,7 @@ fn every_row_runs_its_iterations_and_the_trace_sees_each_exit() {
     let report = run_ablation(&plan, tsc_khz, |_| {}).unwrap();
     // The floor is measured through tracefs only.
     let floor = usize::from(report.tracefs);
-    assert_eq!(report.rows.len(), 4 + floor, "{:#?}", report.rows);
+    assert_eq!(report.rows.len(), 6 + floor, "{:#?}", report.rows);
     if report.tracefs {
         assert_eq!(report.rows[1].mask, None, "the floor second");
     }

@@ -106,6 +106,7 @@ fn prepare(config: &CaseConfig, iterations: u64) -> Result<Prepared, RunError> {
     let opts = VcpuOptions {
         regs: config.regs.core(),
         profiling: config.profiling,
+        profile_sample: vmm::profile::sample(),
         log_unmapped: false,
         affinity: None,
     };

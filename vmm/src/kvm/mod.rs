@@ -6,6 +6,7 @@ pub mod dirty_log;
 pub mod dirty_ring;
 pub mod dirty_tracking;
 pub mod kick;
+pub mod raw_run;
 pub mod ring;
 pub mod state;
 pub mod stats;

@@ -401,6 +401,7 @@ impl ProfileReport {
             self.exit_count(),
             self.exits_per_second()
         );
+        self.write_sampling(&mut out);
         out.push_str("\nUserspace exit handling, all vCPUs (times in µs):\n");
         self.write_reason_table(&mut out, &merged);
         if per_vcpu {
@@ -417,6 +418,29 @@ impl ProfileReport {
         super::virtio::write_table(&mut out, &self.virtio);
         self.write_console_loss(&mut out);
         out
+    }
+
+    /// Says which exits the times come from when not every exit was timed.
+    fn write_sampling(&self, out: &mut String) {
+        let (timed, count) = (self.timed_exit_count(), self.exit_count());
+        if timed >= count {
+            return;
+        }
+        let every = count.checked_div(timed).unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "Times sampled: {timed} of {count} exits timed (one in ~{every}, --profile-sample); \
+             Samples are every exit; Min, Max, p50 and p99 are the timed exits'; Avg, Time% and \
+             the time totals are theirs scaled to every exit"
+        );
+    }
+
+    /// Exits whose handling was timed, over all vCPUs.
+    pub fn timed_exit_count(&self) -> u64 {
+        self.vcpus
+            .iter()
+            .map(VcpuProfileSnapshot::timed_exit_count)
+            .sum()
     }
 
     fn write_console_loss(&self, out: &mut String) {

@@ -287,7 +287,7 @@ fn json_values() {
     assert_eq!(vcpu0["host_cpus"], serde_json::json!([0, 1]));
     assert_eq!(
         vcpu0["kvm_run"],
-        serde_json::json!({"count": 5, "cycles": 50000, "ns": 50000})
+        serde_json::json!({"count": 5, "timed": 5, "cycles": 50000, "ns": 50000})
     );
     assert_eq!(vcpu0["userspace"]["cycles"], 9000);
     let io_out = &vcpu0["reasons"][0];
@@ -468,4 +468,41 @@ fn dropped_console_output_is_reported_only_when_there_is_some() {
     let json = serde_json::to_value(&lossy).unwrap();
     assert_eq!(json["console"]["console_bytes"], 1234);
     assert_eq!(json["console"]["log_bytes"], 5);
+}
+
+/// One exit in four timed: the counts are exact, the times the timed exit's scaled to all four,
+/// and the report says so.
+#[test]
+fn a_sampled_profile_counts_every_exit_scales_its_times_and_says_so() {
+    let profile = VcpuProfile::new(0, 2, 0);
+    profile.record_in_kvm(1000);
+    profile.record_exit(ExitReason::IoOut, Some(1), 100);
+    (0..3).for_each(|_| profile.count_exit(ExitReason::IoOut, Some(1)));
+    let snapshot = profile.snapshot();
+    assert_eq!(
+        (
+            snapshot.kvm_run_count,
+            snapshot.kvm_run_timed,
+            snapshot.kvm_run_cycles
+        ),
+        (4, 1, 4000)
+    );
+    let io = snapshot.reason(ExitReason::IoOut).unwrap();
+    assert_eq!((io.stats.count, io.stats.timed), (4, 1));
+    assert_eq!((io.stats.total_cycles, io.stats.avg_cycles()), (400, 100.0));
+    assert_eq!((io.devices[1].count, io.devices[1].timed), (4, 1));
+    assert_eq!((snapshot.exit_count(), snapshot.timed_exit_count()), (4, 1));
+    let report = ProfileReport::new(vec![snapshot], vec![], vec![], vec![], TSC_KHZ, 1.0);
+    let text = report.render_table(false);
+    assert!(
+        text.contains("Times sampled: 1 of 4 exits timed (one in ~4"),
+        "{text}"
+    );
+    let json = serde_json::to_value(&report).expect("serialize");
+    assert_eq!(json["totals"]["userspace"]["timed"], 1);
+    assert_eq!(json["totals"]["reasons"][0]["timed"], 1);
+    // Every exit timed: no such line.
+    assert!(!sample_report()
+        .render_table(false)
+        .contains("Times sampled"));
 }

@@ -27,11 +27,14 @@ fn add_single_writer(counter: &AtomicU64, value: u64) {
     counter.store(counter.load(Relaxed).wrapping_add(value), Relaxed);
 }
 
-/// Count, total cycles, min/max and latency histogram for one kind of exit.
+/// Count, total cycles, min/max and latency histogram for one kind of exit. Every exit is
+/// counted; only the timed ones (one in N with `--profile-sample N`) add to the cycles and
+/// the histogram.
 #[repr(align(128))]
 #[derive(Default)]
 pub struct ExitStats {
     count: AtomicU64,
+    timed: AtomicU64,
     total_cycles: AtomicU64,
     histogram: Histogram,
 }
@@ -41,30 +44,56 @@ pub struct ExitStats {
 unsafe impl ZeroIsEmpty for ExitStats {}
 
 impl ExitStats {
-    /// Records one sample of `cycles`. Single writer only.
+    /// Records one timed sample of `cycles`. Single writer only.
     #[inline]
     pub fn record(&self, cycles: u64) {
         add_single_writer(&self.count, 1);
+        add_single_writer(&self.timed, 1);
         add_single_writer(&self.total_cycles, cycles);
         self.histogram.record(cycles);
     }
 
-    /// Copies the current values; any thread.
+    /// Counts one exit that was not timed. Single writer only.
+    #[inline]
+    pub fn count(&self) {
+        add_single_writer(&self.count, 1);
+    }
+
+    /// Copies the current values; any thread. The total is the timed exits' scaled to all
+    /// of them (see [`scale_to_count`]).
     pub fn snapshot(&self) -> ExitStatsSnapshot {
+        // The count first: a reader racing the writer sees at least as many timed exits as
+        // the count allows for, and the scale stays at most count / timed.
+        let count = self.count.load(Relaxed);
+        let timed = self.timed.load(Relaxed).min(count);
         ExitStatsSnapshot {
-            count: self.count.load(Relaxed),
-            total_cycles: self.total_cycles.load(Relaxed),
+            count,
+            timed,
+            total_cycles: scale_to_count(self.total_cycles.load(Relaxed), timed, count),
             histogram: self.histogram.snapshot(),
         }
     }
 }
 
+/// `cycles` measured over `timed` of `count` events, scaled to all `count` (the mean of the
+/// timed ones times the count); unchanged when every event was timed.
+pub fn scale_to_count(cycles: u64, timed: u64, count: u64) -> u64 {
+    if timed == 0 || timed >= count {
+        return cycles;
+    }
+    u64::try_from(u128::from(cycles) * u128::from(count) / u128::from(timed)).unwrap_or(u64::MAX)
+}
+
 /// Plain-data copy of [`ExitStats`]. Times are in TSC cycles.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitStatsSnapshot {
-    /// Number of samples.
+    /// Number of exits (every one counted).
     pub count: u64,
-    /// Sum of all samples.
+    /// How many of them were timed (all but with `--profile-sample N` above 1); the
+    /// histogram holds these.
+    #[serde(default)]
+    pub timed: u64,
+    /// Sum of all exits' times: the timed ones' sum scaled to `count` when not all were timed.
     pub total_cycles: u64,
     /// Latency distribution (also holds min and max).
     pub histogram: HistogramSnapshot,
@@ -97,6 +126,7 @@ impl ExitStatsSnapshot {
     /// Adds `other` into `self`.
     pub fn merge(&mut self, other: &ExitStatsSnapshot) {
         self.count += other.count;
+        self.timed += other.timed;
         self.total_cycles += other.total_cycles;
         self.histogram.merge(&other.histogram);
     }
@@ -104,14 +134,16 @@ impl ExitStatsSnapshot {
     /// Samples recorded since `earlier`.
     pub fn delta(&self, earlier: &ExitStatsSnapshot) -> ExitStatsSnapshot {
         let count = self.count.saturating_sub(earlier.count);
+        let timed = self.timed.saturating_sub(earlier.timed);
         let total_cycles = self.total_cycles.saturating_sub(earlier.total_cycles);
         let mut histogram = self.histogram.delta(&earlier.histogram);
         // The histogram can only bound a lone sample by its bucket; the total is exact.
-        if count == 1 {
+        if count == 1 && timed == 1 {
             (histogram.min, histogram.max) = (total_cycles, total_cycles);
         }
         ExitStatsSnapshot {
             count,
+            timed,
             total_cycles,
             histogram,
         }
@@ -139,6 +171,7 @@ fn device_slot(len: usize, device: Option<usize>) -> usize {
 pub struct VcpuProfile {
     vcpu_id: u32,
     kvm_run_count: AtomicU64,
+    kvm_run_timed: AtomicU64,
     kvm_run_cycles: AtomicU64,
     host_cpu_mask: [AtomicU64; CPU_MASK_WORDS],
     /// Indexed by `ExitReason as usize`.
@@ -172,6 +205,7 @@ impl VcpuProfile {
         Self {
             vcpu_id,
             kvm_run_count: AtomicU64::new(0),
+            kvm_run_timed: AtomicU64::new(0),
             kvm_run_cycles: AtomicU64::new(0),
             host_cpu_mask: [const { AtomicU64::new(0) }; CPU_MASK_WORDS],
             by_reason: ZeroedTable::new(ExitReason::ALL.len()),
@@ -196,7 +230,22 @@ impl VcpuProfile {
     #[inline]
     pub fn record_in_kvm(&self, cycles: u64) {
         add_single_writer(&self.kvm_run_count, 1);
+        add_single_writer(&self.kvm_run_timed, 1);
         add_single_writer(&self.kvm_run_cycles, cycles);
+    }
+
+    /// Counts one exit that was not timed (`--profile-sample N` above 1): its `KVM_RUN`
+    /// call, its reason and its device, as [`record_in_kvm`](Self::record_in_kvm) and
+    /// [`record_exit`](Self::record_exit) would without the times. Owning vCPU thread only.
+    #[inline]
+    #[link_section = ".text.hot.exitless_exit_path"]
+    pub fn count_exit(&self, reason: ExitReason, device: Option<usize>) {
+        add_single_writer(&self.kvm_run_count, 1);
+        self.by_reason[reason as usize].count();
+        if let Some(table) = device_table_index(reason) {
+            let devices = &self.by_device[table];
+            devices[device_slot(devices.len(), device)].count();
+        }
     }
 
     /// Records one exit handled in userspace for `cycles`. `device` is the
@@ -249,10 +298,14 @@ impl VcpuProfile {
             .iter()
             .map(|&reason| self.reason_snapshot(reason))
             .collect();
+        let kvm_run_count = self.kvm_run_count.load(Relaxed);
+        let kvm_run_timed = self.kvm_run_timed.load(Relaxed).min(kvm_run_count);
+        let kvm_run_cycles = self.kvm_run_cycles.load(Relaxed);
         VcpuProfileSnapshot {
             vcpu_id: self.vcpu_id,
-            kvm_run_count: self.kvm_run_count.load(Relaxed),
-            kvm_run_cycles: self.kvm_run_cycles.load(Relaxed),
+            kvm_run_count,
+            kvm_run_timed,
+            kvm_run_cycles: scale_to_count(kvm_run_cycles, kvm_run_timed, kvm_run_count),
             host_cpus: self.host_cpus(),
             reasons,
             coalesced_pio: coalesced_snapshot(&self.coalesced_pio),
@@ -391,7 +444,10 @@ pub struct VcpuProfileSnapshot {
     pub vcpu_id: u32,
     /// Number of `KVM_RUN` calls that returned.
     pub kvm_run_count: u64,
-    /// Cycles spent inside `KVM_RUN`.
+    /// How many of them were timed (all but with `--profile-sample N` above 1).
+    #[serde(default)]
+    pub kvm_run_timed: u64,
+    /// Cycles spent inside `KVM_RUN`: the timed calls' sum scaled to all of them.
     pub kvm_run_cycles: u64,
     /// Host CPUs the vCPU thread was seen on, ascending. Cumulative: a
     /// [`delta`](Self::delta) keeps the later snapshot's set.
@@ -417,7 +473,12 @@ impl VcpuProfileSnapshot {
         self.reasons.iter().map(|r| r.stats.count).sum()
     }
 
-    /// Total cycles spent handling exits in userspace.
+    /// Exits whose handling was timed: all of them, or one in N with `--profile-sample N`.
+    pub fn timed_exit_count(&self) -> u64 {
+        self.reasons.iter().map(|r| r.stats.timed).sum()
+    }
+
+    /// Total cycles spent handling exits in userspace (scaled to every exit when sampled).
     pub fn userspace_cycles(&self) -> u64 {
         self.reasons.iter().map(|r| r.stats.total_cycles).sum()
     }
@@ -444,6 +505,7 @@ impl VcpuProfileSnapshot {
         VcpuProfileSnapshot {
             vcpu_id: self.vcpu_id,
             kvm_run_count: self.kvm_run_count.saturating_sub(earlier.kvm_run_count),
+            kvm_run_timed: self.kvm_run_timed.saturating_sub(earlier.kvm_run_timed),
             kvm_run_cycles: self.kvm_run_cycles.saturating_sub(earlier.kvm_run_cycles),
             host_cpus: self.host_cpus.clone(),
             reasons,

@@ -13,8 +13,8 @@
 //!   "vcpus": [ {
 //!     "id": u32,
 //!     "host_cpus": [usize],         // host CPUs the vCPU thread ran on
-//!     "kvm_run": { "count", "cycles", "ns" },          // time inside KVM_RUN
-//!     "userspace": { "exits", "cycles", "ns" },        // exit handling time
+//!     "kvm_run": { "count", "timed", "cycles", "ns" },   // time inside KVM_RUN
+//!     "userspace": { "exits", "timed", "cycles", "ns" }, // exit handling time
 //!     "reasons": [ REASON ],        // only reasons with count > 0, by count desc
 //!     "coalesced": [ COALESCED ]    // only writes > 0, by writes desc
 //!   } ],
@@ -28,11 +28,14 @@
 //!   "virtio": [ { "device": name, "queues": [ { "queue", "notifies", "interrupts",
 //!                                                "completed", "malformed" } ] } ]
 //! }
-//! REASON = { "reason": "IO_OUT", "count", "total_ns", "min_ns", "max_ns",
+//! REASON = { "reason": "IO_OUT", "count", "timed", "total_ns", "min_ns", "max_ns",
 //!            "avg_ns" (f64), "p50_ns", "p99_ns",
 //!            "devices": [ { "device": name | "<unmapped>", "index": usize | null,
-//!                           "count", "total_ns", "min_ns", "max_ns",
+//!                           "count", "timed", "total_ns", "min_ns", "max_ns",
 //!                           "avg_ns", "p50_ns", "p99_ns" } ] }   // count > 0 only
+//! Every exit is counted ("count", "exits"); "timed" of them were timed (one in N with
+//! `--profile-sample N`, all with N = 1): min, max and the percentiles are the timed exits',
+//! "total_ns", "avg_ns" and the cycles are theirs scaled to "count" (exact when equal).
 //! COALESCED = { "bus": "io" | "mmio", "device": name | "<unmapped>",
 //!               "index": usize | null, "writes": u64 }
 //! ```
@@ -48,6 +51,7 @@ use crate::devices::serial::OutputLoss;
 #[derive(Serialize)]
 struct StatsDocument {
     count: u64,
+    timed: u64,
     total_ns: u64,
     min_ns: u64,
     max_ns: u64,
@@ -75,6 +79,7 @@ struct ReasonDocument {
 #[derive(Serialize)]
 struct KvmRunDocument {
     count: u64,
+    timed: u64,
     cycles: u64,
     ns: u64,
 }
@@ -82,6 +87,7 @@ struct KvmRunDocument {
 #[derive(Serialize)]
 struct UserspaceDocument {
     exits: u64,
+    timed: u64,
     cycles: u64,
     ns: u64,
 }
@@ -123,6 +129,7 @@ impl StatsDocument {
     fn new(stats: &ExitStatsSnapshot, scale: TimeScale) -> Self {
         Self {
             count: stats.count,
+            timed: stats.timed,
             total_ns: scale.ns(stats.total_cycles),
             min_ns: scale.ns(stats.min_cycles()),
             max_ns: scale.ns(stats.max_cycles()),
@@ -161,11 +168,13 @@ impl ProfileReport {
             host_cpus: vcpu.host_cpus.clone(),
             kvm_run: KvmRunDocument {
                 count: vcpu.kvm_run_count,
+                timed: vcpu.kvm_run_timed,
                 cycles: vcpu.kvm_run_cycles,
                 ns: scale.ns(vcpu.kvm_run_cycles),
             },
             userspace: UserspaceDocument {
                 exits: vcpu.exit_count(),
+                timed: vcpu.timed_exit_count(),
                 cycles: vcpu.userspace_cycles(),
                 ns: scale.ns(vcpu.userspace_cycles()),
             },
@@ -183,11 +192,13 @@ impl ProfileReport {
             userspace_percent: self.userspace_percent(),
             kvm_run: KvmRunDocument {
                 count: self.kvm_run_count(),
+                timed: self.vcpus.iter().map(|v| v.kvm_run_timed).sum(),
                 cycles: self.kvm_run_cycles(),
                 ns: scale.ns(self.kvm_run_cycles()),
             },
             userspace: UserspaceDocument {
                 exits: self.exit_count(),
+                timed: self.timed_exit_count(),
                 cycles: self.userspace_cycles(),
                 ns: scale.ns(self.userspace_cycles()),
             },
