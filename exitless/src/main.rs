@@ -83,8 +83,20 @@ enum VmmCommand {
 /// that an error is the whole parser's message.
 #[cfg(feature = "lab")]
 fn parse_without_the_lab(args: Vec<std::ffi::OsString>) -> Option<Cli> {
-    let elsewhere = ["bench", "compare", "help", "--help", "-h", "--version", "-V"];
-    if args.iter().skip(1).any(|a| elsewhere.iter().any(|w| a == w)) {
+    let elsewhere = [
+        "bench",
+        "compare",
+        "help",
+        "--help",
+        "-h",
+        "--version",
+        "-V",
+    ];
+    if args
+        .iter()
+        .skip(1)
+        .any(|a| elsewhere.iter().any(|w| a == w))
+    {
         return None;
     }
     let cli = VmmCli::try_parse_from(args).ok()?;
