@@ -57,10 +57,69 @@ enum Command {
     Remote(remote::RemoteArgs),
 }
 
+/// `run`, `remote` and the API server's command line without the lab's commands: clap builds
+/// every subcommand's arguments before it parses, and `bench`'s and `compare`'s many left the
+/// allocator ~28 kB more dirty heap in every VM of the default build (docs/performance.md).
+#[cfg(feature = "lab")]
+#[derive(Parser)]
+#[command(name = "exitless")]
+struct VmmCli {
+    #[command(subcommand)]
+    command: Option<VmmCommand>,
+    #[command(flatten)]
+    server: ServerOptions,
+    #[command(flatten)]
+    vm: VmOptions,
+}
+
+#[cfg(feature = "lab")]
+#[derive(Subcommand)]
+enum VmmCommand {
+    Run(run::RunArgs),
+    Remote(remote::RemoteArgs),
+}
+
+/// The command line parsed without the lab's commands, when no word of it asks for them or
+/// for help (which lists them all); `None` to parse it whole, also when this parse fails, so
+/// that an error is the whole parser's message.
+#[cfg(feature = "lab")]
+fn parse_without_the_lab(args: Vec<std::ffi::OsString>) -> Option<Cli> {
+    let elsewhere = [
+        "bench",
+        "compare",
+        "help",
+        "--help",
+        "-h",
+        "--version",
+        "-V",
+    ];
+    if args
+        .iter()
+        .skip(1)
+        .any(|a| elsewhere.iter().any(|w| a == w))
+    {
+        return None;
+    }
+    let cli = VmmCli::try_parse_from(args).ok()?;
+    let command = cli.command.map(|c| match c {
+        VmmCommand::Run(args) => Command::Run(args),
+        VmmCommand::Remote(args) => Command::Remote(args),
+    });
+    Some(Cli {
+        command,
+        server: cli.server,
+        vm: cli.vm,
+    })
+}
+
 /// The command line; a usage error is clap's whole message (what is wrong, the argument's
 /// name, a similar argument when there is one, the usage line), exit code 2.
 fn parse_args() -> Cli {
     use clap::error::ErrorKind;
+    #[cfg(feature = "lab")]
+    if let Some(cli) = parse_without_the_lab(std::env::args_os().collect()) {
+        return cli;
+    }
     match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e)
@@ -269,6 +328,42 @@ mod tests {
             assert!(
                 Cli::try_parse_from(refused.split_whitespace()).is_err(),
                 "{refused}"
+            );
+        }
+    }
+
+    #[cfg(feature = "lab")]
+    #[test]
+    fn run_and_remote_parse_without_the_lab_and_alike() {
+        use super::parse_without_the_lab;
+        let words = |line: &str| line.split_whitespace().map(Into::into).collect::<Vec<_>>();
+        for line in [
+            "exitless run --kernel k --memory 512M --seccomp off",
+            "exitless -v --api-socket /s run --kernel k",
+            "exitless --api-socket /s",
+            "exitless remote --api-socket /s ping",
+        ] {
+            let mut lean = parse_without_the_lab(words(line)).expect(line);
+            let mut whole = Cli::try_parse_from(words(line)).unwrap();
+            let (lean_vm, lean_server) = options_for(&mut lean);
+            let (vm, server) = options_for(&mut whole);
+            assert_eq!(lean_vm.seccomp, vm.seccomp, "{line}");
+            assert_eq!(lean_server.api_socket, server.api_socket, "{line}");
+            assert_eq!(lean_server.verbose, server.verbose, "{line}");
+            assert_eq!(lean.command.is_some(), whole.command.is_some(), "{line}");
+        }
+        for whole_parser in [
+            "exitless bench --cases cpuid",
+            "exitless compare --api",
+            "exitless run --help",
+            "exitless help",
+            "exitless --version",
+            "exitless run --kernle k",
+            "exitless benhc",
+        ] {
+            assert!(
+                parse_without_the_lab(words(whole_parser)).is_none(),
+                "{whole_parser}"
             );
         }
     }

@@ -346,11 +346,12 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
         };
         return serve_api(&args, served, socket, timeout, verbose);
     }
-    launch::release_unused_stack();
     let mut terminal = RawTerminal::enter();
     // From here the main thread only waits, reports and stops the VM.
     vmm::seccomp::apply(vmm::seccomp::ThreadKind::Main)?;
     vmm::startup::mark(vmm::startup::moment::MAIN_SECCOMP);
+    // After the filter, whose compilation reaches deep into the stack too.
+    launch::release_unused_stack();
     let end = wait(&args, &mut vm, timeout, interval);
     if let Ok(t) = terminal.as_mut() {
         t.restore();
