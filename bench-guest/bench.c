@@ -166,6 +166,7 @@ static const struct bench_case cases[] = {
     {"power_button", 3, NAMED, loop_power_button, loop_empty_c, operations_setup, 0},
     {"nmi_check", 3, NAMED, loop_nmi_check, loop_empty_c, operations_setup, 0},
     {"resize_check", 3, NAMED, loop_resize_check, loop_empty_c, operations_setup, 0},
+    {"migrate", 3, NAMED, loop_migrate, loop_empty_c, migrate_setup, report_migrate},
 };
 #define NR_CASES (sizeof(cases) / sizeof(cases[0]))
 

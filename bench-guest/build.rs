@@ -26,6 +26,7 @@ const SOURCES: &[&str] = &[
     "virtio_balloon.c",
     "virtio_pmem.c",
     "operations.c",
+    "migrate.c",
 ];
 const HEADERS: &[&str] = &["layout.h", "guest.h", "virtio.h", "link.ld"];
 const FLAGS: &[&str] = &[
