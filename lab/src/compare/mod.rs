@@ -8,6 +8,8 @@ pub mod density;
 mod figures;
 pub mod floor;
 pub mod kvm_stats;
+pub mod migrate;
+mod migrate_run;
 pub mod peer;
 pub mod process;
 pub mod snapshot;
@@ -57,6 +59,8 @@ pub enum CompareError {
     Backend(String),
     #[error("{0}")]
     Snapshot(String),
+    #[error("{0}")]
+    Migrate(String),
     #[error("exitless itself failed on case {case}: {source}")]
     Exitless {
         case: String,
@@ -197,6 +201,10 @@ pub struct CompareReport {
     /// The `snapshot` case's rows, one per VMM that takes part, when it was run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<Vec<snapshot::SnapshotRow>>,
+    /// The `migrate` case's rows, per VMM that takes part, way and writing rate, when it was
+    /// run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub migrate: Option<Vec<migrate::MigrateRow>>,
 }
 
 /// One run and what its trace said (or why nothing).
@@ -310,10 +318,15 @@ pub fn run(
         fs: fs.as_ref(),
     };
     let mut snapshots = Snapshots::new(plan);
+    let mut migrations = migrate::Migrations::new(plan);
     for round in 1..=plan.rounds {
         for (c, case) in plan.cases.iter().enumerate() {
             if case == snapshot::CASE {
                 snapshots.round(plan, round, &mut progress, &stop)?;
+                continue;
+            }
+            if case == migrate::CASE {
+                migrations.round(plan, round, &mut progress, &stop)?;
                 continue;
             }
             if (needs_tap(case) && setting.net.is_none())
@@ -363,6 +376,11 @@ pub fn run(
         .iter()
         .any(|c| c == snapshot::CASE)
         .then(|| snapshots.rows(plan));
+    report.migrate = plan
+        .cases
+        .iter()
+        .any(|c| c == migrate::CASE)
+        .then(|| migrations.rows());
     Ok(report)
 }
 
