@@ -51,4 +51,10 @@ pub fn print(rows: &[MigrateRow]) {
             r.sent_mib.median,
         );
     }
+    for r in rows.iter().filter(|r| r.failed.is_none()) {
+        if let Some(steps) = r.rounds.first().and_then(|m| m.steps.as_ref()) {
+            let (vmm, way, rate) = (r.vmm, r.way.name(), r.write_mib_s);
+            println!("{vmm} {way} {rate} MiB/s, first round: {steps}");
+        }
+    }
 }

@@ -84,6 +84,10 @@ pub struct MigrateRound {
     pub done_line: bool,
     /// The source's VMM process ended (exitless) or its VM stopped (QEMU: `postmigrate`).
     pub source_ended: bool,
+    /// exitless: where the time went, as its source logs it with `-v` (setup, precopy, then
+    /// the downtime's pause, capture, last pass, State, Complete).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps: Option<String>,
 }
 
 /// One row: a VMM, a way, a rate; medians (min-max) over its rounds, or why it failed.

@@ -205,6 +205,10 @@ fn api(vmm: &Vmm, s: &Setting, way: Way, rate: u64) -> Result<MigrateRound, Stri
         written_mib: written,
         done_line: true,
         source_ended,
+        steps: log
+            .lines()
+            .find_map(|l| l.split_once("steps: "))
+            .map(|(_, steps)| steps.to_string()),
     })
 }
 
@@ -355,6 +359,7 @@ fn qemu(vmm: &Vmm, s: &Setting, rate: u64) -> Result<MigrateRound, String> {
         written_mib: written,
         done_line: true,
         source_ended: status["status"] == "postmigrate",
+        steps: None,
     })
 }
 

@@ -85,6 +85,28 @@ pub struct SendSummary {
     /// Memory passes (the first and last included).
     pub passes: u32,
     pub last_pass_bytes: u64,
+    /// Where the time went, step by step.
+    pub steps: SendSteps,
+}
+
+/// The migration's steps, each as long as the source waited for it: the precopy passes,
+/// then the downtime's (pause to the destination's OK to Complete).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SendSteps {
+    /// Start, MemoryFds and Config (the destination makes guest memory).
+    pub setup: Duration,
+    /// The first pass and the dirty passes, the VM running.
+    pub precopy: Duration,
+    /// The vCPUs paused.
+    pub pause: Duration,
+    /// The state captured (vCPUs, irqchip, clock, devices).
+    pub capture: Duration,
+    /// The last dirty log read and the last pass sent.
+    pub last_pass: Duration,
+    /// The disk locks let go of, State sent and answered (the destination makes the VM).
+    pub state: Duration,
+    /// Complete sent and answered (the destination resumes the VM).
+    pub complete: Duration,
 }
 
 /// Sends the VM `src` over `s`; on failure the VM runs on as before (see the module docs).
@@ -159,17 +181,22 @@ impl Run {
             &config,
             "Config",
         )?;
+        let mut step = Step(Instant::now());
+        self.summary.steps.setup = step.0.duration_since(self.start);
         let pending = match opts.local {
             true => Vec::new(),
             false => self.precopy(s, src, opts)?,
         };
+        self.summary.steps.precopy = step.next();
+        let paused_at = step.0;
         if opts.running {
             src.pause()?;
             self.paused = true;
         }
-        let paused_at = Instant::now();
+        self.summary.steps.pause = step.next();
         self.capturing = true;
         let state = src.capture()?;
+        self.summary.steps.capture = step.next();
         if !opts.local {
             let mut last = pending;
             last.extend(src.dirty()?);
@@ -177,6 +204,7 @@ impl Run {
             self.send_memory(s, src, &last)?;
             self.summary.passes += 1;
         }
+        self.summary.steps.last_pass = step.next();
         self.released = true;
         src.release_files()?;
         request(
@@ -185,11 +213,13 @@ impl Run {
             &state,
             "State",
         )?;
+        self.summary.steps.state = step.next();
         let complete = match opts.running {
             true => Command::Complete,
             false => Command::CompletePaused,
         };
         request(s, Request::new(complete, 0), &[], "Complete")?;
+        self.summary.steps.complete = step.next();
         self.summary.downtime = paused_at.elapsed();
         self.summary.total = self.start.elapsed();
         Ok(())
@@ -246,6 +276,19 @@ impl Run {
         }
         self.summary.memory_bytes += sent;
         Ok(sent)
+    }
+}
+
+/// A stopwatch over consecutive steps.
+struct Step(Instant);
+
+impl Step {
+    /// The time since the last step ended; the next starts now.
+    fn next(&mut self) -> Duration {
+        let now = Instant::now();
+        let took = now.duration_since(self.0);
+        self.0 = now;
+        took
     }
 }
 
