@@ -3,7 +3,7 @@
  * every VMM. At CPL3 (instructions at CPL0 are emulated one by one on PVM hosts), the guest
  * first writes every page of span_mib MiB (default 64) from 32 MiB up once, prints
  *
- *   EXITLESS MIGRATE loop span_mib=<S> write_mib_s=<R>
+ *   EXITLESS MIGRATE loop span_mib=<S> write_mib_s=<R> tsc=<the TSC then>
  *
  * then for secs= seconds (default 5) stamps every turn of its loop with the TSC and keeps the
  * longest gap between two stamps: with no timer and no exit in the loop, a gap is time the
@@ -16,7 +16,13 @@
  *
  *   EXITLESS RESULT case=migrate cpl=3 ... span_mib=<S> write_mib_s=<R> loops=<turns>
  *     written_mib=<pages written in the loop, MiB> max_gap_cycles=<c> max_gap_us=<us>
- *     max_gap_at_ms=<when, from the loop's start> gaps_over_1ms=<n> bad=<pages> ok=<0|1>
+ *     max_gap_at_ms=<when, from the loop's start> gaps_over_1ms=<n>
+ *     top_gaps=<cycles>@<TSC at its start>,... bad=<pages> ok=<0|1>
+ *
+ * top_gaps are the 4 longest gaps, longest first: where the guest's TSC is the host's (this
+ * PVM host: KVM_SET_MSRS(IA32_TSC) has no effect, for every VMM), the host picks the one that
+ * started while it migrated, leaving out the scheduler's gaps before and after. The loop
+ * line's tsc= tells the host whether the two TSCs agree.
  *
  * The TSC's frequency comes on the command line (tsc_khz=, which the host knows; the guest
  * has no other clock to learn it from): the rate, secs= and the figures in us need it.
@@ -29,10 +35,13 @@
 #define MIG_SEED 0x6d16a7e5eed0001UL
 /* Most pages one turn writes: a turn stays short after a gap, while the loop catches up. */
 #define MIG_BURST 16
+/* The longest gaps kept, with when each started. */
+#define MIG_TOP 4
 
 static struct {
     u64 pages, rate_pages, secs, tsc_khz;
     u64 loops, written, max_gap, max_gap_at, gaps_over_1ms, bad;
+    u64 top[MIG_TOP], top_at[MIG_TOP]; /* longest first */
 } mig;
 
 /* The word page p holds after its `count`-th write. */
@@ -76,6 +85,15 @@ static void mig_stamp(u64 now, u64 *last, u64 start)
     }
     if (gap > mig.tsc_khz)
         mig.gaps_over_1ms++;
+    if (gap > mig.top[MIG_TOP - 1]) {
+        int i = MIG_TOP - 1;
+        for (; i > 0 && mig.top[i - 1] < gap; i--) {
+            mig.top[i] = mig.top[i - 1];
+            mig.top_at[i] = mig.top_at[i - 1];
+        }
+        mig.top[i] = gap;
+        mig.top_at[i] = *last;
+    }
     *last = now;
 }
 
@@ -89,6 +107,8 @@ u64 loop_migrate(u64 n)
     put_u64(mig.pages * MIG_PAGE >> 20);
     puts_(" write_mib_s=");
     put_u64(mig.rate_pages * MIG_PAGE >> 20);
+    puts_(" tsc=");
+    put_u64(rdtsc());
     puts_("\n");
     u64 hz = mig.tsc_khz * 1000, start = rdtsc(), last = start, end = start + mig.secs * hz;
     for (;;) {
@@ -125,6 +145,14 @@ void report_migrate(void)
     put_u64(mig.max_gap_at / mig.tsc_khz);
     puts_(" gaps_over_1ms=");
     put_u64(mig.gaps_over_1ms);
+    puts_(" top_gaps=");
+    for (int i = 0; i < MIG_TOP; i++) {
+        if (i)
+            puts_(",");
+        put_u64(mig.top[i]);
+        puts_("@");
+        put_u64(mig.top_at[i]);
+    }
     puts_(" bad=");
     put_u64(mig.bad);
     puts_(" ok=");

@@ -17,17 +17,19 @@ fn ratio(r: Option<f64>) -> String {
 pub fn print(rows: &[MigrateRow]) {
     println!(
         "\nmigrate: the guest ({SPAN_MIB} MiB written once, then writing at the rate given) \
-         live-migrated on this host; guest downtime = the longest gap its TSC-stamped loop saw; \
-         total and VMM downtime as each VMM reports them; x qemu = median over QEMU's at the \
-         same rate: median (min-max)"
+         live-migrated on this host; guest downtime = the longest gap its TSC-stamped loop saw \
+         that started while the VMM migrated; noise = its longest gap outside that (the host's \
+         scheduler); total and VMM downtime as each VMM reports them; x qemu = median over \
+         QEMU's at the same rate: median (min-max)"
     );
     println!(
-        "{:<17} {:<6} {:>7} {:>22} {:>8} {:>22} {:>8} {:>20} {:>20} {:>14}",
+        "{:<17} {:<6} {:>7} {:>22} {:>8} {:>9} {:>22} {:>8} {:>20} {:>20} {:>14}",
         "vmm",
         "way",
         "MiB/s",
         "guest downtime ms",
         "x qemu",
+        "noise ms",
         "total ms",
         "x qemu",
         "vmm downtime ms",
@@ -41,9 +43,10 @@ pub fn print(rows: &[MigrateRow]) {
             continue;
         }
         println!(
-            "{vmm:<17} {way:<6} {rate:>7} {:>22} {:>8} {:>22} {:>8} {:>20} {:>20} {:>14.1}",
+            "{vmm:<17} {way:<6} {rate:>7} {:>22} {:>8} {:>9.1} {:>22} {:>8} {:>20} {:>20} {:>14.1}",
             spread(&r.guest_downtime_ms),
             ratio(r.ratio_to_qemu(rows, |r| r.guest_downtime_ms.median)),
+            r.guest_noise_ms.median,
             spread(&r.total_ms),
             ratio(r.ratio_to_qemu(rows, |r| r.total_ms.median)),
             r.reported_downtime_ms.as_ref().map_or("-".into(), spread),

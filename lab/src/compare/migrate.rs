@@ -62,10 +62,17 @@ impl Way {
 /// One migration, as measured.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct MigrateRound {
-    /// The longest gap between two turns of the guest's loop, and when (from the loop's
-    /// start).
+    /// The longest gap between two turns of the guest's loop that started while the VMM
+    /// migrated (`in_window`), or the longest of all where the guest's TSC is not the
+    /// host's.
     pub guest_downtime_ms: f64,
-    pub guest_gap_at_ms: f64,
+    pub in_window: bool,
+    /// When that gap started, from the migration request (ms; in the window only): near
+    /// the total less the downtime, it is the pause.
+    pub guest_gap_from_start_ms: Option<f64>,
+    /// The longest gap the guest saw outside the migration (the host's scheduler), among its
+    /// four longest; 0 when all four fell inside.
+    pub guest_noise_ms: f64,
     /// From the source's start of the migration to its end, as the VMM reports it.
     pub total_ms: f64,
     /// The pause as the VMM reports it (exitless: pause to the destination's OK to
@@ -99,6 +106,8 @@ pub struct MigrateRow {
     pub failed: Option<String>,
     pub rounds: Vec<MigrateRound>,
     pub guest_downtime_ms: Spread,
+    /// The longest gaps outside the migration (the host's own noise, for scale).
+    pub guest_noise_ms: Spread,
     pub total_ms: Spread,
     pub reported_downtime_ms: Option<Spread>,
     pub client_ms: Spread,
@@ -124,6 +133,7 @@ impl MigrateRow {
             write_mib_s,
             failed,
             guest_downtime_ms: over(|r| r.guest_downtime_ms),
+            guest_noise_ms: over(|r| r.guest_noise_ms),
             total_ms: over(|r| r.total_ms),
             reported_downtime_ms: (!reported.is_empty()).then(|| Spread::of(&reported)),
             client_ms: over(|r| r.client_ms),
@@ -265,27 +275,70 @@ impl Migrations {
     }
 }
 
-/// Parses the guest's result line: (longest gap in ms, when in ms, MiB written), once every
-/// page checked out (`ok=1`); else why not.
-pub fn guest_result(line: &str) -> Result<(f64, f64, u64), String> {
-    let field = |key: &str| -> Option<u64> {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-            .and_then(|v| v.parse().ok())
-    };
-    if field("ok") != Some(1) {
+/// The value of `key=` in a guest line.
+pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// What the guest saw of one migration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GuestSeen {
+    pub downtime_ms: f64,
+    pub in_window: bool,
+    pub from_start_ms: Option<f64>,
+    pub noise_ms: f64,
+    pub written_mib: u64,
+}
+
+/// Parses the guest's result line, once every page checked out (`ok=1`; else why not):
+/// of its longest gaps, the longest that started within `window` (host TSC, when the
+/// guest's TSC is the host's), else the longest of all.
+pub fn guest_result(
+    line: &str,
+    tsc_khz: u64,
+    window: Option<(u64, u64)>,
+) -> Result<GuestSeen, String> {
+    let num = |key: &str| field(line, key).and_then(|v| v.parse::<u64>().ok());
+    if num("ok") != Some(1) {
         return Err(format!(
             "the guest's pages were not as it wrote them: {line}"
         ));
     }
-    match (
-        field("max_gap_us"),
-        field("max_gap_at_ms"),
-        field("written_mib"),
-    ) {
-        (Some(gap), Some(at), Some(written)) => Ok((gap as f64 / 1e3, at as f64, written)),
-        _ => Err(format!("the guest's result line lacks its figures: {line}")),
-    }
+    let lacks = || format!("the guest's result line lacks its figures: {line}");
+    let top: Vec<(u64, u64)> = field(line, "top_gaps")
+        .ok_or_else(lacks)?
+        .split(',')
+        .filter_map(|g| g.split_once('@'))
+        .filter_map(|(c, at)| Some((c.parse().ok()?, at.parse().ok()?)))
+        .collect();
+    let written_mib = num("written_mib").ok_or_else(lacks)?;
+    let ms = |cycles: u64| cycles as f64 / tsc_khz.max(1) as f64;
+    let inside = |at: u64| window.is_some_and(|(from, to)| (from..=to).contains(&at));
+    let longest = |keep: &dyn Fn(u64) -> bool| top.iter().filter(|g| keep(g.1)).map(|g| g.0).max();
+    let (gap, in_window) = match longest(&inside) {
+        Some(g) => (g, true),
+        None => (longest(&|_| true).ok_or_else(lacks)?, false),
+    };
+    let from_start_ms = window.filter(|_| in_window).and_then(|(from, _)| {
+        let at = top.iter().find(|g| g.0 == gap && inside(g.1))?.1;
+        Some(ms(at - from))
+    });
+    Ok(GuestSeen {
+        downtime_ms: ms(gap),
+        in_window,
+        from_start_ms,
+        noise_ms: longest(&|at| in_window && !inside(at)).map_or(0.0, ms),
+        written_mib,
+    })
+}
+
+/// Whether the guest's TSC (`tsc=` of its loop line) is the host's `host_tsc` read when the
+/// line came, within a second.
+pub fn same_tsc(loop_line: &str, host_tsc: u64, tsc_khz: u64) -> bool {
+    field(loop_line, "tsc")
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|g| g.abs_diff(host_tsc) < tsc_khz * 1000)
 }
 
 #[cfg(test)]
@@ -339,14 +392,24 @@ mod tests {
     }
 
     #[test]
-    fn the_guest_result_gives_its_gap_or_why_not() {
+    fn the_guest_downtime_is_its_longest_gap_in_the_migration_s_window() {
         let ok = "EXITLESS RESULT case=migrate cpl=3 iters=1000 span_mib=128 write_mib_s=64 \
-                  loops=9 written_mib=319 max_gap_cycles=87580914 max_gap_us=41705 \
-                  max_gap_at_ms=652 gaps_over_1ms=62 bad=0 ok=1";
-        assert_eq!(guest_result(ok), Ok((41.705, 652.0, 319)));
+                  loops=9 written_mib=319 max_gap_cycles=9000 max_gap_us=9 max_gap_at_ms=652 \
+                  gaps_over_1ms=62 top_gaps=9000@100,5000@2000,3000@2500,1000@50 bad=0 ok=1";
+        let seen = |window| guest_result(ok, 1000, window).unwrap();
+        let s = seen(Some((1500, 3000)));
+        assert_eq!((s.downtime_ms, s.in_window, s.noise_ms), (5.0, true, 9.0));
+        assert_eq!(s.from_start_ms, Some(0.5));
+        assert_eq!(s.written_mib, 319);
+        let s = seen(Some((4000, 5000)));
+        assert_eq!((s.downtime_ms, s.in_window, s.noise_ms), (9.0, false, 0.0));
+        assert_eq!(seen(None).downtime_ms, 9.0);
         let bad = ok.replace("bad=0 ok=1", "bad=3 ok=0");
-        assert!(guest_result(&bad).unwrap_err().contains("not as it wrote"));
-        assert!(guest_result("EXITLESS RESULT case=migrate ok=1").is_err());
+        let e = guest_result(&bad, 1000, None).unwrap_err();
+        assert!(e.contains("not as it wrote"), "{e}");
+        assert!(guest_result("EXITLESS RESULT case=migrate ok=1", 1000, None).is_err());
+        let line = "EXITLESS MIGRATE loop span_mib=1 write_mib_s=0 tsc=5000000";
+        assert!(same_tsc(line, 5_500_000, 1000) && !same_tsc(line, 7_000_000, 1000));
     }
 
     #[test]

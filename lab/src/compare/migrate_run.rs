@@ -12,7 +12,7 @@ use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use super::api_start::vm_create_body;
-use super::migrate::{guest_result, MigrateRound, Setting, Way, WARM};
+use super::migrate::{guest_result, same_tsc, GuestSeen, MigrateRound, Setting, Way, WARM};
 use super::peer::Vmm;
 use super::snapshot::{connect, one_line};
 use super::vmm_kind::VmmKind;
@@ -107,10 +107,39 @@ impl Proc {
     }
 }
 
-/// The guest's result and done lines on the destination: (gap ms, at ms, MiB written).
-fn destination_result(dst: &mut Proc, s: &Setting) -> Result<(f64, f64, u64), String> {
+/// The host's TSC around a migration, and whether the guest's TSC is the host's.
+struct Window {
+    same_tsc: bool,
+    from: u64,
+    to: u64,
+}
+
+impl Window {
+    /// Once the guest's loop line came on the source's console.
+    fn after_loop_line(src: &mut Proc, s: &Setting) -> Result<Self, String> {
+        let line = src.line(LOOP_LINE, s.limit)?;
+        let same_tsc = same_tsc(&line, vmm::profile::rdtsc(), s.tsc_khz);
+        Ok(Window {
+            same_tsc,
+            from: 0,
+            to: 0,
+        })
+    }
+
+    fn open(&mut self) {
+        self.from = vmm::profile::rdtsc();
+    }
+
+    fn close(&mut self) {
+        self.to = vmm::profile::rdtsc();
+    }
+}
+
+/// The guest's result and done lines on the destination.
+fn destination_result(dst: &mut Proc, s: &Setting, w: &Window) -> Result<GuestSeen, String> {
     let line = dst.line(RESULT_LINE, s.limit)?;
-    let result = guest_result(&line)?;
+    let window = w.same_tsc.then_some((w.from, w.to));
+    let result = guest_result(&line, s.tsc_khz, window)?;
     dst.line(DONE_LINE, s.limit)?;
     Ok(result)
 }
@@ -159,7 +188,7 @@ fn api(vmm: &Vmm, s: &Setting, way: Way, rate: u64) -> Result<MigrateRound, Stri
     }
     put(&mut client, "vm.create", Some(body.to_string()))?;
     put(&mut client, "vm.boot", None)?;
-    src.line(LOOP_LINE, s.limit)?;
+    let mut window = Window::after_loop_line(&mut src, s)?;
     std::thread::sleep(WARM);
     let url = format!("unix:{}", s.dir.join("m.sock").display());
     let receive = serde_json::json!({ "receiver_url": url }).to_string();
@@ -174,7 +203,9 @@ fn api(vmm: &Vmm, s: &Setting, way: Way, rate: u64) -> Result<MigrateRound, Stri
     }
     let send = serde_json::json!({ "destination_url": url, "local": way == Way::Local });
     let start = Instant::now();
+    window.open();
     let sent = put(&mut client, "vm.send-migration", Some(send.to_string()));
+    window.close();
     let client_ms = start.elapsed().as_secs_f64() * 1e3;
     if let Err(e) = sent {
         // The destination may wait for a source that is gone: ending it ends its request.
@@ -190,19 +221,21 @@ fn api(vmm: &Vmm, s: &Setting, way: Way, rate: u64) -> Result<MigrateRound, Stri
         .join()
         .map_err(|_| "the receiving request's thread panicked".to_string())??;
     let source_ended = src.ends_within(s.limit);
-    let (gap, at, written) = destination_result(&mut dst, s)?;
+    let seen = destination_result(&mut dst, s, &window)?;
     let log = std::fs::read_to_string(s.dir.join("src.log")).unwrap_or_default();
     let (total_ms, downtime_ms, sent_mib, passes) = exitless_summary(&log)
         .ok_or_else(|| format!("the source logged no summary: {}", one_line(&log)))?;
     Ok(MigrateRound {
-        guest_downtime_ms: gap,
-        guest_gap_at_ms: at,
+        guest_downtime_ms: seen.downtime_ms,
+        in_window: seen.in_window,
+        guest_gap_from_start_ms: seen.from_start_ms,
+        guest_noise_ms: seen.noise_ms,
         total_ms,
         reported_downtime_ms: Some(downtime_ms),
         client_ms,
         sent_mib,
         passes: Some(passes),
-        written_mib: written,
+        written_mib: seen.written_mib,
         done_line: true,
         source_ended,
         steps: log
@@ -324,7 +357,7 @@ fn qemu(vmm: &Vmm, s: &Setting, rate: u64) -> Result<MigrateRound, String> {
     let mut q = Qmp::connect(&src_qmp, s.limit)?;
     // The destination listens once its QMP answers.
     drop(Qmp::connect(&dst_qmp, s.limit)?);
-    src.line(LOOP_LINE, s.limit)?;
+    let mut window = Window::after_loop_line(&mut src, s)?;
     q.execute(
         "migrate-set-parameters",
         Some(serde_json::json!({ "max-bandwidth": NO_CAP })),
@@ -332,6 +365,7 @@ fn qemu(vmm: &Vmm, s: &Setting, rate: u64) -> Result<MigrateRound, String> {
     std::thread::sleep(WARM);
     let uri = format!("unix:{}", s.dir.join("m.sock").display());
     let start = Instant::now();
+    window.open();
     q.execute("migrate", Some(serde_json::json!({ "uri": uri })))?;
     let info = loop {
         let info = q.execute("query-migrate", None)?;
@@ -344,19 +378,22 @@ fn qemu(vmm: &Vmm, s: &Setting, rate: u64) -> Result<MigrateRound, String> {
             _ => std::thread::sleep(Duration::from_millis(1)),
         }
     };
+    window.close();
     let client_ms = start.elapsed().as_secs_f64() * 1e3;
     let status = q.execute("query-status", None)?;
-    let (gap, at, written) = destination_result(&mut dst, s)?;
+    let seen = destination_result(&mut dst, s, &window)?;
     let ms = |key: &str| info[key].as_f64();
     Ok(MigrateRound {
-        guest_downtime_ms: gap,
-        guest_gap_at_ms: at,
+        guest_downtime_ms: seen.downtime_ms,
+        in_window: seen.in_window,
+        guest_gap_from_start_ms: seen.from_start_ms,
+        guest_noise_ms: seen.noise_ms,
         total_ms: ms("total-time").ok_or("query-migrate: no total-time")?,
         reported_downtime_ms: ms("downtime"),
         client_ms,
         sent_mib: info["ram"]["transferred"].as_f64().unwrap_or(0.0) / f64::from(1 << 20),
         passes: info["ram"]["dirty-sync-count"].as_u64(),
-        written_mib: written,
+        written_mib: seen.written_mib,
         done_line: true,
         source_ended: status["status"] == "postmigrate",
         steps: None,
