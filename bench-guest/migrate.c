@@ -19,7 +19,7 @@
  *     max_gap_at_ms=<when, from the loop's start> gaps_over_1ms=<n>
  *     top_gaps=<cycles>@<TSC at its start>,... bad=<pages> ok=<0|1>
  *
- * top_gaps are the 4 longest gaps, longest first: where the guest's TSC is the host's (this
+ * top_gaps are the 16 longest gaps, longest first: where the guest's TSC is the host's (this
  * PVM host: KVM_SET_MSRS(IA32_TSC) has no effect, for every VMM), the host picks the one that
  * started while it migrated, leaving out the scheduler's gaps before and after. The loop
  * line's tsc= tells the host whether the two TSCs agree.
@@ -36,7 +36,7 @@
 /* Most pages one turn writes: a turn stays short after a gap, while the loop catches up. */
 #define MIG_BURST 16
 /* The longest gaps kept, with when each started. */
-#define MIG_TOP 4
+#define MIG_TOP 16
 
 static struct {
     u64 pages, rate_pages, secs, tsc_khz;

@@ -71,7 +71,7 @@ pub struct MigrateRound {
     /// the total less the downtime, it is the pause.
     pub guest_gap_from_start_ms: Option<f64>,
     /// The longest gap the guest saw outside the migration (the host's scheduler), among its
-    /// four longest; 0 when all four fell inside.
+    /// 16 longest; 0 when all fell inside.
     pub guest_noise_ms: f64,
     /// From the source's start of the migration to its end, as the VMM reports it.
     pub total_ms: f64,
