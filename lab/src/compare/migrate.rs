@@ -186,10 +186,13 @@ fn ways(kind: VmmKind) -> &'static [Way] {
     }
 }
 
+/// A row's way and writing rate (MiB/s), and its rounds so far.
+type RowRounds = ((Way, u64), Vec<MigrateRound>);
+
 /// The case's rounds so far: per VMM of the plan that takes part, per way and rate, and the
 /// error that stopped a VMM (a peer's is its rows'; exitless's ends the comparison).
 pub struct Migrations {
-    vmms: Vec<(Vmm, Vec<((Way, u64), Vec<MigrateRound>)>, Option<String>)>,
+    vmms: Vec<(Vmm, Vec<RowRounds>, Option<String>)>,
     tsc_khz: u64,
 }
 
