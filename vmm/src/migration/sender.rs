@@ -188,6 +188,19 @@ impl Run {
             false => self.precopy(s, src, opts)?,
         };
         self.summary.steps.precopy = step.next();
+        self.stop_and_finish(s, src, opts, pending, step)
+    }
+
+    /// The downtime: the pause, the state captured, the last pass (`pending` and what was
+    /// written since), State and Complete.
+    fn stop_and_finish(
+        &mut self,
+        s: &mut Stream,
+        src: &mut dyn Source,
+        opts: SendOptions,
+        pending: Vec<MemoryRange>,
+        mut step: Step,
+    ) -> Result<(), MigrationError> {
         let paused_at = step.0;
         if opts.running {
             src.pause()?;
