@@ -167,6 +167,7 @@ static const struct bench_case cases[] = {
     {"nmi_check", 3, NAMED, loop_nmi_check, loop_empty_c, operations_setup, 0},
     {"resize_check", 3, NAMED, loop_resize_check, loop_empty_c, operations_setup, 0},
     {"dirty_write", 3, NAMED, loop_dirty_write, loop_empty_c, dirty_write_setup, report_dirty_write},
+    {"migrate", 3, NAMED, loop_migrate, loop_empty_c, migrate_setup, report_migrate},
 };
 #define NR_CASES (sizeof(cases) / sizeof(cases[0]))
 

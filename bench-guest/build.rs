@@ -27,6 +27,7 @@ const SOURCES: &[&str] = &[
     "virtio_pmem.c",
     "operations.c",
     "dirty.c",
+    "migrate.c",
 ];
 const HEADERS: &[&str] = &["layout.h", "guest.h", "virtio.h", "link.ld"];
 const FLAGS: &[&str] = &[

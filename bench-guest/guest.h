@@ -144,6 +144,11 @@ u64 loop_memory_hotplug_check(u64 n);
 /* Waits for inserted memory, acknowledges and maps it: its base, length and slot. */
 u64 memory_hotplug_take(u64 *len, u64 *slot);
 
+/* case=migrate (migrate.c): the guest's own stopwatch across a live migration. */
+const char *migrate_setup(const char *cmdline);
+u64 loop_migrate(u64 n);
+void report_migrate(void);
+
 /* Interrupts the guest handled (self-IPIs and virtio MSI-X vectors). */
 extern u64 ipi_count;
 

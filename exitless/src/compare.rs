@@ -33,6 +33,7 @@ const SHARED_CASES: &[&str] = &[
     "vhost_user_blk_qd32",
     "pio_out_devices",
     "snapshot",
+    "migrate",
 ];
 
 #[derive(Args)]
@@ -78,7 +79,10 @@ pub struct CompareArgs {
     /// every VMM but not driven, for memory and start-up with devices, needs root; QEMU
     /// gets no vsock: its vhost-vsock-pci needs /dev/vhost-vsock; snapshot: the guest paused
     /// mid-loop, snapshotted and restored in fresh processes through each VMM's API, with
-    /// exitless, Firecracker and Cloud Hypervisor (see docs/performance.md))
+    /// exitless, Firecracker and Cloud Hypervisor (see docs/performance.md); migrate: the
+    /// guest live-migrated on this host at rest and while writing, exitless over unix: and
+    /// local (shared memory), QEMU over unix: with its bandwidth cap lifted, Cloud
+    /// Hypervisor tried (see docs/migration.md))
     #[arg(
         long,
         value_delimiter = ',',
@@ -364,6 +368,9 @@ fn print_table(report: &CompareReport) {
     print_backend_table(report, &cases);
     if let Some(rows) = &report.snapshot {
         crate::compare_snapshot::print(rows);
+    }
+    if let Some(rows) = &report.migrate {
+        crate::compare_migrate::print(rows);
     }
     if let Some(note) = noise_note(report) {
         println!("{note}");

@@ -10,6 +10,8 @@ mod compare_api;
 #[cfg(feature = "lab")]
 mod compare_density;
 #[cfg(feature = "lab")]
+mod compare_migrate;
+#[cfg(feature = "lab")]
 mod compare_snapshot;
 mod options;
 mod output_file;

@@ -95,6 +95,7 @@ pub(super) fn report(
         not_run: Vec::new(),
         vmms,
         snapshot: None,
+        migrate: None,
     }
 }
 

@@ -8,6 +8,8 @@ pub mod density;
 mod figures;
 pub mod floor;
 pub mod kvm_stats;
+pub mod migrate;
+mod migrate_run;
 pub mod peer;
 pub mod process;
 pub mod snapshot;
@@ -60,6 +62,8 @@ pub enum CompareError {
     StorageDaemon(String),
     #[error("{0}")]
     Snapshot(String),
+    #[error("{0}")]
+    Migrate(String),
     #[error("exitless itself failed on case {case}: {source}")]
     Exitless {
         case: String,
@@ -200,6 +204,10 @@ pub struct CompareReport {
     /// The `snapshot` case's rows, one per VMM that takes part, when it was run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<Vec<snapshot::SnapshotRow>>,
+    /// The `migrate` case's rows, per VMM that takes part, way and writing rate, when it was
+    /// run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub migrate: Option<Vec<migrate::MigrateRow>>,
 }
 
 /// One run and what its trace said (or why nothing).
@@ -318,10 +326,15 @@ pub fn run(
         blk_daemon: blk_daemon.as_deref(),
     };
     let mut snapshots = Snapshots::new(plan);
+    let mut migrations = migrate::Migrations::new(plan);
     for round in 1..=plan.rounds {
         for (c, case) in plan.cases.iter().enumerate() {
             if case == snapshot::CASE {
                 snapshots.round(plan, round, &mut progress, &stop)?;
+                continue;
+            }
+            if case == migrate::CASE {
+                migrations.round(plan, round, &mut progress, &stop)?;
                 continue;
             }
             if (needs_tap(case) && setting.net.is_none())
@@ -372,6 +385,11 @@ pub fn run(
         .iter()
         .any(|c| c == snapshot::CASE)
         .then(|| snapshots.rows(plan));
+    report.migrate = plan
+        .cases
+        .iter()
+        .any(|c| c == migrate::CASE)
+        .then(|| migrations.rows());
     Ok(report)
 }
 

@@ -22,6 +22,18 @@ pub fn snapshot_why_not(kind: VmmKind) -> Option<&'static str> {
     }
 }
 
+/// The migrate case's name in `--cases` (its run: migrate.rs).
+pub const MIGRATE_CASE: &str = "migrate";
+
+/// Why a VMM sits the migrate case out.
+pub fn migrate_why_not(kind: VmmKind) -> Option<&'static str> {
+    match kind {
+        VmmKind::Firecracker => Some("it cannot migrate a running VM (snapshots only)"),
+        VmmKind::Floor => Some("it has no migration"),
+        _ => None,
+    }
+}
+
 /// A VMM found on this host: its kind and executable.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Vmm {
@@ -200,6 +212,9 @@ impl Vmm {
     pub fn cannot_run(&self, case: &str) -> Option<&'static str> {
         if case == SNAPSHOT_CASE {
             return snapshot_why_not(self.kind);
+        }
+        if case == MIGRATE_CASE {
+            return migrate_why_not(self.kind);
         }
         let device = peer_device(case)?;
         match (self.kind, device) {

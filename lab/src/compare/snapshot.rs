@@ -389,7 +389,7 @@ impl RunningVmm {
 
 /// An error body on one line: Cloud Hypervisor's list of causes joined with ": ", each
 /// without the backtrace it may carry; any other body with its whitespace folded.
-fn one_line(body: &str) -> String {
+pub(super) fn one_line(body: &str) -> String {
     let causes: Option<Vec<String>> = serde_json::from_str(body).ok();
     let text = match causes {
         Some(causes) => causes
@@ -403,7 +403,7 @@ fn one_line(body: &str) -> String {
 }
 
 /// A client of the API on `socket`, once `child` accepts connections there.
-fn connect(socket: &Path, child: &mut Child) -> Result<ApiClient, String> {
+pub(super) fn connect(socket: &Path, child: &mut Child) -> Result<ApiClient, String> {
     let start = Instant::now();
     loop {
         let e = match ApiClient::connect(socket, REQUEST_LIMIT) {

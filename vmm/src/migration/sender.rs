@@ -85,6 +85,28 @@ pub struct SendSummary {
     /// Memory passes (the first and last included).
     pub passes: u32,
     pub last_pass_bytes: u64,
+    /// Where the time went, step by step.
+    pub steps: SendSteps,
+}
+
+/// The migration's steps, each as long as the source waited for it: the precopy passes,
+/// then the downtime's (pause to the destination's OK to Complete).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SendSteps {
+    /// Start, MemoryFds and Config (the destination makes guest memory).
+    pub setup: Duration,
+    /// The first pass and the dirty passes, the VM running.
+    pub precopy: Duration,
+    /// The vCPUs paused.
+    pub pause: Duration,
+    /// The state captured (vCPUs, irqchip, clock, devices).
+    pub capture: Duration,
+    /// The last dirty log read and the last pass sent.
+    pub last_pass: Duration,
+    /// The disk locks let go of, State sent and answered (the destination makes the VM).
+    pub state: Duration,
+    /// Complete sent and answered (the destination resumes the VM).
+    pub complete: Duration,
 }
 
 /// Sends the VM `src` over `s`; on failure the VM runs on as before (see the module docs).
@@ -159,17 +181,35 @@ impl Run {
             &config,
             "Config",
         )?;
+        let mut step = Step(Instant::now());
+        self.summary.steps.setup = step.0.duration_since(self.start);
         let pending = match opts.local {
             true => Vec::new(),
             false => self.precopy(s, src, opts)?,
         };
+        self.summary.steps.precopy = step.next();
+        self.stop_and_finish(s, src, opts, pending, step)
+    }
+
+    /// The downtime: the pause, the state captured, the last pass (`pending` and what was
+    /// written since), State and Complete.
+    fn stop_and_finish(
+        &mut self,
+        s: &mut Stream,
+        src: &mut dyn Source,
+        opts: SendOptions,
+        pending: Vec<MemoryRange>,
+        mut step: Step,
+    ) -> Result<(), MigrationError> {
+        let paused_at = step.0;
         if opts.running {
             src.pause()?;
             self.paused = true;
         }
-        let paused_at = Instant::now();
+        self.summary.steps.pause = step.next();
         self.capturing = true;
         let state = src.capture()?;
+        self.summary.steps.capture = step.next();
         if !opts.local {
             let mut last = pending;
             last.extend(src.dirty()?);
@@ -177,6 +217,7 @@ impl Run {
             self.send_memory(s, src, &last)?;
             self.summary.passes += 1;
         }
+        self.summary.steps.last_pass = step.next();
         self.released = true;
         src.release_files()?;
         request(
@@ -185,11 +226,13 @@ impl Run {
             &state,
             "State",
         )?;
+        self.summary.steps.state = step.next();
         let complete = match opts.running {
             true => Command::Complete,
             false => Command::CompletePaused,
         };
         request(s, Request::new(complete, 0), &[], "Complete")?;
+        self.summary.steps.complete = step.next();
         self.summary.downtime = paused_at.elapsed();
         self.summary.total = self.start.elapsed();
         Ok(())
@@ -205,6 +248,7 @@ impl Run {
         src.start_tracking()?;
         self.tracking = true;
         let mut ranges = src.touched()?;
+        let mut extra = 0;
         loop {
             let at = Instant::now();
             let bytes = self.send_memory(s, src, &ranges)?;
@@ -213,8 +257,15 @@ impl Run {
             let rate = (bytes as f64 / at.elapsed().as_secs_f64().max(1e-6)).max(1e6);
             ranges = src.dirty()?;
             let left: u64 = ranges.iter().map(|r| r.length).sum();
-            if Duration::from_secs_f64(left as f64 / rate) <= opts.downtime {
-                return Ok(ranges);
+            let pass = Pass {
+                sent: bytes,
+                left,
+                rate,
+            };
+            match stop_rule(pass, opts.downtime, extra) {
+                Stop::Now => return Ok(ranges),
+                Stop::OneMore => extra += 1,
+                Stop::NotYet => {}
             }
             if self.start.elapsed() >= opts.timeout {
                 return match opts.strategy {
@@ -246,6 +297,60 @@ impl Run {
         }
         self.summary.memory_bytes += sent;
         Ok(sent)
+    }
+}
+
+/// Past `downtime_ms`, the last pass is aimed at this: while a pass leaves more than this
+/// to send and shrinks what is left, the VM runs on for one more (a pass of what the guest
+/// wrote during the last one is shorter by the ratio of its write rate to the send rate).
+const LAST_PASS_TARGET: Duration = Duration::from_millis(2);
+/// Most passes run to bring the last pass from `downtime_ms` toward [`LAST_PASS_TARGET`].
+const MAX_EXTRA_PASSES: u32 = 8;
+
+/// A dirty pass just sent: its bytes, the bytes written meanwhile (left to send), the rate
+/// it went at (bytes/s).
+#[derive(Debug, Clone, Copy)]
+struct Pass {
+    sent: u64,
+    left: u64,
+    rate: f64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Stop {
+    /// Pause and send the last pass.
+    Now,
+    /// What is left fits the downtime; one more pass to shrink it.
+    OneMore,
+    /// What is left does not fit the downtime yet.
+    NotYet,
+}
+
+/// The stop rule: stop once what is left fits `downtime` at the rate measured, unless it is
+/// still above [`LAST_PASS_TARGET`], the pass shrank it to at most half of what it sent
+/// (the passes converge), and fewer than [`MAX_EXTRA_PASSES`] ran for it (`extra`).
+fn stop_rule(p: Pass, downtime: Duration, extra: u32) -> Stop {
+    let last = Duration::from_secs_f64(p.left as f64 / p.rate);
+    if last > downtime {
+        return Stop::NotYet;
+    }
+    let converging = p.left.saturating_mul(2) <= p.sent;
+    match last > LAST_PASS_TARGET && converging && extra < MAX_EXTRA_PASSES {
+        true => Stop::OneMore,
+        false => Stop::Now,
+    }
+}
+
+/// A stopwatch over consecutive steps.
+struct Step(Instant);
+
+impl Step {
+    /// The time since the last step ended; the next starts now.
+    fn next(&mut self) -> Duration {
+        let now = Instant::now();
+        let took = now.duration_since(self.0);
+        self.0 = now;
+        took
     }
 }
 
@@ -307,6 +412,36 @@ fn answer(s: &mut Stream, what: &'static str) -> Result<(), MigrationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stop_rule_runs_passes_that_shrink_the_last_one_toward_its_target() {
+        let down = Duration::from_millis(300);
+        let mib = 1 << 20;
+        // 500 MB/s: 16 MiB left fits 300 ms but is ~34 ms of pause; the pass sent 128 MiB.
+        let pass = |sent: u64, left: u64| Pass {
+            sent,
+            left,
+            rate: 500e6,
+        };
+        assert_eq!(stop_rule(pass(128 * mib, 16 * mib), down, 0), Stop::OneMore);
+        // Small enough: stop.
+        assert_eq!(stop_rule(pass(16 * mib, 512 << 10), down, 1), Stop::Now);
+        // Not shrinking (the guest writes as fast as the passes go): stop at the downtime.
+        assert_eq!(stop_rule(pass(16 * mib, 12 * mib), down, 1), Stop::Now);
+        // Extra passes bounded.
+        assert_eq!(
+            stop_rule(pass(128 * mib, 16 * mib), down, MAX_EXTRA_PASSES),
+            Stop::Now
+        );
+        // Beyond the downtime: not yet, whatever else.
+        assert_eq!(stop_rule(pass(512 * mib, 400 * mib), down, 0), Stop::NotYet);
+        assert_eq!(
+            stop_rule(pass(8192, 4096), Duration::ZERO, 0),
+            Stop::NotYet,
+            "a zero downtime waits for nothing left"
+        );
+        assert_eq!(stop_rule(pass(8192, 0), Duration::ZERO, 0), Stop::Now);
+    }
 
     #[test]
     fn batches_bound_bytes_and_ranges_and_cut_long_ranges() {
