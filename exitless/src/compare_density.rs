@@ -38,12 +38,13 @@ pub fn print(report: &DensityReport) {
         println!("not run: {why}");
     }
     println!(
-        "{:<17} {:>4} {:<12} {:>12} {:>18} {:>22} {:>12} {:>9} {:>11} {:>14} {:>12}",
+        "{:<17} {:>4} {:<12} {:>12} {:>18} {:>13} {:>22} {:>12} {:>9} {:>11} {:>14} {:>12}",
         "vmm",
         "N",
         "started by",
         "all up ms",
         "start ms",
+        "start cpu ms",
         "priv dirty kB",
         "peak RSS kB",
         "Pss kB",
@@ -59,12 +60,14 @@ pub fn print(report: &DensityReport) {
         let s = &r.summary;
         let nth = |v: Option<f64>| v.map_or(String::new(), |x| format!(" ({x:.2}x)"));
         println!(
-            "{:<17} {:>4} {:<12} {:>12.1} {:>18} {:>22} {:>12.0} {:>9.0} {:>11.0} {:>14.1} {:>12.2}",
+            "{:<17} {:>4} {:<12} {:>12.1} {:>18} {:>13.2} {:>22} {:>12.0} {:>9.0} {:>11.0} {:>14.1} \
+             {:>12.2}",
             r.vmm,
             r.n,
             r.started_through,
             r.all_started_ms,
             format!("{:.2}{}", s.start_ms.median, nth(s.nth_over_first.start)),
+            s.start_cpu_ms.median,
             format!(
                 "{:.0}{}",
                 s.private_dirty_kib.median,
