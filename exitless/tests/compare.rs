@@ -452,7 +452,13 @@ fn density_starts_n_vms_of_each_vmm_and_gives_every_figure() {
             (Some(2), Some(via))
         );
         assert!(r["all_started_ms"].as_f64() > Some(0.0), "{r}");
-        for key in ["start_ms", "private_dirty_kib", "peak_rss_kib", "pss_kib"] {
+        for key in [
+            "start_ms",
+            "start_cpu_ms",
+            "private_dirty_kib",
+            "peak_rss_kib",
+            "pss_kib",
+        ] {
             let v: Vec<f64> = r[key]
                 .as_array()
                 .unwrap()

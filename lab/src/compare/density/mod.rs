@@ -3,7 +3,7 @@
 //! their API, as Kata Containers starts one VMM per pod; the others from their command line),
 //! each booting the bench guest's `case=idle` (its first line, then halted for good), and the
 //! run measures: the time until all N printed their first line, each VM's own start (spawn to
-//! first line), memory (private dirty, peak RSS, Pss) once all are idle, the host CPU and the
+//! first line) and the CPU it cost (its process's CPU clock, all threads, at the first line), memory (private dirty, peak RSS, Pss) once all are idle, the host CPU and the
 //! wake-ups (context switches) of each idle VM over a window, and the N-th VM against the
 //! first. Each VMM's binary is read from disk once before (its page cache dropped, one VM
 //! started unmeasured). Every process is killed at the end of its run, whatever happened.
@@ -74,6 +74,9 @@ pub struct DensityRun {
     pub all_started_ms: f64,
     /// Per VM in spawn order: from its own spawn to its first console line, ms.
     pub start_ms: Vec<f64>,
+    /// Per VM in spawn order: the CPU its VMM's process used from its spawn to its first
+    /// console line, all threads summed (those that ended too), ms.
+    pub start_cpu_ms: Vec<f64>,
     /// Per VM in spawn order, sampled once all were idle, kB.
     pub private_dirty_kib: Vec<u64>,
     pub peak_rss_kib: Vec<u64>,
@@ -98,6 +101,7 @@ pub struct DensityRun {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Summary {
     pub start_ms: Spread,
+    pub start_cpu_ms: Spread,
     pub private_dirty_kib: Spread,
     pub peak_rss_kib: Spread,
     pub pss_kib: Spread,
@@ -228,6 +232,7 @@ impl Drop for Fleet {
 struct Started {
     spawned: Vec<Option<Instant>>,
     first_line: Vec<Option<Instant>>,
+    start_cpu: Vec<Option<Duration>>,
     failed: Option<String>,
 }
 
@@ -263,6 +268,9 @@ fn run_one(plan: &DensityPlan, vmm: &Vmm, n: usize, stop: &dyn Fn() -> bool) -> 
                 (Some(s), Some(f)) => ms(f.saturating_duration_since(*s)),
                 _ => f64::NAN,
             })
+            .collect();
+        run.start_cpu_ms = (started.start_cpu.iter())
+            .map(|c| c.map_or(f64::NAN, ms))
             .collect();
         watch_idle(plan, &fleet, &mut run, stop);
         run.host_kib_per_vm = before_kib.saturating_sub(mem_available_kib()) as f64 / n as f64;
@@ -315,6 +323,7 @@ fn start_all(
     let mut s = Started {
         spawned: vec![None; n],
         first_line: vec![None; n],
+        start_cpu: vec![None; n],
         failed: None,
     };
     let (mut idle, deadline) = (0, t0 + plan.limit);
@@ -327,6 +336,7 @@ fn start_all(
         match events.recv_timeout(left.min(LOOK_EVERY)) {
             Ok((i, Event::Spawned(at))) => s.spawned[i] = Some(at),
             Ok((i, Event::FirstLine(at))) => s.first_line[i] = Some(at),
+            Ok((i, Event::StartCpu(cpu))) => s.start_cpu[i] = Some(cpu),
             Ok((_, Event::Idle)) => idle += 1,
             Ok((i, Event::Failed(why))) => s.failed = Some(failure(plan, vmm, i, &why)),
             Err(RecvTimeoutError::Timeout) if left.is_zero() => {
@@ -421,6 +431,7 @@ fn summary(run: &DensityRun) -> Summary {
     let floats = |v: &[u64]| v.iter().map(|x| *x as f64).collect::<Vec<_>>();
     Summary {
         start_ms: Spread::of(&run.start_ms),
+        start_cpu_ms: Spread::of(&run.start_cpu_ms),
         private_dirty_kib: spread_u(&run.private_dirty_kib),
         peak_rss_kib: spread_u(&run.peak_rss_kib),
         pss_kib: spread_u(&run.pss_kib),

@@ -29,6 +29,9 @@ pub enum Event {
     Spawned(Instant),
     /// The guest's first console line came then.
     FirstLine(Instant),
+    /// The CPU time the VMM's process had used when its guest's first line came (all its
+    /// threads, from spawn).
+    StartCpu(Duration),
     /// The guest printed `EXITLESS DONE`: it is idle now.
     Idle,
     /// The VM could not start: why.
@@ -98,6 +101,7 @@ impl Starter {
             Err(e) => return tell(Event::Failed(format!("cannot start: {e}"))),
         };
         tell(Event::Spawned(at));
+        let pid = child.id();
         let stdout = child.stdout.take();
         put(child);
         let Some(stdout) = stdout else {
@@ -108,7 +112,7 @@ impl Starter {
                 return tell(Event::Failed(why));
             }
         }
-        read_console(stdout, &tell);
+        read_console(stdout, pid, &tell);
     }
 }
 
@@ -144,12 +148,15 @@ fn boot_through_api(socket: &Path, body: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn read_console(stdout: ChildStdout, tell: &dyn Fn(Event)) {
+fn read_console(stdout: ChildStdout, pid: u32, tell: &dyn Fn(Event)) {
     let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
     let (mut first, mut idle) = (true, false);
     for line in lines.by_ref() {
         if first {
             tell(Event::FirstLine(Instant::now()));
+            if let Some(cpu) = super::threads::process_cpu(pid) {
+                tell(Event::StartCpu(cpu));
+            }
             first = false;
         }
         if line.trim_end() == "EXITLESS DONE" {

@@ -63,6 +63,30 @@ fn parse(status: &str, schedstat: &str, stat: &str) -> ThreadSample {
     }
 }
 
+/// The CPU time `pid` has used so far, all its threads summed, those that ended included
+/// (its process CPU clock, `clock_getcpuclockid`: utime + stime in ns, where
+/// /proc/PID/stat gives them in ticks); `None` once it is gone.
+pub fn process_cpu(pid: u32) -> Option<std::time::Duration> {
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: `clock` is a valid place for the clock id; the call writes only there.
+    if unsafe { libc::clock_getcpuclockid(pid, &mut clock) } != 0 {
+        return None;
+    }
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec the call writes into; the clock id came from the
+    // kernel just above.
+    if unsafe { libc::clock_gettime(clock, &mut now) } != 0 {
+        return None;
+    }
+    let secs = u64::try_from(now.tv_sec).ok()?;
+    let nanos = u32::try_from(now.tv_nsec).ok()?;
+    Some(std::time::Duration::new(secs, nanos))
+}
+
 /// What a process's threads did between two samples.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Activity {
@@ -142,6 +166,30 @@ mod tests {
         assert_eq!((a.cpu_ns, a.switches, a.kernel_switches), (70, 6, 5));
         assert_eq!(a.by_name["exitless"], 4);
         assert_eq!(a.by_name["vcpu"], 2);
+    }
+
+    #[test]
+    fn a_process_cpu_clock_counts_a_child_s_work_and_ends_with_it() {
+        let mut child = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; sleep 5",
+            ])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut used = std::time::Duration::ZERO;
+        for _ in 0..500 {
+            used = process_cpu(pid).unwrap();
+            if used > std::time::Duration::from_millis(1) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(used > std::time::Duration::from_millis(1), "{used:?}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(process_cpu(pid), None);
     }
 
     #[test]
