@@ -5,9 +5,11 @@
 # text of a VM follows how many 64 kB windows its start touches; with these functions packed
 # together, the windows are few (docs/performance.md, "Lean by default").
 #
-# Each BINARY runs the bench guest under valgrind's callgrind twice: once with seccomp on (valgrind
-# does not know the seccomp system call, so that run ends when the first filter is installed,
-# after the filters were compiled) and once with `--seccomp off` to the guest's end. Every
+# Each BINARY runs the bench guest under valgrind's callgrind twice on each of the two paths a VM
+# starts by (`run`, and an API-only VMM given vm.create and vm.boot, as Kata drives it): once with
+# seccomp on (valgrind does not know the seccomp system call, so that run ends when the first
+# filter is installed, after the filters were compiled) and once with `--seccomp off` to the
+# guest's end. Every
 # function either run executed goes in the list, by its symbol name in that binary. Names carry
 # a hash that changes with the toolchain, the features and the dependencies, so give both
 # shipped builds (the VMM-only one and the default one) and rerun this after such changes (a
@@ -16,7 +18,7 @@
 #
 # Usage: scripts/startup-order.py BENCH_ELF BINARY... > exitless/startup.ld
 #        (needs valgrind; BENCH_ELF from `exitless bench --export-guest FILE`)
-import os, re, subprocess, sys, tempfile
+import json, os, re, socket, subprocess, sys, tempfile, time
 
 HEADER = """/* The functions a VM's start and its first moments run (bench guest, `run`), in an output
    section of their own so that the 64 kB windows the kernel maps around each page fault are
@@ -35,14 +37,66 @@ INSERT BEFORE .text;
 def executed(binary, guest, seccomp_off):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, 'callgrind.out')
-        cmd = ['valgrind', '--tool=callgrind', '--demangle=no', f'--callgrind-out-file={out}',
-               binary, 'run', '--kernel', guest, '--memory', '512M',
-               '--cmdline', 'case=pio_out iters=2000']
-        if seccomp_off:
-            cmd[6:6] = ['--seccomp', 'off']
+        cmd = (valgrind(out) + [binary, 'run'] + (['--seccomp', 'off'] if seccomp_off else [])
+               + ['--kernel', guest, '--memory', '512M', '--cmdline', 'case=pio_out iters=2000'])
         subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, timeout=600)
         return functions_in(out)
+
+
+def valgrind(out):
+    return ['valgrind', '--tool=callgrind', '--demangle=no', f'--callgrind-out-file={out}']
+
+
+def request(sock_path, method, path, body=None):
+    data = json.dumps(body).encode() if body is not None else b''
+    head = (f'{method} /api/v1/{path} HTTP/1.1\r\nHost: localhost\r\n'
+            f'Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n')
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(120)
+        s.connect(sock_path)
+        s.sendall(head.encode() + data)
+        return s.recv(4096).decode(errors='replace').split(' ', 2)[1:2]
+
+
+def executed_api(binary, guest, seccomp_off):
+    """The path Kata takes: an API-only VMM, vm.create and vm.boot, the guest to its end."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out, sock = os.path.join(tmp, 'callgrind.out'), os.path.join(tmp, 'api.sock')
+        serial = os.path.join(tmp, 'serial.log')
+        cmd = valgrind(out) + [binary, '--api-socket', sock]
+        if seccomp_off:
+            cmd += ['--seccomp', 'off']
+        vmm = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 120
+            while not os.path.exists(sock) and vmm.poll() is None and time.time() < deadline:
+                time.sleep(0.2)
+            if vmm.poll() is None and os.path.exists(sock):
+                body = {'cpus': {'boot_vcpus': 1, 'max_vcpus': 1},
+                        'memory': {'size': 512 << 20},
+                        'payload': {'kernel': guest, 'cmdline': 'case=pio_out iters=2000'},
+                        'serial': {'mode': 'File', 'file': serial},
+                        'console': {'mode': 'Off'}}
+                request(sock, 'PUT', 'vm.create', body)
+                request(sock, 'PUT', 'vm.boot')
+                while time.time() < deadline and 'DONE' not in read(serial):
+                    time.sleep(0.2)
+                request(sock, 'PUT', 'vmm.shutdown')
+            vmm.wait(timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            vmm.kill()
+            vmm.wait()
+        return functions_in(out) if os.path.exists(out) else set()
+
+
+def read(path):
+    try:
+        with open(path, errors='replace') as f:
+            return f.read()
+    except OSError:
+        return ''
 
 
 def functions_in(path):
@@ -72,13 +126,15 @@ def main():
     if len(sys.argv) < 3:
         sys.exit('usage: startup-order.py BENCH_ELF BINARY... > exitless/startup.ld')
     guest, binaries = sys.argv[1], sys.argv[2:]
-    found = set()
+    run, api = set(), set()
     for binary in binaries:
         for seccomp_off in (False, True):
-            found |= executed(binary, guest, seccomp_off)
-    # rustc puts each function in a section of its own, `.text.` and its symbol.
+            run |= executed(binary, guest, seccomp_off)
+            api |= executed_api(binary, guest, seccomp_off)
+    # rustc puts each function in a section of its own, `.text.` and its symbol. `run`'s
+    # functions first, then those only the API's start runs: each path's windows stay few.
     sys.stdout.write(HEADER)
-    for name in sorted(found):
+    for name in sorted(run) + sorted(api - run):
         print(f'    *(.text.{name})')
     sys.stdout.write(FOOTER)
 
