@@ -17,15 +17,16 @@ pub fn set_heap_release(release: fn()) {
 /// Hands back what start-up freed on the heap (the parsed command line, the kernel file, ACPI
 /// tables, CPUID lists): heaps are never trimmed while the VM runs (see `seccomp`).
 pub fn release_freed_heap() {
-    if let Some(release) = HEAP_RELEASE.get() {
-        release();
-        return;
+    match HEAP_RELEASE.get() {
+        Some(release) => release(),
+        // SAFETY: malloc_trim only returns free pages of the allocator's heaps to the kernel.
+        #[cfg(target_env = "gnu")]
+        None => unsafe {
+            libc::malloc_trim(0);
+        },
+        #[cfg(not(target_env = "gnu"))]
+        None => {}
     }
-    // SAFETY: malloc_trim only returns free pages of the allocator's heaps to the kernel.
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::malloc_trim(0)
-    };
 }
 
 /// Room left below the calling frame for what this thread calls from now on: it only waits
