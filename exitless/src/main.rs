@@ -1,5 +1,7 @@
 //! exitless: a KVM VMM that keeps exits few and cheap and shows where exit cycles go.
 
+#[cfg(target_env = "musl")]
+mod allocator;
 mod api;
 #[cfg(feature = "lab")]
 mod bench;
@@ -242,19 +244,17 @@ fn redirect_stderr(path: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// musl's own allocator gives freed memory back with munmap at once (22-34 calls between
-/// creating the VM and its first run, against 2 with dlmalloc), and in a process that holds a
-/// VM each munmap runs KVM's MMU notifier and a TLB shootdown to the other CPUs: it took musl's
-/// start-up gain away. dlmalloc keeps freed memory for reuse below its trim threshold. The exit
-/// path allocates nothing, so its one lock is never taken there (docs/performance.md).
 #[cfg(target_env = "musl")]
 #[global_allocator]
-static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+static ALLOCATOR: allocator::Allocator = allocator::Allocator;
 
 fn main() {
     vmm::startup::main_started();
     // Before any thread: one malloc arena for all (see vmm::seccomp).
     vmm::seccomp::prepare_malloc();
+    // The heap start-up frees goes back once the VM runs (only the binary reaches its allocator).
+    #[cfg(target_env = "musl")]
+    vmm::launch::set_heap_release(allocator::release_freed_heap);
     if let Some(lead) = boots_a_vm(std::env::args_os().skip(1)) {
         // Failing to start the thread only costs the head start.
         let _ = vmm::launch::head_start::begin(lead);

@@ -28,7 +28,7 @@ pub use operations::OperationError;
 pub use restore::{restore, restore_with_memory, RestoreOptions};
 pub use signals::{install_signal_handlers, stop_signal, take_report_request};
 pub use snapshot::SnapshotSummary;
-pub use start_up_memory::release_unused_stack;
+pub use start_up_memory::{release_unused_stack, set_heap_release};
 
 use crate::boot::BootError;
 use crate::builder::{

@@ -2,14 +2,31 @@
 //! stays private dirty memory for as long as the VM runs. Called on the thread that launched
 //! the VM, after the guest started and before that thread's own seccomp filter.
 
+use std::sync::OnceLock;
+
+/// What hands back the heap start-up freed, when the binary's global allocator is not libc's
+/// (the musl build's dlmalloc: only the binary can reach it).
+static HEAP_RELEASE: OnceLock<fn()> = OnceLock::new();
+
+/// Sets what [`release_freed_heap`] calls: the binary's global allocator's own trim. Once per
+/// process; a second call is ignored.
+pub fn set_heap_release(release: fn()) {
+    let _ = HEAP_RELEASE.set(release);
+}
+
 /// Hands back what start-up freed on the heap (the parsed command line, the kernel file, ACPI
 /// tables, CPUID lists): heaps are never trimmed while the VM runs (see `seccomp`).
 pub fn release_freed_heap() {
-    // SAFETY: malloc_trim only returns free pages of the allocator's heaps to the kernel.
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::malloc_trim(0)
-    };
+    match HEAP_RELEASE.get() {
+        Some(release) => release(),
+        // SAFETY: malloc_trim only returns free pages of the allocator's heaps to the kernel.
+        #[cfg(target_env = "gnu")]
+        None => unsafe {
+            libc::malloc_trim(0);
+        },
+        #[cfg(not(target_env = "gnu"))]
+        None => {}
+    }
 }
 
 /// Room left below the calling frame for what this thread calls from now on: it only waits
