@@ -133,10 +133,17 @@ def main():
             api |= executed_api(binary, guest, seccomp_off)
     # rustc puts each function in a section of its own, `.text.` and its symbol. `run`'s
     # functions first, then those only the API's start runs: each path's windows stay few.
+    # A local function's name can end in `.N`, a number LTO gives it that any change elsewhere
+    # in the build shifts: the pattern takes the name with any such ending.
+    run, api = {unnumbered(n) for n in run}, {unnumbered(n) for n in api}
     sys.stdout.write(HEADER)
     for name in sorted(run) + sorted(api - run):
-        print(f'    *(.text.{name})')
+        print(f'    *(.text.{name} .text.{name}.*)')
     sys.stdout.write(FOOTER)
+
+
+def unnumbered(name):
+    return re.sub(r'(\.\d+)+$', '', name)
 
 
 main()
