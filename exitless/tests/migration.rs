@@ -59,13 +59,7 @@ fn source_with(
     if !guest.disks.is_null() {
         body["disks"] = guest.disks.clone();
     }
-    let mut c = vmm.client();
-    ok(
-        c.request("PUT", "vm.create", Some(&body.to_string()))
-            .unwrap(),
-        "vm.create",
-    );
-    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    vmm.create_and_boot(&body);
     wait_file(&serial, "TICK n=1 ");
     (vmm, serial)
 }

@@ -386,13 +386,7 @@ fn fs_source(t: &SnapTest, socket: &Path) -> (Vmm, PathBuf) {
         "fs": [{"tag": "kataShared", "socket": socket}],
     });
     let src = Vmm::start("migfs-src");
-    let mut c = src.client();
-    ok(
-        c.request("PUT", "vm.create", Some(&body.to_string()))
-            .unwrap(),
-        "vm.create",
-    );
-    ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
+    src.create_and_boot(&body);
     wait_file(&serial, "TICK n=1 ");
     (src, serial)
 }

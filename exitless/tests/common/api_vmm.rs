@@ -70,6 +70,17 @@ impl Vmm {
         self.try_client().expect("the API answers")
     }
 
+    /// `vm.create` with `body`, then `vm.boot`, each answered with success.
+    pub fn create_and_boot(&self, body: &Value) {
+        let mut c = self.client();
+        let created = c.request("PUT", "vm.create", Some(&body.to_string()));
+        ok(created.expect("vm.create answered"), "vm.create");
+        ok(
+            c.request("PUT", "vm.boot", None).expect("vm.boot answered"),
+            "vm.boot",
+        );
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
