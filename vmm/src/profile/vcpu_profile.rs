@@ -292,6 +292,18 @@ impl VcpuProfile {
         }
     }
 
+    /// Exits of `reason` at `device` (`None`: at no device) counted so far: one counter read,
+    /// where [`snapshot`](Self::snapshot) reads them all (the lab's probe of a running vCPU).
+    pub fn device_count(&self, reason: ExitReason, device: Option<usize>) -> u64 {
+        let Some(table) = device_table_index(reason) else {
+            return 0;
+        };
+        let devices = &self.by_device[table];
+        devices[device_slot(devices.len(), device)]
+            .count
+            .load(Relaxed)
+    }
+
     /// Copies the whole profile; any thread, any time.
     pub fn snapshot(&self) -> VcpuProfileSnapshot {
         let reasons = ExitReason::ALL
