@@ -321,16 +321,25 @@ fn the_ablation_has_a_row_per_ingredient_each_with_its_exits() {
     std::fs::remove_file(&json).ok();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let rows = doc["rows"].as_array().unwrap();
-    // The bare loop, 8 ingredients alone, 7 more cumulatively, 3 variants; the floor with
-    // tracefs.
+    // The bare loop, 8 ingredients alone (on the raw KVM_RUN), 6 more cumulatively, 6
+    // variants; the floor with tracefs.
     let floor = usize::from(doc["tracefs"] == true);
-    assert_eq!(rows.len(), 19 + floor, "{doc}");
+    assert_eq!(rows.len(), 21 + floor, "{doc}");
     for row in rows {
-        assert_eq!(row["exits"], 100, "{row}");
+        // exitless's own vCPU loop is paused once its count reached a batch's: at least as many.
+        let own_loop = row["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("exitless's own vCPU loop");
+        let exits = row["exits"].as_u64().unwrap();
+        assert!(exits == 100 || own_loop && exits >= 100, "{row}");
         assert_eq!(row["other_exits"], 0, "{row}");
         if floor == 1 {
-            assert_eq!(row["exits_traced"], 100, "{row}");
+            assert_eq!(row["exits_traced"], exits, "{row}");
+            assert!(row["min_ns"].as_f64() > Some(0.0), "{row}");
+            assert!(row["p90_ns"].as_f64() >= row["p50_ns"].as_f64(), "{row}");
+        } else if !own_loop {
+            assert!(row["min_ns"].as_f64() > Some(0.0), "{row}");
         }
-        assert!(row["min_ns"].as_f64() > Some(0.0), "{row}");
     }
 }

@@ -400,9 +400,17 @@ impl BusSnapshot {
     #[inline]
     pub fn current(&mut self, shared: &SharedBuses) -> &Buses {
         if shared.generation() != self.generation {
-            *self = shared.snapshot();
+            self.refresh(shared);
         }
         &self.buses
+    }
+
+    /// Takes the published layout: cold, so that the vCPU loop's code for an exit does not
+    /// hold the lock, the reference counts and the drop of the old layout in its way.
+    #[cold]
+    #[inline(never)]
+    fn refresh(&mut self, shared: &SharedBuses) {
+        *self = shared.snapshot();
     }
 }
 

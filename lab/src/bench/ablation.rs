@@ -22,7 +22,11 @@ use serde::Serialize;
 use thiserror::Error;
 
 use super::ablation_loop::{Batch, RowVcpu, RowVm};
-pub use super::ablation_loop::{EXITLESS, INGREDIENTS, PROFILE, PROFILE_EVERY, RAW_RUN};
+pub use super::ablation_loop::{
+    EXITLESS, INGREDIENTS, PROFILE, PROFILE_EVERY, RAW_RUN, TOUCHED, TOUCH_LINES, TOUCH_PAGES,
+};
+use super::ablation_real::RealRow;
+pub use super::ablation_real::REAL_LOOP;
 use super::ablation_trace::{pair, Window};
 use super::config_run::RunError;
 use crate::compare::turnaround::{percentiles, Tracer};
@@ -34,11 +38,16 @@ pub const CASES: [&str; 2] = ["pio_out_cpl0", "pio_out"];
 
 /// Rows beside the ingredients': the profiler timing every exit alone, exitless's exit path
 /// timing every exit (`--profile-sample 1`), and as it was before the profile was sampled and
-/// KVM_RUN raw (kvm-ioctls' `VcpuFd::run`, every exit timed).
-pub const VARIANTS: [u16; 3] = [
-    PROFILE | PROFILE_EVERY,
+/// KVM_RUN raw (kvm-ioctls' `VcpuFd::run`, every exit timed); the raw loop touching
+/// [`TOUCHED`] words on as many lines of one page, then on as many pages (what pages cost, not
+/// exitless's); exitless's own vCPU loop (`Vcpu::run_loop` on its `vcpu0` thread).
+pub const VARIANTS: [u16; 6] = [
+    RAW_RUN | PROFILE | PROFILE_EVERY,
     EXITLESS | PROFILE_EVERY,
     (EXITLESS & !RAW_RUN) | PROFILE_EVERY,
+    RAW_RUN | TOUCH_LINES,
+    RAW_RUN | TOUCH_PAGES,
+    REAL_LOOP,
 ];
 
 /// Default exits per row, over [`DEFAULT_ROUNDS`] rounds.
@@ -79,6 +88,8 @@ pub enum AblationError {
     Run(kvm_ioctls::Error),
     #[error("A device failed: {0}")]
     Device(std::io::Error),
+    #[error("exitless's vCPU loop: {0}")]
+    Start(vmm::vm::VmError),
     #[error("Cannot start a thread: {0}")]
     Thread(std::io::Error),
     #[error("A row's thread ended early")]
@@ -104,10 +115,11 @@ pub struct AblationPlan {
 }
 
 impl AblationPlan {
-    /// Every row: the bare loop, each ingredient alone, then cumulatively, and the floor.
+    /// Every row: the bare loop, each ingredient alone on the raw KVM_RUN, then cumulatively,
+    /// the variants, and the floor.
     pub fn full(iterations: u64, rounds: usize) -> Self {
         let mut masks = vec![0];
-        masks.extend(INGREDIENTS.iter().map(|&(bit, _)| bit));
+        masks.extend(INGREDIENTS.iter().map(|&(bit, _)| RAW_RUN | bit));
         let mut sum = 0;
         for &(bit, _) in &INGREDIENTS {
             sum |= bit;
@@ -145,6 +157,7 @@ pub struct AblationRow {
     pub mask: Option<u16>,
     pub min_ns: Option<f64>,
     pub p50_ns: Option<f64>,
+    pub p90_ns: Option<f64>,
     pub p99_ns: Option<f64>,
     /// Turnarounds measured (an exit whose next KVM_RUN came in the same batch).
     pub samples: usize,
@@ -173,12 +186,20 @@ pub struct AblationReport {
 /// A row's thread and what it gave so far.
 struct RowThread {
     mask: u16,
-    commands: mpsc::Sender<Option<Vec<u64>>>,
-    results: mpsc::Receiver<Result<Batch, AblationError>>,
-    handle: JoinHandle<()>,
+    kind: RowKind,
     tid: u32,
-    _vm: RowVm,
     acc: Accumulated,
+}
+
+/// A lab loop's thread, or exitless's own vCPU thread.
+enum RowKind {
+    Lab {
+        commands: mpsc::Sender<Option<Vec<u64>>>,
+        results: mpsc::Receiver<Result<Batch, AblationError>>,
+        handle: JoinHandle<()>,
+        _vm: RowVm,
+    },
+    Real(RealRow),
 }
 
 #[derive(Default)]
@@ -207,7 +228,10 @@ pub fn run_ablation(
     for &mask in &plan.masks {
         // The warm-up's exit, then every round's.
         let iterations = 1 + plan.per_round * plan.rounds as u64;
-        rows.push(start_row(mask, (plan.case, iterations), cpu, timed)?);
+        rows.push(match mask {
+            REAL_LOOP => start_real(plan.case, iterations, tsc_khz)?,
+            _ => start_row(mask, (plan.case, iterations), cpu, timed)?,
+        });
     }
     progress(&format!("exit ablation: {} rows ready", rows.len()));
     // The guest boots to its loop: one loop exit each, not measured.
@@ -236,8 +260,13 @@ pub fn run_ablation(
     let mut out: Vec<AblationRow> = Vec::new();
     for row in rows {
         out.push(finish(row_name(row.mask), Some(row.mask), row.acc, !timed));
-        let _ = row.commands.send(None);
-        let _ = row.handle.join();
+        if let RowKind::Lab {
+            commands, handle, ..
+        } = row.kind
+        {
+            let _ = commands.send(None);
+            let _ = handle.join();
+        }
     }
     if sitting.floor.is_some() {
         let name = "floor (lab/floor, its own process)".to_string();
@@ -360,22 +389,42 @@ fn start_row(
     let tid = tid_rx.recv().map_err(|_| AblationError::ThreadGone)?;
     Ok(RowThread {
         mask,
-        commands,
-        results,
-        handle,
+        kind: RowKind::Lab {
+            commands,
+            results,
+            handle,
+            _vm: vm,
+        },
         tid,
-        _vm: vm,
+        acc: Accumulated::default(),
+    })
+}
+
+/// exitless's own vCPU loop's row: the VM started paused on its `vcpu0` thread.
+fn start_real(case: &str, iterations: u64, tsc_khz: u64) -> Result<RowThread, AblationError> {
+    let real = RealRow::start(case, iterations, tsc_khz)?;
+    Ok(RowThread {
+        mask: REAL_LOOP,
+        tid: real.tid,
+        kind: RowKind::Real(real),
         acc: Accumulated::default(),
     })
 }
 
 /// One batch of `n` loop exits on `row`'s thread (the command's vector has room for `n`
-/// samples: its capacity is the batch's length).
+/// samples: its capacity is the batch's length); exitless's own loop runs about `n`.
 fn batch(row: &mut RowThread, n: u64) -> Result<Batch, AblationError> {
-    row.commands
-        .send(Some(Vec::with_capacity(n as usize)))
-        .map_err(|_| AblationError::ThreadGone)?;
-    row.results.recv().map_err(|_| AblationError::ThreadGone)?
+    match &mut row.kind {
+        RowKind::Lab {
+            commands, results, ..
+        } => {
+            commands
+                .send(Some(Vec::with_capacity(n as usize)))
+                .map_err(|_| AblationError::ThreadGone)?;
+            results.recv().map_err(|_| AblationError::ThreadGone)?
+        }
+        RowKind::Real(real) => real.batch(n),
+    }
 }
 
 fn record(acc: &mut Accumulated, b: &Batch, n: u64, tsc_khz: u64, timed: bool) {
@@ -383,7 +432,7 @@ fn record(acc: &mut Accumulated, b: &Batch, n: u64, tsc_khz: u64, timed: bool) {
     acc.exits += b.exits;
     acc.other += b.other_exits;
     let wall = b.end_tsc.wrapping_sub(b.start_tsc) as f64 * ns_per_tick;
-    acc.walls.push(wall / n.max(1) as f64);
+    acc.walls.push(wall / b.exits.max(1).min(n.max(1)) as f64);
     if timed {
         acc.turnarounds
             .extend(b.samples.iter().map(|&c| c as f64 * ns_per_tick));
@@ -392,12 +441,15 @@ fn record(acc: &mut Accumulated, b: &Batch, n: u64, tsc_khz: u64, timed: bool) {
 
 fn finish(name: String, mask: Option<u16>, mut acc: Accumulated, traced: bool) -> AblationRow {
     let p = percentiles(&mut acc.turnarounds);
+    // Sorted by `percentiles`.
+    let p90 = p.map(|_| acc.turnarounds[(acc.turnarounds.len() - 1) * 9 / 10]);
     acc.walls.sort_by(f64::total_cmp);
     AblationRow {
         name,
         mask,
         min_ns: p.map(|p| p[0]),
         p50_ns: p.map(|p| p[1]),
+        p90_ns: p90,
         p99_ns: p.map(|p| p[2]),
         samples: acc.turnarounds.len(),
         exits: acc.exits,
@@ -424,9 +476,27 @@ pub fn row_name(mask: u16) -> String {
     if mask == (EXITLESS & !RAW_RUN) | PROFILE_EVERY {
         return "exitless's exit path before (VcpuFd::run, every exit timed)".into();
     }
+    if mask == RAW_RUN | PROFILE | PROFILE_EVERY {
+        return "+ profiler timing every exit (--profile-sample 1)".into();
+    }
+    if mask == RAW_RUN | TOUCH_LINES {
+        return format!("raw KVM_RUN + {TOUCHED} lines of one page touched");
+    }
+    if mask == RAW_RUN | TOUCH_PAGES {
+        return format!("raw KVM_RUN + {TOUCHED} pages touched (a line each)");
+    }
+    if mask == REAL_LOOP {
+        return "exitless's own vCPU loop (Vcpu::run_loop, vcpu0)".into();
+    }
+    // The alone rows are on the raw KVM_RUN: named by what they add to it.
+    let shown = if mask != RAW_RUN && (mask & !RAW_RUN).count_ones() == 1 {
+        mask & !RAW_RUN
+    } else {
+        mask
+    };
     let names: Vec<&str> = INGREDIENTS
         .iter()
-        .filter(|&&(bit, _)| mask & bit != 0)
+        .filter(|&&(bit, _)| shown & bit != 0)
         .map(|&(_, name)| name)
         .collect();
     if names.len() == 1 {
@@ -503,18 +573,27 @@ impl AblationReport {
             self.case, self.rounds, self.per_round, self.clock
         );
         out += &format!(
-            "{:<52} {:>8} {:>8} {:>9} {:>7} {:>7} {:>12} {:>7}\n",
-            "row", "min ns", "p50 ns", "p99 ns", "+min", "+p50", "wall us/exit", "exits"
+            "{:<52} {:>7} {:>7} {:>7} {:>8} {:>6} {:>6} {:>11} {:>12} {:>7}\n",
+            "row",
+            "min ns",
+            "p50 ns",
+            "p90 ns",
+            "p99 ns",
+            "+min",
+            "+p50",
+            "x floor",
+            "wall us/exit",
+            "exits"
         );
         for r in self.rows.iter().filter(|r| r.mask.is_none_or(|m| m == 0)) {
             out += &self.render_row(&r.name, r);
         }
         let alone: Vec<_> = INGREDIENTS
             .iter()
-            .filter_map(|&(bit, _)| self.row(bit))
+            .filter_map(|&(bit, _)| self.row(RAW_RUN | bit))
             .collect();
         if !alone.is_empty() {
-            out += "each ingredient alone:\n";
+            out += "each ingredient alone, on the raw KVM_RUN (+min, +p50: over it):\n";
         }
         for r in alone {
             out += &self.render_row(&format!("  {}", r.name), r);
@@ -543,7 +622,7 @@ impl AblationReport {
                 continue;
             };
             if out.is_empty() {
-                out += "cumulatively, from the seccomp filter alone:\n";
+                out += "cumulatively, from the raw KVM_RUN:\n";
             }
             let label = if sum == EXITLESS {
                 format!("  + {name} (= exitless's exit path, run's default)")
@@ -555,9 +634,20 @@ impl AblationReport {
         out
     }
 
-    /// One row's line, its differences to the bare loop's.
+    /// One row's line: its differences to the raw KVM_RUN's row (the loop exitless has), its
+    /// min and p50 as ratios to the floor's.
     fn render_row(&self, label: &str, r: &AblationRow) -> String {
-        let bare = self.row(0);
+        let bare = self.row(RAW_RUN);
+        let floor = self.rows.iter().find(|r| r.mask.is_none());
+        let x = |v: Option<f64>, f: Option<f64>| match (v, f) {
+            (Some(v), Some(f)) if f > 0.0 => format!("{:.2}", v / f),
+            _ => "-".into(),
+        };
+        let ratios = format!(
+            "{}/{}",
+            x(r.min_ns, floor.and_then(|f| f.min_ns)),
+            x(r.p50_ns, floor.and_then(|f| f.p50_ns))
+        );
         let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
         let d = |v: Option<f64>, b: Option<f64>| match (v, b) {
             (Some(v), Some(b)) => format!("{:+.0}", v - b),
@@ -568,12 +658,14 @@ impl AblationReport {
             _ => r.exits.to_string(),
         };
         format!(
-            "{label:<52} {:>8} {:>8} {:>9} {:>7} {:>7} {:>12.2} {:>7}\n",
+            "{label:<52} {:>7} {:>7} {:>7} {:>8} {:>6} {:>6} {:>11} {:>12.2} {:>7}\n",
             f(r.min_ns),
             f(r.p50_ns),
+            f(r.p90_ns),
             f(r.p99_ns),
             d(r.min_ns, bare.and_then(|b| b.min_ns)),
             d(r.p50_ns, bare.and_then(|b| b.p50_ns)),
+            ratios,
             r.wall_ns_per_exit / 1000.0,
             exits
         )

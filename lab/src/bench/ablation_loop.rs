@@ -45,18 +45,32 @@ pub const PROFILE_EVERY: u16 = 1 << 8;
 /// KVM_RUN as one `syscall` instruction, the exit read straight from kvm_run
 /// (`vmm::kvm::raw_run`, exitless's), instead of kvm-ioctls' `VcpuFd::run`.
 pub const RAW_RUN: u16 = 1 << 9;
+/// Not exitless's: a read and a write of one word on each of [`TOUCHED`] lines of one page of
+/// the row's own, per exit (what touching that much data costs with no new page).
+pub const TOUCH_LINES: u16 = 1 << 10;
+/// Not exitless's: the same words, each on a page of its own, 2 MiB and a page apart (what a
+/// page per word adds when each needs a TLB entry and a page-table line of its own, as
+/// scattered heap and mappings do; exitless's exit path touched 6 data pages besides kvm_run
+/// and the stack).
+pub const TOUCH_PAGES: u16 = 1 << 11;
 /// What `exitless run` has on its exit path by default (no pinning).
 pub const EXITLESS: u16 = SECCOMP | KICK | SYNC_REGS | PROFILE | BUS | OBSERVER | RAW_RUN;
+/// Words the touch rows read and write per exit.
+pub const TOUCHED: usize = 6;
+/// Bytes between two touched words of [`TOUCH_PAGES`]: 2 MiB, a page and a line, so that no
+/// two share a page, a page table's line nor the same line offset within their page.
+const PAGE_STRIDE: usize = (2 << 20) + 4096 + 64;
 
-/// Each ingredient's bit and name, in the order they are added.
+/// Each ingredient's bit and name, in the order they are added (the raw KVM_RUN first: the
+/// cumulative rows start from the loop exitless has).
 pub const INGREDIENTS: [(u16, &str); 8] = [
+    (RAW_RUN, "raw KVM_RUN"),
     (SECCOMP, "seccomp filter"),
     (KICK, "kick signal armed"),
     (SYNC_REGS, "sync regs"),
     (PROFILE, "profiler (timestamps sampled)"),
     (BUS, "bus snapshot + dispatch"),
     (OBSERVER, "observer/stop-flag checks"),
-    (RAW_RUN, "raw KVM_RUN"),
     (PIN, "CPU pinning"),
 ];
 
@@ -92,6 +106,8 @@ pub struct RowVcpu {
     warned_unmapped: bool,
     /// The profile times one exit in this many (exitless's default).
     sample: u32,
+    /// The touch rows' words: [`TOUCHED`] pages and lines (zero-sized for other rows).
+    touched: Vec<u64>,
 }
 
 /// What of a row's VM stays with the thread that built it (dropped after the row's thread).
@@ -110,38 +126,18 @@ impl RowVcpu {
     /// empty loop of as many iterations runs first, emulated at CPL0 (~2 µs an iteration
     /// here). The row stops before the guest's loop ends.
     pub fn build(mask: u16, case: &str, iterations: u64) -> Result<(Self, RowVm), AblationError> {
-        let spec = VmSpec {
-            kernel: KernelImage::Embedded(guest::BENCH_GUEST),
-            initrd: None,
-            cmdline: format!("case={case} iters={iterations}"),
-            memory: GUEST_MEMORY,
-            memory_backing: vmm::memory::Backing::default(),
-            cpus: 1,
-            max_cpus: 1,
-            irqchip: IrqchipMode::Kernel,
-        };
-        let mut builder = VmBuilder::new(vmm::kvm::open()?, spec)?;
-        let serial = LineCapture::default();
-        super::runner::add_bench_ports(&mut builder, &serial)?;
-        let regs = if mask & SYNC_REGS != 0 {
-            RegsAccess::SyncRegs
-        } else {
-            RegsAccess::None
-        };
-        let opts = VcpuOptions {
-            regs,
-            profiling: mask & PROFILE != 0,
-            profile_sample: vmm::profile::sample(),
-            log_unmapped: false,
-            affinity: None,
-        };
-        let built = builder.build(&opts)?;
+        let (built, serial) = build_vm(mask, case, iterations)?;
         let vcpu = built
             .vcpus
             .into_iter()
             .next()
             .ok_or(AblationError::NoVcpu)?;
         let profile = built.profiles[0].clone();
+        // A page more than the words span, so that they can start on a page boundary.
+        let words = match mask & (TOUCH_LINES | TOUCH_PAGES) {
+            0 => 0,
+            _ => (TOUCHED * PAGE_STRIDE + 4096) / 8,
+        };
         let row = RowVcpu {
             mask,
             vcpu,
@@ -153,6 +149,7 @@ impl RowVcpu {
             observe_every_exit: false,
             warned_unmapped: true,
             sample: vmm::profile::sample(),
+            touched: vec![0; words],
         };
         let vm = RowVm {
             _vm: built.vm,
@@ -205,21 +202,58 @@ impl RowVcpu {
         by_mask!(
             0,
             RAW_RUN,
-            KICK,
-            SYNC_REGS,
-            PROFILE,
-            BUS,
-            OBSERVER,
-            KICK | SYNC_REGS,
-            KICK | SYNC_REGS | PROFILE,
-            KICK | SYNC_REGS | PROFILE | BUS,
-            KICK | SYNC_REGS | PROFILE | BUS | OBSERVER,
+            RAW_RUN | KICK,
+            RAW_RUN | SYNC_REGS,
+            RAW_RUN | PROFILE,
+            RAW_RUN | BUS,
+            RAW_RUN | OBSERVER,
+            RAW_RUN | KICK | SYNC_REGS,
+            RAW_RUN | KICK | SYNC_REGS | PROFILE,
+            RAW_RUN | KICK | SYNC_REGS | PROFILE | BUS,
             KICK | SYNC_REGS | PROFILE | BUS | OBSERVER | RAW_RUN,
-            PROFILE | PROFILE_EVERY,
+            RAW_RUN | PROFILE | PROFILE_EVERY,
             KICK | SYNC_REGS | PROFILE | PROFILE_EVERY | BUS | OBSERVER | RAW_RUN,
             KICK | SYNC_REGS | PROFILE | PROFILE_EVERY | BUS | OBSERVER,
+            RAW_RUN | TOUCH_LINES,
+            RAW_RUN | TOUCH_PAGES,
         )
     }
+}
+
+/// The bench guest's VM (1 vCPU, in-kernel irqchip, 64 MiB) running `case` for `iterations`,
+/// its vCPU with the options of a row with `mask`, and the console it writes to.
+pub fn build_vm(
+    mask: u16,
+    case: &str,
+    iterations: u64,
+) -> Result<(vmm::builder::BuiltVm, LineCapture), AblationError> {
+    let spec = VmSpec {
+        kernel: KernelImage::Embedded(guest::BENCH_GUEST),
+        initrd: None,
+        cmdline: format!("case={case} iters={iterations}"),
+        memory: GUEST_MEMORY,
+        memory_backing: vmm::memory::Backing::default(),
+        cpus: 1,
+        max_cpus: 1,
+        irqchip: IrqchipMode::Kernel,
+    };
+    let mut builder = VmBuilder::new(vmm::kvm::open()?, spec)?;
+    let serial = LineCapture::default();
+    super::runner::add_bench_ports(&mut builder, &serial)?;
+    let regs = if mask & SYNC_REGS != 0 {
+        RegsAccess::SyncRegs
+    } else {
+        RegsAccess::None
+    };
+    let opts = VcpuOptions {
+        regs,
+        profiling: mask & PROFILE != 0,
+        profile_sample: vmm::profile::sample(),
+        log_unmapped: false,
+        affinity: None,
+    };
+    let built = builder.build(&opts)?;
+    Ok((built, serial))
 }
 
 /// The loop, one copy per mask `F`: what is not in `F` is not compiled in.
@@ -272,6 +306,9 @@ fn run_batch<const F: u16>(
         if F & OBSERVER != 0 {
             per_exit_checks(row, &handled)?;
         }
+        if F & (TOUCH_LINES | TOUCH_PAGES) != 0 {
+            touch::<F>(&mut row.touched);
+        }
         if F & PROFILE != 0 {
             let times = (t_entry, t_exit);
             (t_entry, untimed_left) = account(&row.profile, &handled, timed, times, untimed_left);
@@ -295,6 +332,23 @@ fn run_batch<const F: u16>(
         other_exits,
         samples,
     })
+}
+
+/// The touch rows' per-exit work: a read and a write of [`TOUCHED`] words, from the first page
+/// boundary in `words`, a line apart ([`TOUCH_LINES`]) or a page and a line ([`TOUCH_PAGES`]).
+#[inline(always)]
+fn touch<const F: u16>(words: &mut [u64]) {
+    let stride = if F & TOUCH_PAGES != 0 {
+        PAGE_STRIDE / 8
+    } else {
+        64 / 8
+    };
+    let first = (4096 - words.as_ptr() as usize % 4096) % 4096 / 8;
+    for k in 0..TOUCHED {
+        if let Some(w) = words.get_mut(first + k * stride) {
+            *w = std::hint::black_box(*w).wrapping_add(1);
+        }
+    }
 }
 
 /// One KVM_RUN: raw (exitless's) or through kvm-ioctls, as `F` says.

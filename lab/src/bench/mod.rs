@@ -3,6 +3,7 @@
 
 pub mod ablation;
 mod ablation_loop;
+mod ablation_real;
 #[cfg(test)]
 mod ablation_tests;
 mod ablation_trace;

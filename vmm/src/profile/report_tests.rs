@@ -492,6 +492,13 @@ fn a_sampled_profile_counts_every_exit_scales_its_times_and_says_so() {
     assert_eq!((io.stats.total_cycles, io.stats.avg_cycles()), (400, 100.0));
     assert_eq!((io.devices[1].count, io.devices[1].timed), (4, 1));
     assert_eq!((snapshot.exit_count(), snapshot.timed_exit_count()), (4, 1));
+    // One counter read, as the lab's probe of a running vCPU reads it; beyond the table's
+    // devices is "unmapped"; a reason without devices has none.
+    profile.count_exit(ExitReason::IoOut, None);
+    assert_eq!(profile.device_count(ExitReason::IoOut, Some(1)), 4);
+    assert_eq!(profile.device_count(ExitReason::IoOut, None), 1);
+    assert_eq!(profile.device_count(ExitReason::IoOut, Some(9)), 1);
+    assert_eq!(profile.device_count(ExitReason::Hlt, None), 0);
     let report = ProfileReport::new(vec![snapshot], vec![], vec![], vec![], TSC_KHZ, 1.0);
     let text = report.render_table(false);
     assert!(

@@ -251,9 +251,10 @@ impl VcpuProfile {
     /// Records one exit handled in userspace for `cycles`. `device` is the
     /// bus index of the device that handled an IO/MMIO exit; `None` or an
     /// out-of-range index counts as "unmapped". It is ignored for other
-    /// reasons. Owning vCPU thread only.
+    /// reasons. Owning vCPU thread only. With the exit path's code, after what every exit
+    /// runs: only the timed exits run it (exitless/exit_path.ld).
     #[inline]
-    #[link_section = ".text.hot.exitless_exit_path"]
+    #[link_section = ".text.hot.exitless_exit_path.warm"]
     pub fn record_exit(&self, reason: ExitReason, device: Option<usize>, cycles: u64) {
         self.by_reason[reason as usize].record(cycles);
         if let Some(table) = device_table_index(reason) {
@@ -268,7 +269,7 @@ impl VcpuProfile {
     /// "unmapped". The ring is shared by the VM's vCPUs, so this counts what
     /// this vCPU delivered, whichever vCPU wrote it. Owning vCPU thread only.
     #[inline]
-    #[link_section = ".text.hot.exitless_exit_path"]
+    #[link_section = ".text.hot.exitless_exit_path.warm"]
     pub fn record_coalesced(&self, pio: bool, device: Option<usize>) {
         let slots = if pio {
             &self.coalesced_pio
@@ -290,6 +291,18 @@ impl VcpuProfile {
         if current & bit == 0 {
             word.store(current | bit, Relaxed);
         }
+    }
+
+    /// Exits of `reason` at `device` (`None`: at no device) counted so far: one counter read,
+    /// where [`snapshot`](Self::snapshot) reads them all (the lab's probe of a running vCPU).
+    pub fn device_count(&self, reason: ExitReason, device: Option<usize>) -> u64 {
+        let Some(table) = device_table_index(reason) else {
+            return 0;
+        };
+        let devices = &self.by_device[table];
+        devices[device_slot(devices.len(), device)]
+            .count
+            .load(Relaxed)
     }
 
     /// Copies the whole profile; any thread, any time.

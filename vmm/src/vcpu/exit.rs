@@ -168,22 +168,47 @@ pub fn is_known_probe_port(port: u64) -> bool {
 
 /// Dispatches one exit to the buses. `Err` only for host failures (a device could not write its
 /// output); everything the guest does wrong is a counted, resumable exit.
+///
+/// Laid out for the exit path: the port accesses are compared for here, the MMIO accesses in a
+/// function of their own beside it, every other exit in a cold one. A `match` over every kind
+/// compiles to a jump table, a page of `.rodata` away from this code, which each exit would
+/// touch (issue 42, docs/performance.md "The p50 at the floor").
 #[link_section = ".text.hot.exitless_exit_path"]
 pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
     use ExitReason as R;
-    Ok(match exit {
-        VcpuExit::IoOut(port, data) => write(&buses.pio, R::IoOut, port.into(), data)?,
-        VcpuExit::IoIn(port, data) => Handled {
+    match exit {
+        VcpuExit::IoOut(port, data) => write(&buses.pio, R::IoOut, port.into(), data),
+        VcpuExit::IoIn(port, data) => Ok(Handled {
             device: buses.pio.read(port.into(), data),
             addr: port.into(),
             ..handled(R::IoIn, ExitAction::Resume)
-        },
-        VcpuExit::MmioWrite(addr, data) => write(&buses.mmio, R::MmioWrite, addr, data)?,
-        VcpuExit::MmioRead(addr, data) => Handled {
+        }),
+        other => handle_mmio(buses, other),
+    }
+}
+
+/// The MMIO accesses, every other exit passed on to [`handle_rare`].
+#[inline(never)]
+#[link_section = ".text.hot.exitless_exit_path.warm"]
+fn handle_mmio(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
+    use ExitReason as R;
+    match exit {
+        VcpuExit::MmioWrite(addr, data) => write(&buses.mmio, R::MmioWrite, addr, data),
+        VcpuExit::MmioRead(addr, data) => Ok(Handled {
             device: buses.mmio.read(addr, data),
             addr,
             ..handled(R::MmioRead, ExitAction::Resume)
-        },
+        }),
+        other => Ok(handle_rare(other)),
+    }
+}
+
+/// Every exit but an access: a halt, the VM's end, an exit exitless does not handle.
+#[cold]
+#[inline(never)]
+fn handle_rare(exit: VcpuExit<'_>) -> Handled {
+    use ExitReason as R;
+    match exit {
         VcpuExit::Hlt => handled(R::Hlt, ExitAction::Resume),
         VcpuExit::IrqWindowOpen => handled(R::IrqWindowOpen, ExitAction::Resume),
         VcpuExit::Shutdown => handled(R::Shutdown, ExitAction::End(VmEnd::TripleFault)),
@@ -204,7 +229,7 @@ pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
             handled(R::DirtyRingFull, ExitAction::Resume)
         }
         other => not_handled(&other),
-    })
+    }
 }
 
 /// Handles one return from KVM_RUN in the guest's program order: the writes it queued in
@@ -215,7 +240,7 @@ pub fn handle_exit(buses: &Buses, exit: VcpuExit<'_>) -> io::Result<Handled> {
 /// vCPU loop calls it whenever a ring is mapped.
 ///
 /// One of the lab's entry points: the fuzz targets drive the exit dispatch with it.
-#[link_section = ".text.hot.exitless_exit_path"]
+#[link_section = ".text.hot.exitless_exit_path.warm"]
 pub fn dispatch(
     buses: &Buses,
     queued: impl Iterator<Item = CoalescedWrite>,

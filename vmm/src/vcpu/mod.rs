@@ -208,6 +208,12 @@ impl Vcpu {
 
     /// The exit loop, a function of its own in the exit path's section:
     /// its code and place do not change with what is inlined into [`Vcpu::run_on_prepared_thread`].
+    ///
+    /// Every branch an access exit does not take leads to a cold function (not running, a kick,
+    /// a failed KVM_RUN, a changed bus layout) or one of its own (a coalesced ring's drain): the
+    /// compiler then lays the access's path out in a few lines in a row, where it spread over
+    /// two pages of this function's code before (issue 42, docs/performance.md "The p50 at
+    /// the floor").
     #[inline(never)]
     #[link_section = ".text.hot.exitless_exit_path"]
     fn run_loop(&mut self) -> Result<VmEnd, VcpuError> {
@@ -217,53 +223,36 @@ impl Vcpu {
         let mut untimed_left = 0u32;
         let mut t_entry = tsc_if(profiling);
         loop {
-            match self.control.state() {
-                control::RUN => {}
-                control::PAUSE => match self.control.park(self.task_seen) {
-                    Unparked::Run => t_entry = tsc_if(profiling),
-                    Unparked::Stop => return Ok(VmEnd::Stopped),
-                    Unparked::Task(generation, task) => match self.run_task(generation, &task)? {
-                        Some(end) => return Ok(end),
-                        None => continue,
-                    },
-                },
-                _ => return Ok(VmEnd::Stopped),
+            if self.control.state() != control::RUN {
+                match self.not_running()? {
+                    Some(end) => return Ok(end),
+                    None => {
+                        t_entry = tsc_if(profiling);
+                        continue;
+                    }
+                }
             }
             // The raw KVM_RUN, inlined here: no page far from the loop on the way
             // (vmm::kvm::raw_run; the same exits as `VcpuFd::run`).
             let result = kvm::raw_run::run(&mut self.fd);
             let timed = profiling && untimed_left == 0;
             let t_exit = tsc_if(timed);
-            let profile = &self.profile;
-            let delivered = |write: &CoalescedWrite, device| {
-                if profiling {
-                    profile.record_coalesced(write.pio, device);
-                }
-            };
             let buses = self.buses.current(&self.shared_buses);
             // Writes queued in a coalesced ring reach their devices before the exit is handled.
-            let handled = match (&self.coalesced_ring, result) {
-                (None, Ok(exit)) => handle_exit(buses, exit)?,
-                (Some(ring), Ok(exit)) => {
-                    let queued = ring.drain().into_iter().flatten();
-                    dispatch(buses, queued, Some(exit), delivered)?
-                }
-                (ring, Err(e)) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-                    let queued = ring.iter().flat_map(|r| r.drain()).flatten();
-                    let handled = dispatch(buses, queued, None, delivered)?;
-                    self.fd.set_kvm_immediate_exit(0);
-                    // Only a kick retires one vCPU (its CPU ejected): checked here, not per exit.
-                    // It waits, out of KVM_RUN, until the CPU is added back (KVM cannot
-                    // destroy a vCPU, so the same one serves again).
-                    if self.retired.load(Ordering::Acquire) {
-                        if !self.control.park_retired(&self.retired) {
-                            return Ok(VmEnd::Stopped);
-                        }
+            let handled = match result {
+                Ok(exit) => match &self.coalesced_ring {
+                    None => handle_exit(buses, exit)?,
+                    Some(ring) => with_ring(buses, ring, Some(exit), &self.profile, profiling)?,
+                },
+                Err(e) => {
+                    let Some((handled, waited)) = self.kicked(e)? else {
+                        return Ok(VmEnd::Stopped);
+                    };
+                    if waited {
                         t_entry = tsc_if(profiling);
                     }
                     handled
                 }
-                (_, Err(e)) => return Err(VcpuError::Run(e)),
             };
             self.user_exits += 1;
             self.after_exit(&handled)?;
@@ -278,6 +267,49 @@ impl Vcpu {
                 }
                 ExitAction::End(end) => return Ok(end),
             }
+        }
+    }
+
+    /// The VM is paused or stopping: parks this vCPU until it runs again (`None`), running the
+    /// tasks it is given meanwhile, or says how the loop ends.
+    #[cold]
+    #[inline(never)]
+    fn not_running(&mut self) -> Result<Option<VmEnd>, VcpuError> {
+        match self.control.state() {
+            control::PAUSE => match self.control.park(self.task_seen) {
+                Unparked::Run => Ok(None),
+                Unparked::Stop => Ok(Some(VmEnd::Stopped)),
+                Unparked::Task(generation, task) => self.run_task(generation, &task),
+            },
+            control::RUN => Ok(None),
+            _ => Ok(Some(VmEnd::Stopped)),
+        }
+    }
+
+    /// KVM_RUN failed: with EINTR or EAGAIN it was kicked (the ring's writes, if any, reach
+    /// their devices), and a retired vCPU waits here until its CPU is added back (then `true`
+    /// with the exit; `None` when the VM stopped meanwhile); any other error ends the loop.
+    #[cold]
+    #[inline(never)]
+    fn kicked(&mut self, e: kvm_ioctls::Error) -> Result<Option<(Handled, bool)>, VcpuError> {
+        if e.errno() != libc::EINTR && e.errno() != libc::EAGAIN {
+            return Err(VcpuError::Run(e));
+        }
+        let buses = self.buses.current(&self.shared_buses);
+        let handled = match &self.coalesced_ring {
+            Some(ring) => with_ring(buses, ring, None, &self.profile, self.profiling)?,
+            None => dispatch(buses, std::iter::empty(), None, |_, _| {})?,
+        };
+        self.fd.set_kvm_immediate_exit(0);
+        // Only a kick retires one vCPU (its CPU ejected): checked here, not per exit.
+        // It waits, out of KVM_RUN, until the CPU is added back (KVM cannot
+        // destroy a vCPU, so the same one serves again).
+        if !self.retired.load(Ordering::Acquire) {
+            return Ok(Some((handled, false)));
+        }
+        match self.control.park_retired(&self.retired) {
+            true => Ok(Some((handled, true))),
+            false => Ok(None),
         }
     }
 
@@ -469,6 +501,27 @@ pub fn prepare_thread(cpu: Option<usize>) -> Result<(), VcpuError> {
     }
     crate::seccomp::apply(crate::seccomp::ThreadKind::Vcpu)?;
     Ok(())
+}
+
+/// An exit (`None`: a kick) of a vCPU whose VM has a coalesced ring: the writes queued in the
+/// ring reach their devices first, counted in the profile when `profiling`. A function of its
+/// own, out of the loop's way for VMs without a ring.
+#[inline(never)]
+#[link_section = ".text.hot.exitless_exit_path.warm"]
+fn with_ring(
+    buses: &Buses,
+    ring: &CoalescedRing,
+    exit: Option<kvm_ioctls::VcpuExit<'_>>,
+    profile: &VcpuProfile,
+    profiling: bool,
+) -> Result<Handled, VcpuError> {
+    let delivered = |write: &CoalescedWrite, device| {
+        if profiling {
+            profile.record_coalesced(write.pio, device);
+        }
+    };
+    let queued = ring.drain().into_iter().flatten();
+    Ok(dispatch(buses, queued, exit, delivered)?)
 }
 
 /// The host TSC when profiling, else 0 (no rdtsc on the exit path).
