@@ -238,4 +238,42 @@ mod tests {
         assert!(el.handle().remove(id).is_err());
         drop(el);
     }
+
+    /// A deferred loop has no thread until it is run (or a call waits for it): work fired
+    /// before waits in the queue and runs, on the devices thread, once it starts.
+    #[test]
+    fn a_deferred_loop_runs_work_fired_before_it_started() {
+        let el = EventLoop::deferred().unwrap();
+        let (tx, rx) = channel();
+        el.handle()
+            .fire(move |_| {
+                let name = thread::current().name().unwrap_or("").to_string();
+                let _ = tx.send(name);
+            })
+            .unwrap();
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        el.run().unwrap();
+        el.run().unwrap();
+        let name = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(name, "devices");
+        drop(el);
+    }
+
+    /// A call that waits for the loop starts it, so that nothing waits for a thread that
+    /// never comes; a loop dropped before it started refuses later calls.
+    #[test]
+    fn a_waiting_call_starts_a_deferred_loop_and_a_dropped_one_refuses() {
+        let el = EventLoop::deferred().unwrap();
+        let (tx, rx) = channel();
+        el.handle()
+            .call(move |_| {
+                let _ = tx.send(thread::current().name().unwrap_or("").to_string());
+            })
+            .unwrap();
+        assert_eq!(rx.try_recv().unwrap(), "devices");
+        let never = EventLoop::deferred().unwrap();
+        let handle = never.handle();
+        drop(never);
+        assert!(handle.call(|_| {}).is_err());
+    }
 }
