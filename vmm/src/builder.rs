@@ -32,7 +32,7 @@ use crate::kvm::{self, KvmError};
 use crate::profile::{self, VcpuProfile};
 use crate::startup::{self, moment};
 use crate::vcpu::{regs, RegsAccess, Vcpu, VcpuError};
-use crate::vm::{Vm, VmError};
+use crate::vm::{SetUpTask, Vm, VmError};
 
 /// Errors building a VM.
 #[derive(Debug, Error)]
@@ -146,14 +146,16 @@ pub struct VmBuilder {
     set_up: Option<SetUpThread>,
 }
 
-/// Work for the set-up thread once it created the PIT.
-type SetUpTask = Box<dyn FnOnce() + Send>;
-
-/// A short-lived thread that creates the PIT, then runs the tasks it is given until the
-/// builder drops `tasks` (one thread, so one stack of private dirty memory, for both).
+/// The thread running the set-up tasks (the PIT, then KVM's CPUID entries) beside the main
+/// thread: the first vCPU's thread, started ahead and lent until its vCPU is ready
+/// ([`crate::vm::VcpuThreadsAhead::lend_for_set_up`]: `launch`), else a short-lived thread of
+/// its own (`pit-setup`: the lab's VMs, restores). It runs them until the builder drops
+/// `tasks` (one thread, so one stack of private dirty memory, for both).
 struct SetUpThread {
-    pit_created: std::thread::JoinHandle<Result<(), kvm_ioctls::Error>>,
+    pit_created: std::sync::mpsc::Receiver<Result<(), kvm_ioctls::Error>>,
     tasks: std::sync::mpsc::Sender<SetUpTask>,
+    /// The thread of its own, if not lent one.
+    own: Option<std::thread::JoinHandle<()>>,
 }
 
 /// A built VM, its vCPUs ready to start.
@@ -261,17 +263,27 @@ impl VcpuTemplate {
 impl VmBuilder {
     /// Creates the VM: memory, irqchip, and with an in-kernel irqchip the PIT.
     pub fn new(kvm: Kvm, spec: VmSpec) -> Result<Self, BuildError> {
-        Self::new_on(kvm, None, spec)
-    }
-
-    /// Like [`VmBuilder::new`], on `created` if given (the head start's empty VM).
-    pub fn new_on(kvm: Kvm, created: Option<CreatedVm>, spec: VmSpec) -> Result<Self, BuildError> {
-        // First, so that the devices thread installs its seccomp filter while the VM is
-        // created (see `launch`).
         let event_loop = EventLoop::start()?;
         let (size, irqchip) = (spec.memory, spec.irqchip);
+        let vm = Vm::new(kvm, None, size, &spec.memory_backing, irqchip)?;
+        Self::around(spec, vm, event_loop, None)
+    }
+
+    /// Like [`VmBuilder::new`] for `launch`: on `created` if given (the head start's empty
+    /// VM), the set-up tasks on `lent` if given (a thread started ahead: no thread of their
+    /// own), and the devices thread not started: the caller starts it
+    /// ([`EventLoop::run`] on [`BuiltVm::event_loop`]) once the vCPUs run, unless a device
+    /// added before waits for it (which starts it then).
+    pub fn new_on(
+        kvm: Kvm,
+        created: Option<CreatedVm>,
+        spec: VmSpec,
+        lent: Option<std::sync::mpsc::Sender<SetUpTask>>,
+    ) -> Result<Self, BuildError> {
+        let event_loop = EventLoop::deferred()?;
+        let (size, irqchip) = (spec.memory, spec.irqchip);
         let vm = Vm::new(kvm, created, size, &spec.memory_backing, irqchip)?;
-        Self::around(spec, vm, event_loop)
+        Self::around(spec, vm, event_loop, lent)
     }
 
     /// Like [`VmBuilder::new`], with guest memory the caller made (memory zones, a
@@ -283,11 +295,16 @@ impl VmBuilder {
     ) -> Result<Self, BuildError> {
         let event_loop = EventLoop::start()?;
         let vm = Vm::with_memory(kvm, mem, spec.irqchip)?;
-        Self::around(spec, vm, event_loop)
+        Self::around(spec, vm, event_loop, None)
     }
 
     /// The builder of `vm`: quirks, the PIT, the device manager.
-    fn around(spec: VmSpec, vm: Vm, event_loop: EventLoop) -> Result<Self, BuildError> {
+    fn around(
+        spec: VmSpec,
+        vm: Vm,
+        event_loop: EventLoop,
+        lent: Option<std::sync::mpsc::Sender<SetUpTask>>,
+    ) -> Result<Self, BuildError> {
         // A guest's vmcall/vmmcall of the wrong vendor gets #UD instead of being rewritten and
         // re-run: on PVM the rewrite never ends (KVM_RUN would not return). Linux picks the
         // right instruction itself, so it never needs the rewrite. Before the PIT: both take
@@ -295,7 +312,7 @@ impl VmBuilder {
         let hypercall_rewrite_off =
             vm.caps.disable_quirks2 && kvm::disable_hypercall_rewrite(&vm.fd);
         let set_up = match spec.irqchip {
-            IrqchipMode::Kernel => Some(start_pit_creation(&vm)?),
+            IrqchipMode::Kernel => Some(start_pit_creation(&vm, lent)?),
             _ => None,
         };
         let devices = DeviceManager::new(vm.fd.clone(), spec.irqchip);
@@ -491,9 +508,17 @@ fn cpuid_seen_here(
 
 /// Waits for the set-up thread: the PIT is created once it returns.
 fn join_set_up(set_up: Option<SetUpThread>) -> Result<(), BuildError> {
-    if let Some(SetUpThread { pit_created, tasks }) = set_up {
+    if let Some(SetUpThread {
+        pit_created,
+        tasks,
+        own,
+    }) = set_up
+    {
         drop(tasks);
-        let created = pit_created.join().map_err(|_| BuildError::PitThread)?;
+        let created = pit_created.recv().map_err(|_| BuildError::PitThread)?;
+        if let Some(own) = own {
+            own.join().map_err(|_| BuildError::PitThread)?;
+        }
         created.map_err(|e| KvmError::Ioctl("KVM_CREATE_PIT2", e))?;
     }
     Ok(())
@@ -572,27 +597,46 @@ fn create_vcpu_fd(vm: &Vm, id: u8) -> Result<VcpuFd, BuildError> {
     Ok(fd.map_err(|e| KvmError::Ioctl("KVM_CREATE_VCPU", e))?)
 }
 
-/// Starts creating the in-kernel PIT on a short-lived thread of its own, which then runs the
-/// set-up tasks it is sent until the builder drops its end.
-fn start_pit_creation(vm: &Vm) -> Result<SetUpThread, BuildError> {
+/// Starts creating the in-kernel PIT on the `lent` thread, else on a short-lived thread of
+/// its own, which then runs the set-up tasks it is sent until the builder drops its end. A
+/// lent thread that ended already (its filter failed) leaves the PIT to this thread.
+fn start_pit_creation(
+    vm: &Vm,
+    lent: Option<std::sync::mpsc::Sender<SetUpTask>>,
+) -> Result<SetUpThread, BuildError> {
     let fd = vm.fd.clone();
     let pit = kvm_pit_config {
         flags: KVM_PIT_SPEAKER_DUMMY,
         ..Default::default()
     };
-    let (tasks, given) = std::sync::mpsc::channel::<SetUpTask>();
-    let pit_created = std::thread::Builder::new()
-        .name("pit-setup".into())
-        .stack_size(64 * 1024)
-        .spawn(move || {
-            let created = fd.create_pit2(pit);
-            for task in given {
-                task();
-            }
-            created
-        })
-        .map_err(BuildError::Thread)?;
-    Ok(SetUpThread { pit_created, tasks })
+    let (created, pit_created) = std::sync::mpsc::sync_channel(1);
+    let create: SetUpTask = Box::new(move || {
+        let _ = created.send(fd.create_pit2(pit));
+    });
+    let (tasks, own) = match lent {
+        Some(tasks) => (tasks, None),
+        None => {
+            let (tasks, given) = std::sync::mpsc::channel::<SetUpTask>();
+            let own = std::thread::Builder::new()
+                .name("pit-setup".into())
+                .stack_size(64 * 1024)
+                .spawn(move || {
+                    for task in given {
+                        task();
+                    }
+                })
+                .map_err(BuildError::Thread)?;
+            (tasks, Some(own))
+        }
+    };
+    if let Err(std::sync::mpsc::SendError(create)) = tasks.send(create) {
+        create();
+    }
+    Ok(SetUpThread {
+        pit_created,
+        tasks,
+        own,
+    })
 }
 
 /// Maps KVM's coalesced ring (one per VM) once and gives it to every vCPU; returns it for

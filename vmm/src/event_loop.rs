@@ -42,63 +42,24 @@ impl From<event_manager::Error> for EventLoopError {
 #[derive(Clone)]
 pub struct EventLoopHandle {
     endpoint: RemoteEndpoint<Subscriber>,
+    thread: Arc<LoopThread>,
 }
 
-impl EventLoopHandle {
-    /// Registers `subscriber` (its `init` runs on the loop) and returns its id.
-    pub fn add(&self, subscriber: Subscriber) -> Result<SubscriberId, EventLoopError> {
-        self.endpoint
-            .call_blocking(move |ops| Ok::<_, EventLoopError>(ops.add_subscriber(subscriber)))
-    }
-
-    /// Unregisters a subscriber (its fds leave the epoll set).
-    pub fn remove(&self, id: SubscriberId) -> Result<(), EventLoopError> {
-        self.endpoint
-            .call_blocking(move |ops| ops.remove_subscriber(id).map(drop))
-            .map_err(EventLoopError::Stopped)
-    }
-
-    /// Runs `work` on the loop's thread, after what was asked before it, without waiting:
-    /// what a vCPU thread hands over (a device's start and reset), so that it never blocks on
-    /// the device thread.
-    pub fn fire(
-        &self,
-        work: impl FnOnce(&mut dyn SubscriberOps<Subscriber = Subscriber>) + Send + 'static,
-    ) -> Result<(), EventLoopError> {
-        self.endpoint.fire(work).map_err(EventLoopError::Stopped)
-    }
-
-    /// Runs `work` on the loop's thread and waits for it to finish (not from a vCPU thread,
-    /// nor from the loop's own).
-    pub fn call(
-        &self,
-        work: impl FnOnce(&mut dyn SubscriberOps<Subscriber = Subscriber>) + Send + 'static,
-    ) -> Result<(), EventLoopError> {
-        self.endpoint
-            .call_blocking(move |ops| {
-                work(ops);
-                Ok::<(), event_manager::Error>(())
-            })
-            .map_err(EventLoopError::Stopped)
-    }
-}
-
-/// The running loop; dropping it stops and joins the thread.
-pub struct EventLoop {
-    handle: EventLoopHandle,
+/// The loop's thread: not started yet (the manager waits here), or started.
+struct LoopThread {
+    pending: Mutex<Option<EventManager<Subscriber>>>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    started: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl EventLoop {
-    /// Starts the loop on its own thread.
-    pub fn start() -> Result<Self, EventLoopError> {
-        let mut manager = EventManager::<Subscriber>::new().map_err(EventLoopError::Create)?;
-        let handle = EventLoopHandle {
-            endpoint: manager.remote_endpoint(),
+impl LoopThread {
+    /// Starts the thread unless it was started: what every call that waits for the loop does
+    /// first, so that nothing waits for a loop that is not running.
+    fn ensure_running(&self) -> Result<(), EventLoopError> {
+        let Some(mut manager) = lock(&self.pending).take() else {
+            return Ok(());
         };
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+        let flag = self.stop.clone();
         let thread = thread::Builder::new()
             .name("devices".into())
             .spawn(move || {
@@ -114,11 +75,93 @@ impl EventLoop {
                 }
             })
             .map_err(EventLoopError::Thread)?;
-        Ok(EventLoop {
-            handle,
-            stop,
-            thread: Some(thread),
-        })
+        *lock(&self.started) = Some(thread);
+        Ok(())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl EventLoopHandle {
+    /// Registers `subscriber` (its `init` runs on the loop) and returns its id.
+    pub fn add(&self, subscriber: Subscriber) -> Result<SubscriberId, EventLoopError> {
+        self.thread.ensure_running()?;
+        self.endpoint
+            .call_blocking(move |ops| Ok::<_, EventLoopError>(ops.add_subscriber(subscriber)))
+    }
+
+    /// Unregisters a subscriber (its fds leave the epoll set).
+    pub fn remove(&self, id: SubscriberId) -> Result<(), EventLoopError> {
+        self.thread.ensure_running()?;
+        self.endpoint
+            .call_blocking(move |ops| ops.remove_subscriber(id).map(drop))
+            .map_err(EventLoopError::Stopped)
+    }
+
+    /// Runs `work` on the loop's thread, after what was asked before it, without waiting:
+    /// what a vCPU thread hands over (a device's start and reset), so that it never blocks on
+    /// the device thread. On a loop not started yet ([`EventLoop::deferred`]) it waits in the
+    /// queue until the loop starts.
+    pub fn fire(
+        &self,
+        work: impl FnOnce(&mut dyn SubscriberOps<Subscriber = Subscriber>) + Send + 'static,
+    ) -> Result<(), EventLoopError> {
+        self.endpoint.fire(work).map_err(EventLoopError::Stopped)
+    }
+
+    /// Runs `work` on the loop's thread and waits for it to finish (not from a vCPU thread,
+    /// nor from the loop's own).
+    pub fn call(
+        &self,
+        work: impl FnOnce(&mut dyn SubscriberOps<Subscriber = Subscriber>) + Send + 'static,
+    ) -> Result<(), EventLoopError> {
+        self.thread.ensure_running()?;
+        self.endpoint
+            .call_blocking(move |ops| {
+                work(ops);
+                Ok::<(), event_manager::Error>(())
+            })
+            .map_err(EventLoopError::Stopped)
+    }
+}
+
+/// The loop; dropping it stops and joins the thread.
+pub struct EventLoop {
+    handle: EventLoopHandle,
+    stop: Arc<AtomicBool>,
+}
+
+impl EventLoop {
+    /// Starts the loop on its own thread.
+    pub fn start() -> Result<Self, EventLoopError> {
+        let event_loop = Self::deferred()?;
+        event_loop.run()?;
+        Ok(event_loop)
+    }
+
+    /// The loop, its thread not started until [`EventLoop::run`] or the first call that waits
+    /// for it ([`EventLoopHandle::add`], `remove`, `call`); work fired before waits for it.
+    /// `launch` starts it once the vCPUs run: the guest's first instruction does not wait for
+    /// its thread or its seccomp filter.
+    pub fn deferred() -> Result<Self, EventLoopError> {
+        let manager = EventManager::<Subscriber>::new().map_err(EventLoopError::Create)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = EventLoopHandle {
+            endpoint: manager.remote_endpoint(),
+            thread: Arc::new(LoopThread {
+                pending: Mutex::new(Some(manager)),
+                stop: stop.clone(),
+                started: Mutex::new(None),
+            }),
+        };
+        Ok(EventLoop { handle, stop })
+    }
+
+    /// Starts the loop's thread, unless it runs already.
+    pub fn run(&self) -> Result<(), EventLoopError> {
+        self.handle.thread.ensure_running()
     }
 
     /// A handle to add and remove subscribers.
@@ -135,7 +178,9 @@ impl Drop for EventLoop {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         let _ = self.handle.endpoint.kick();
-        let Some(t) = self.thread.take() else {
+        // A loop never started stays so: a handle's later call finds it stopped.
+        drop(lock(&self.handle.thread.pending).take());
+        let Some(t) = lock(&self.handle.thread.started).take() else {
             return;
         };
         let start = std::time::Instant::now();
@@ -192,5 +237,43 @@ mod tests {
         assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
         assert!(el.handle().remove(id).is_err());
         drop(el);
+    }
+
+    /// A deferred loop has no thread until it is run (or a call waits for it): work fired
+    /// before waits in the queue and runs, on the devices thread, once it starts.
+    #[test]
+    fn a_deferred_loop_runs_work_fired_before_it_started() {
+        let el = EventLoop::deferred().unwrap();
+        let (tx, rx) = channel();
+        el.handle()
+            .fire(move |_| {
+                let name = thread::current().name().unwrap_or("").to_string();
+                let _ = tx.send(name);
+            })
+            .unwrap();
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        el.run().unwrap();
+        el.run().unwrap();
+        let name = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(name, "devices");
+        drop(el);
+    }
+
+    /// A call that waits for the loop starts it, so that nothing waits for a thread that
+    /// never comes; a loop dropped before it started refuses later calls.
+    #[test]
+    fn a_waiting_call_starts_a_deferred_loop_and_a_dropped_one_refuses() {
+        let el = EventLoop::deferred().unwrap();
+        let (tx, rx) = channel();
+        el.handle()
+            .call(move |_| {
+                let _ = tx.send(thread::current().name().unwrap_or("").to_string());
+            })
+            .unwrap();
+        assert_eq!(rx.try_recv().unwrap(), "devices");
+        let never = EventLoop::deferred().unwrap();
+        let handle = never.handle();
+        drop(never);
+        assert!(handle.call(|_| {}).is_err());
     }
 }

@@ -278,7 +278,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     // the VM is created: started after it, they took the main thread's CPU while it wrote the
     // ACPI tables and loaded the kernel (0.15 -> 0.3-0.5 ms on 2 host CPUs).
     let affinity = config.cpu_affinity.as_ref();
-    let threads_ahead = VcpuThreadsAhead::spawn(
+    let mut threads_ahead = VcpuThreadsAhead::spawn(
         (0..usize::from(config.cpus)).map(|id| (id, affinity.and_then(|a| a.host_cpu(id)))),
     )?;
     let mut builder = match config.zones() {
@@ -286,7 +286,9 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
             let mem = crate::memory::create_zoned_memory(&zones)?;
             VmBuilder::with_memory(kvm, spec, mem)?
         }
-        None => VmBuilder::new_on(kvm, created, spec)?,
+        // The PIT and KVM's CPUID entries on vCPU 0's thread until its vCPU is ready: one
+        // thread fewer than a set-up thread of their own.
+        None => VmBuilder::new_on(kvm, created, spec, threads_ahead.lend_for_set_up())?,
     };
     startup::mark(moment::VM_CREATED);
     let serial = builder.add_console(console_output(config)?)?;
@@ -316,6 +318,10 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     launched.started = Instant::now();
     launched.running = Some(launched.vm.start_ahead(threads_ahead, vcpus)?);
     startup::mark(moment::THREADS);
+    // The guest runs: now the devices thread (with a device that waited for it at set-up,
+    // it runs already). Work a vCPU handed it in between waits in its queue.
+    launched.event_loop.run().map_err(BuildError::from)?;
+    startup::mark(moment::DEVICES_THREAD);
     // Each waits for the devices thread: after the guest started.
     if opts.stdin_to_serial {
         attach_stdin(&launched.event_loop, launched.serial.clone());

@@ -7,13 +7,13 @@
 //! filtered, not its arguments, except `socket` on the devices thread: AF_UNIX only (the vsock
 //! device connects guest streams to the host's Unix sockets). The programs are binary
 //! searches over the call numbers ([`tree`]: a tenth of the install time of `seccompiler`'s
-//! row of comparisons), installed with `seccompiler`.
+//! row of comparisons), built when exitless is compiled ([`program`]: nothing is compiled or
+//! allocated as a thread starts) and installed with `seccompiler`.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
 
-use seccompiler::BpfProgram;
+use seccompiler::sock_filter;
 use thiserror::Error;
 
 mod tree;
@@ -24,8 +24,6 @@ pub const EXIT_SECCOMP: i32 = 128 + libc::SIGSYS;
 
 #[derive(Debug, Error)]
 pub enum SeccompError {
-    #[error("Cannot build the seccomp filter of the {0} thread: {1}")]
-    Build(&'static str, seccompiler::BackendError),
     #[error("Cannot install the seccomp filter of the {0} thread: {1}")]
     Install(&'static str, seccompiler::Error),
     #[error("Cannot install the SIGSYS handler: {0}")]
@@ -229,29 +227,61 @@ pub fn enabled() -> bool {
 
 /// Calls allowed only with their first argument equal to a value, per thread kind:
 /// `socket(AF_UNIX, ...)` on the devices thread.
-fn conditional(kind: ThreadKind) -> &'static [(libc::c_long, u32)] {
+const fn conditional(kind: ThreadKind) -> &'static [(libc::c_long, u32)] {
     match kind {
         ThreadKind::Devices => &[(libc::SYS_socket, libc::AF_UNIX as u32)],
         _ => &[],
     }
 }
 
-/// The BPF program for `kind`: allowed calls pass, anything else raises SIGSYS.
-pub fn program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
-    let mut calls = kind
-        .allowed()
-        .into_iter()
-        .map(|n| (n, tree::Allowed::Always))
-        .collect::<BTreeMap<_, _>>();
-    // A call listed both ways keeps its condition.
-    for &(call, value) in conditional(kind) {
-        calls.insert(call, tree::Allowed::FirstArgIs(value));
+/// `kind`'s calls as the filter decides them, from the same lists as
+/// [`ThreadKind::allowed`] and [`conditional`], in `const` context.
+const fn rules(kind: ThreadKind) -> tree::Rules {
+    let mut rules = tree::Rules::new().allow_all(COMMON).allow_all(match kind {
+        ThreadKind::Main => MAIN,
+        ThreadKind::Vcpu => VCPU,
+        ThreadKind::Devices => DEVICES,
+        ThreadKind::DiskIo => DISK_IO,
+        ThreadKind::Api => API,
+    });
+    if matches!(kind, ThreadKind::Devices) {
+        // See `allowed`: a disk's I/O threads keep the devices filter under their own.
+        rules = rules.allow_all(DISK_IO);
     }
-    // x86_64's call numbers are below 512.
-    let calls: Vec<_> = calls.into_iter().map(|(n, a)| (n as u32, a)).collect();
-    tree::program(&calls).map_err(|tree::TooLarge(len)| {
-        SeccompError::Build(kind.name(), seccompiler::BackendError::FilterTooLarge(len))
-    })
+    if cfg!(debug_assertions) {
+        // See `allowed`: a debug build's std.
+        rules = rules.allow(libc::SYS_fcntl);
+    }
+    // A call listed both ways keeps its condition.
+    let conditions = conditional(kind);
+    let mut i = 0;
+    while i < conditions.len() {
+        rules = rules.allow_if_first_arg(conditions[i].0, conditions[i].1);
+        i += 1;
+    }
+    rules
+}
+
+/// `kind`'s program, built when exitless is compiled: a static array of instructions.
+macro_rules! built_program {
+    ($kind:expr) => {{
+        const PROGRAM: tree::Program = tree::Program::compile(&rules($kind));
+        static CODE: [sock_filter; PROGRAM.len()] = PROGRAM.code();
+        &CODE
+    }};
+}
+
+/// The BPF program for `kind`: allowed calls pass, anything else raises SIGSYS. Built when
+/// exitless is compiled, so a thread's start costs only the kernel's install (the lists'
+/// merging, sorting and the tree's compilation took each thread ~30-60 allocations before).
+pub fn program(kind: ThreadKind) -> &'static [sock_filter] {
+    match kind {
+        ThreadKind::Main => built_program!(ThreadKind::Main),
+        ThreadKind::Vcpu => built_program!(ThreadKind::Vcpu),
+        ThreadKind::Devices => built_program!(ThreadKind::Devices),
+        ThreadKind::DiskIo => built_program!(ThreadKind::DiskIo),
+        ThreadKind::Api => built_program!(ThreadKind::Api),
+    }
 }
 
 /// Installs `kind`'s filter on the calling thread, unless filtering is off.
@@ -261,8 +291,7 @@ pub fn apply(kind: ThreadKind) -> Result<(), SeccompError> {
     }
     install_sigsys_handler()?;
     prepare_malloc();
-    let program = program(kind)?;
-    seccompiler::apply_filter(&program).map_err(|e| SeccompError::Install(kind.name(), e))
+    seccompiler::apply_filter(program(kind)).map_err(|e| SeccompError::Install(kind.name(), e))
 }
 
 /// Most malloc arenas (glibc's default is 8 per CPU): one, the main heap, shared by every
@@ -384,6 +413,7 @@ impl Line {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn every_kind_builds_a_program_and_lists_each_call_once() {
@@ -393,7 +423,7 @@ mod tests {
             ThreadKind::Devices,
             ThreadKind::DiskIo,
         ] {
-            assert!(!program(kind).unwrap().is_empty());
+            assert!(!program(kind).is_empty());
             let mut calls = kind.allowed();
             let n = calls.len();
             calls.sort();
@@ -402,12 +432,41 @@ mod tests {
         }
     }
 
+    /// The program the search tree's run-time compiler makes from `kind`'s lists.
+    fn runtime_program(kind: ThreadKind) -> Vec<sock_filter> {
+        let mut calls = kind
+            .allowed()
+            .into_iter()
+            .map(|n| (n, tree::Allowed::Always))
+            .collect::<BTreeMap<_, _>>();
+        for &(call, value) in conditional(kind) {
+            calls.insert(call, tree::Allowed::FirstArgIs(value));
+        }
+        let calls: Vec<_> = calls.into_iter().map(|(n, a)| (n as u32, a)).collect();
+        tree::program(&calls).unwrap()
+    }
+
+    #[test]
+    fn the_built_programs_are_what_the_runtime_compiler_makes_from_the_lists() {
+        for kind in ALL_KINDS {
+            assert_eq!(program(kind), &runtime_program(kind)[..], "{kind:?}");
+        }
+    }
+
+    const ALL_KINDS: [ThreadKind; 5] = [
+        ThreadKind::Main,
+        ThreadKind::Vcpu,
+        ThreadKind::Devices,
+        ThreadKind::DiskIo,
+        ThreadKind::Api,
+    ];
+
     /// What `seccompiler` builds from the same lists (one comparison per call in a row): the
     /// reference the search tree must agree with.
-    fn seccompiler_program(kind: ThreadKind) -> BpfProgram {
+    fn seccompiler_program(kind: ThreadKind) -> seccompiler::BpfProgram {
         use seccompiler::{
-            SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-            SeccompRule, TargetArch,
+            BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
+            SeccompFilter, SeccompRule, TargetArch,
         };
         let mut rules: BTreeMap<_, Vec<SeccompRule>> =
             kind.allowed().into_iter().map(|n| (n, vec![])).collect();
@@ -440,13 +499,13 @@ mod tests {
             ThreadKind::DiskIo,
             ThreadKind::Api,
         ] {
-            let (ours, reference) = (program(kind).unwrap(), seccompiler_program(kind));
+            let (ours, reference) = (program(kind), seccompiler_program(kind));
             let (mut allowed, mut longest, mut reference_longest) = (0, 0, 0);
             let x32 = (0..600u32).map(|n| n | 0x4000_0000);
             for nr in (0..600u32).chain(x32).chain([u32::MAX]) {
                 for arch in [0xc000_003e, 0x4000_0003] {
                     for &arg in &args {
-                        let (action, steps) = tree::run(&ours, arch, nr, arg);
+                        let (action, steps) = tree::run(ours, arch, nr, arg);
                         let (expected, reference_steps) = tree::run(&reference, arch, nr, arg);
                         assert_eq!(action, expected, "{kind:?}: call {nr}, arch {arch:#x}");
                         allowed += usize::from(action == tree::RET_ALLOW);
@@ -495,13 +554,13 @@ mod tests {
 
     /// A forked child under `kind`'s filter makes `call`; its exit status (0: allowed).
     fn child_calling(kind: ThreadKind, call: impl FnOnce()) -> i32 {
-        let program = program(kind).unwrap();
+        let program = program(kind);
         install_sigsys_handler().unwrap();
         // SAFETY: the child only makes system calls (no allocation) before it ends.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0);
         if pid == 0 {
-            if seccompiler::apply_filter(&program).is_err() {
+            if seccompiler::apply_filter(program).is_err() {
                 // SAFETY: ends the child at once.
                 unsafe { libc::_exit(2) };
             }

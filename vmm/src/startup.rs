@@ -124,13 +124,14 @@ fn process_cpu_time() -> Option<Duration> {
 pub mod moment {
     pub const KVM_OPEN: &str = "/dev/kvm opened";
     pub const VM_CREATED: &str =
-        "threads started (vCPUs ahead, devices), VM, memory, irqchip (PIT on its own thread)";
+        "vCPU threads started ahead, VM, memory, irqchip (PIT on vCPU 0's thread)";
     pub const DEVICES: &str = "devices added";
     pub const LOADED: &str = "kernel loaded, ACPI tables written";
-    pub const VCPU_FDS: &str = "KVM_CREATE_VCPU (while the set-up thread asks CPUID)";
+    pub const VCPU_FDS: &str = "KVM_CREATE_VCPU (while vCPU 0's thread asks CPUID)";
     pub const CPUID_READY: &str = "KVM's CPUID entries in hand, PIT created";
     pub const VCPUS_CREATED: &str = "vCPUs configured (CPUID, MSRs, LAPIC, entry registers)";
     pub const THREADS: &str = "vCPUs handed to their threads (started ahead, filters on)";
+    pub const DEVICES_THREAD: &str = "devices thread started (after the vCPUs)";
     pub const MAIN_SECCOMP: &str = "main thread's seccomp filter";
     pub const FIRST_RUN: &str = "first KVM_RUN";
     pub const FIRST_LINE: &str = "guest's first serial line written";

@@ -1,7 +1,7 @@
 //! A VM: its KVM fd, guest memory, irqchip, and the threads running its vCPUs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -197,9 +197,15 @@ impl VcpuThread {
     }
 }
 
+/// Work a thread started ahead runs for the VM's build before it takes its vCPU (the PIT,
+/// KVM's CPUID entries: see [`crate::builder`]).
+pub type SetUpTask = Box<dyn FnOnce() + Send>;
+
 /// vCPU threads started before their vCPUs exist: each names itself `vcpuN`, pins itself and
 /// installs its seccomp filter while the VM is still being built, then waits for its vCPU
-/// ([`Vm::start_ahead`]). Dropped unused, the threads end. Every vCPU thread starts this way.
+/// ([`Vm::start_ahead`]). The first also runs the build's set-up tasks it is lent for
+/// ([`VcpuThreadsAhead::lend_for_set_up`]) until their sender is dropped: no thread of their
+/// own. Dropped unused, the threads end. Every vCPU thread starts this way.
 #[derive(Default)]
 pub struct VcpuThreadsAhead {
     waiting: Vec<WaitingThread>,
@@ -208,6 +214,8 @@ pub struct VcpuThreadsAhead {
 struct WaitingThread {
     id: usize,
     vcpu: SyncSender<Vcpu>,
+    /// Set-up tasks for the thread to run before it takes its vCPU (the first thread's).
+    tasks: Option<Sender<SetUpTask>>,
     named: Receiver<()>,
     handle: JoinHandle<Result<VcpuOutcome, VcpuError>>,
     ended: Arc<AtomicBool>,
@@ -218,18 +226,33 @@ impl VcpuThreadsAhead {
     pub fn spawn(vcpus: impl IntoIterator<Item = (usize, Option<usize>)>) -> Result<Self, VmError> {
         let waiting = vcpus
             .into_iter()
-            .map(|(id, cpu)| WaitingThread::spawn(id, cpu))
+            .enumerate()
+            .map(|(i, (id, cpu))| WaitingThread::spawn(id, cpu, i == 0))
             .collect::<Result<_, _>>()?;
         Ok(VcpuThreadsAhead { waiting })
+    }
+
+    /// Where the first thread takes set-up tasks (once: `None` after, or without threads).
+    /// It runs them, under its vCPU filter (KVM ioctls and memory only), until the sender
+    /// is dropped, and takes its vCPU after: drop it before handing the vCPUs over.
+    pub fn lend_for_set_up(&mut self) -> Option<Sender<SetUpTask>> {
+        self.waiting.first_mut()?.tasks.take()
     }
 }
 
 impl WaitingThread {
     /// The thread of vCPU `id`, named `vcpuN` (how Kata finds vCPU threads). Ending, it
     /// wakes the main thread ([`crate::wake`]), which then sees how the guest ended the VM.
-    fn spawn(id: usize, cpu: Option<usize>) -> Result<Self, VmError> {
+    fn spawn(id: usize, cpu: Option<usize>, takes_tasks: bool) -> Result<Self, VmError> {
         let (vcpu, given) = mpsc::sync_channel::<Vcpu>(1);
         let (name_done, named) = mpsc::sync_channel(1);
+        let (tasks, set_up) = match takes_tasks {
+            true => {
+                let (tasks, set_up) = mpsc::channel::<SetUpTask>();
+                (Some(tasks), Some(set_up))
+            }
+            false => (None, None),
+        };
         let ended = Arc::new(AtomicBool::new(false));
         let ends = ended.clone();
         let handle = thread::Builder::new()
@@ -238,6 +261,9 @@ impl WaitingThread {
                 let run = || {
                     let _ = name_done.send(());
                     crate::vcpu::prepare_thread(cpu)?;
+                    for task in set_up.into_iter().flatten() {
+                        task();
+                    }
                     let vcpu = given.recv().map_err(|_| VcpuError::NeverStarted)?;
                     vcpu.run_on_prepared_thread()
                 };
@@ -250,6 +276,7 @@ impl WaitingThread {
         Ok(WaitingThread {
             id,
             vcpu,
+            tasks,
             named,
             handle,
             ended,
@@ -274,10 +301,12 @@ impl RunningVm {
     fn hand_over(&mut self, ahead: VcpuThreadsAhead, vcpus: Vec<Vcpu>) -> Result<(), VmError> {
         let mut waiting = ahead.waiting;
         for vcpu in vcpus {
-            let t = match waiting.iter().position(|t| t.id == vcpu.id) {
+            let mut t = match waiting.iter().position(|t| t.id == vcpu.id) {
                 Some(at) => waiting.swap_remove(at),
-                None => WaitingThread::spawn(vcpu.id, vcpu.host_cpu())?,
+                None => WaitingThread::spawn(vcpu.id, vcpu.host_cpu(), false)?,
             };
+            // Ends its set-up tasks if it was never lent (else the builder dropped its end).
+            drop(t.tasks.take());
             let retired = vcpu.retire_flag();
             // A thread that ended already (its filter failed) says why when joined.
             let _ = t.vcpu.send(vcpu);

@@ -2,7 +2,7 @@
 //! only while the VM can add one). On a PVM host it takes ~0.65 ms (KVM runs CPUID for every
 //! leaf, each trapping to the hypervisor below), the largest single step of creating a vCPU,
 //! so the builder hands [`SupportedCpuid::fetch_task`] to its set-up thread (the one that
-//! created the PIT) while the main thread writes the ACPI tables and loads the kernel. When
+//! created the PIT: at launch, vCPU 0's thread before it takes its vCPU) while the main thread writes the ACPI tables and loads the kernel. When
 //! `main` gave the VM a head start (`launch::head_start`), its thread asked already, while
 //! nothing else talked to KVM ([`ask_for_next_vm`]).
 

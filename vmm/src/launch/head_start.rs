@@ -34,7 +34,8 @@ static READY: Mutex<Option<Receiver<HeadStart>>> = Mutex::new(None);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lead {
     /// `run`: the command line is parsed in ~0.3 ms. KVM's CPUID entries are left to the
-    /// builder's set-up thread: asked here, first, they kept the main thread waiting
+    /// builder's set-up thread (vCPU 0's, lent before it takes its vCPU): asked here, first,
+    /// they kept the main thread waiting
     /// 0.15 ms for the VM (2026-11-27 13:43 UTC, N=21).
     Short,
     /// The API server, which waits for `vm.create` and `vm.boot`: the CPUID entries too, and

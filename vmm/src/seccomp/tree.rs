@@ -10,8 +10,13 @@
 //! a call is allowed to do is the same (a unit test compares both programs' verdicts for
 //! every number), and the exit path is not touched: KVM_RUN's `ioctl` is always allowed, so
 //! the cache lets it past without running the filter either way.
+//!
+//! The programs are built when exitless is compiled ([`Rules`] and [`Program`] are `const`):
+//! a thread installing its filter only hands the kernel a static array, with no list merged,
+//! sorted or compiled and no allocation on the way. [`program`] builds the same tree at run
+//! time from a slice, for the tests (which check both give the same instructions).
 
-use seccompiler::{sock_filter, BpfProgram};
+use seccompiler::sock_filter;
 
 /// What a listed call needs besides its number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,6 +29,7 @@ pub(super) enum Allowed {
 
 /// The program does not fit BPF's 8-bit jumps (far more calls than any list has): the
 /// instructions a jump could not pass.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct TooLarge(pub(super) usize);
 
@@ -45,7 +51,7 @@ pub(super) const RET_KILL_PROCESS: u32 = 0x8000_0000;
 /// Calls a leaf compares one by one; more are split in two.
 const LEAF_CALLS: usize = 3;
 
-fn stmt(code: u16, k: u32) -> sock_filter {
+const fn stmt(code: u16, k: u32) -> sock_filter {
     sock_filter {
         code,
         jt: 0,
@@ -54,13 +60,15 @@ fn stmt(code: u16, k: u32) -> sock_filter {
     }
 }
 
-fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
+const fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
     sock_filter { code, jt, jf, k }
 }
 
 /// The program allowing `calls` (sorted by number, each once) and trapping every other call;
-/// another architecture's call kills the process (as `seccompiler` does).
-pub(super) fn program(calls: &[(u32, Allowed)]) -> Result<BpfProgram, TooLarge> {
+/// another architecture's call kills the process (as `seccompiler` does): built at run time,
+/// the reference [`Program::compile`] must match.
+#[cfg(test)]
+pub(super) fn program(calls: &[(u32, Allowed)]) -> Result<Vec<sock_filter>, TooLarge> {
     let mut out = vec![
         stmt(BPF_LD_W_ABS, DATA_ARCH),
         jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
@@ -73,6 +81,7 @@ pub(super) fn program(calls: &[(u32, Allowed)]) -> Result<BpfProgram, TooLarge> 
 
 /// The code deciding the calls of `calls`, the call number loaded; every path ends in a
 /// return.
+#[cfg(test)]
 fn node(calls: &[(u32, Allowed)]) -> Result<Vec<sock_filter>, TooLarge> {
     if calls.len() <= LEAF_CALLS {
         return Ok(leaf(calls));
@@ -87,6 +96,7 @@ fn node(calls: &[(u32, Allowed)]) -> Result<Vec<sock_filter>, TooLarge> {
 }
 
 /// One comparison per call, then a trap.
+#[cfg(test)]
 fn leaf(calls: &[(u32, Allowed)]) -> Vec<sock_filter> {
     let mut out = Vec::new();
     for &(nr, allowed) in calls {
@@ -108,6 +118,181 @@ fn leaf(calls: &[(u32, Allowed)]) -> Vec<sock_filter> {
     }
     out.push(stmt(BPF_RET_K, RET_TRAP));
     out
+}
+
+/// The most calls a thread kind may list (the devices thread lists ~60).
+const MAX_RULES: usize = 128;
+/// The longest program (BPF allows 4096; the devices thread's is ~190).
+const MAX_PROGRAM: usize = 512;
+
+/// A thread kind's calls, sorted by number, each once, with what each needs: built in
+/// `const` context from the lists.
+#[derive(Clone, Copy)]
+pub(super) struct Rules {
+    calls: [(u32, Allowed); MAX_RULES],
+    len: usize,
+}
+
+impl Rules {
+    pub(super) const fn new() -> Self {
+        Rules {
+            calls: [(0, Allowed::Always); MAX_RULES],
+            len: 0,
+        }
+    }
+
+    /// Where `nr` is or would go, and whether it is there.
+    const fn find(&self, nr: u32) -> (usize, bool) {
+        let mut i = 0;
+        while i < self.len && self.calls[i].0 < nr {
+            i += 1;
+        }
+        (i, i < self.len && self.calls[i].0 == nr)
+    }
+
+    /// `nr` allowed with any arguments, unless it is listed already (a condition stays).
+    pub(super) const fn allow(mut self, nr: libc::c_long) -> Self {
+        let nr = nr as u32;
+        let (at, listed) = self.find(nr);
+        if !listed {
+            self = self.insert(at, (nr, Allowed::Always));
+        }
+        self
+    }
+
+    pub(super) const fn allow_all(mut self, calls: &[libc::c_long]) -> Self {
+        let mut i = 0;
+        while i < calls.len() {
+            self = self.allow(calls[i]);
+            i += 1;
+        }
+        self
+    }
+
+    /// `nr` allowed only with its first argument's low 32 bits equal to `value`, whether or
+    /// not it was listed without a condition.
+    pub(super) const fn allow_if_first_arg(mut self, nr: libc::c_long, value: u32) -> Self {
+        let nr = nr as u32;
+        let (at, listed) = self.find(nr);
+        if listed {
+            self.calls[at].1 = Allowed::FirstArgIs(value);
+        } else {
+            self = self.insert(at, (nr, Allowed::FirstArgIs(value)));
+        }
+        self
+    }
+
+    const fn insert(mut self, at: usize, rule: (u32, Allowed)) -> Self {
+        assert!(self.len < MAX_RULES, "a seccomp list longer than MAX_RULES");
+        let mut i = self.len;
+        while i > at {
+            self.calls[i] = self.calls[i - 1];
+            i -= 1;
+        }
+        self.calls[at] = rule;
+        self.len += 1;
+        self
+    }
+
+    /// The calls, sorted by number.
+    pub(super) const fn calls(&self) -> &[(u32, Allowed)] {
+        self.calls.split_at(self.len).0
+    }
+}
+
+/// A program being built in `const` context; [`Program::code`] is the finished array.
+pub(super) struct Program {
+    code: [sock_filter; MAX_PROGRAM],
+    len: usize,
+}
+
+const NO_INSTRUCTION: sock_filter = stmt(0, 0);
+
+impl Program {
+    /// The program allowing `rules`' calls and trapping every other call; another
+    /// architecture's call kills the process (as `seccompiler` does). A program too long for
+    /// BPF's 8-bit jumps stops the compilation of exitless.
+    pub(super) const fn compile(rules: &Rules) -> Program {
+        let mut p = Program {
+            code: [NO_INSTRUCTION; MAX_PROGRAM],
+            len: 0,
+        };
+        p.push(stmt(BPF_LD_W_ABS, DATA_ARCH));
+        p.push(jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0));
+        p.push(stmt(BPF_RET_K, RET_KILL_PROCESS));
+        p.push(stmt(BPF_LD_W_ABS, DATA_NR));
+        p.node(rules.calls());
+        p
+    }
+
+    pub(super) const fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The instructions, as an array of their exact number (`N`: [`Program::len`]).
+    pub(super) const fn code<const N: usize>(&self) -> [sock_filter; N] {
+        assert!(N == self.len);
+        let mut out = [NO_INSTRUCTION; N];
+        let mut i = 0;
+        while i < N {
+            let f = &self.code[i];
+            out[i] = jump(f.code, f.k, f.jt, f.jf);
+            i += 1;
+        }
+        out
+    }
+
+    const fn push(&mut self, f: sock_filter) {
+        assert!(
+            self.len < MAX_PROGRAM,
+            "a seccomp program longer than MAX_PROGRAM"
+        );
+        self.code[self.len] = f;
+        self.len += 1;
+    }
+
+    /// As [`node`]: a leaf of up to [`LEAF_CALLS`] comparisons, else a jump over the lower
+    /// half's code to the upper half's.
+    const fn node(&mut self, calls: &[(u32, Allowed)]) {
+        if calls.len() <= LEAF_CALLS {
+            self.leaf(calls);
+            return;
+        }
+        let (below, from) = calls.split_at(calls.len() / 2);
+        let at = self.len;
+        self.push(jump(BPF_JGE_K, from[0].0, 0, 0));
+        self.node(below);
+        let skip = self.len - at - 1;
+        assert!(
+            skip <= u8::MAX as usize,
+            "a seccomp program too long for BPF's jumps"
+        );
+        self.code[at].jt = skip as u8;
+        self.node(from);
+    }
+
+    /// As [`leaf`].
+    const fn leaf(&mut self, calls: &[(u32, Allowed)]) {
+        let mut i = 0;
+        while i < calls.len() {
+            let nr = calls[i].0;
+            match calls[i].1 {
+                Allowed::Always => {
+                    self.push(jump(BPF_JEQ_K, nr, 0, 1));
+                    self.push(stmt(BPF_RET_K, RET_ALLOW));
+                }
+                Allowed::FirstArgIs(value) => {
+                    self.push(jump(BPF_JEQ_K, nr, 0, 4));
+                    self.push(stmt(BPF_LD_W_ABS, DATA_ARG0));
+                    self.push(jump(BPF_JEQ_K, value, 0, 1));
+                    self.push(stmt(BPF_RET_K, RET_ALLOW));
+                    self.push(stmt(BPF_RET_K, RET_TRAP));
+                }
+            }
+            i += 1;
+        }
+        self.push(stmt(BPF_RET_K, RET_TRAP));
+    }
 }
 
 /// Runs `program` on a call as the kernel would (the instructions this module and
@@ -174,6 +359,28 @@ mod tests {
         // x32 calls (bit 30 set) and numbers beyond any list trap.
         assert_eq!(run(&p, AUDIT_ARCH_X86_64, 0x4000_0008, 0).0, RET_TRAP);
         assert_eq!(run(&p, AUDIT_ARCH_X86_64, u32::MAX, 0).0, RET_TRAP);
+    }
+
+    #[test]
+    fn the_const_compiler_writes_what_the_runtime_one_does() {
+        let mut rules = Rules::new();
+        // Out of order, twice, and a condition put on a call listed without one.
+        for i in (0..60).rev().chain(0..60) {
+            rules = rules.allow(i * 7 + 1);
+        }
+        rules = rules.allow(1000).allow_if_first_arg(1000, 1).allow(1000);
+        let calls: Vec<(u32, Allowed)> = (0..60u32)
+            .map(|i| (i * 7 + 1, Allowed::Always))
+            .chain([(1000, Allowed::FirstArgIs(1))])
+            .collect();
+        assert_eq!(rules.calls(), &calls[..]);
+        let compiled = Program::compile(&rules);
+        let code: [sock_filter; 5] = Program::compile(&Rules::new()).code();
+        assert_eq!(code[..], program(&[]).unwrap()[..]);
+        assert_eq!(
+            compiled.code[..compiled.len()],
+            program(&calls).unwrap()[..]
+        );
     }
 
     #[test]
