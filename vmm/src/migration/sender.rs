@@ -95,8 +95,16 @@ pub struct SendSummary {
 pub struct SendSteps {
     /// Start, MemoryFds and Config (the destination makes guest memory).
     pub setup: Duration,
+    /// Of `setup`: Start sent and answered (the destination takes the connection).
+    pub start: Duration,
+    /// Of `setup`: Config sent and answered (the destination makes guest memory).
+    pub config: Duration,
     /// The first pass and the dirty passes, the VM running.
     pub precopy: Duration,
+    /// Of `precopy`: the dirty logs switched on (KVM's, the devices', the back ends').
+    pub tracking: Duration,
+    /// Of `precopy`: the first pass's table (the pages the guest touched) built.
+    pub first_table: Duration,
     /// The vCPUs paused.
     pub pause: Duration,
     /// The state captured (vCPUs, irqchip, clock, devices).
@@ -169,6 +177,7 @@ impl Run {
             false => Vec::new(),
         };
         request(s, Request::new(Command::Start, 0), &[], "Start")?;
+        self.summary.steps.start = self.start.elapsed();
         for (slot, fd) in fds {
             s.write_all(&Request::new(Command::MemoryFd, 4).encode())
                 .and_then(|()| s.send_with_fd(&slot.to_le_bytes(), fd))
@@ -183,6 +192,7 @@ impl Run {
         )?;
         let mut step = Step(Instant::now());
         self.summary.steps.setup = step.0.duration_since(self.start);
+        self.summary.steps.config = self.summary.steps.setup - self.summary.steps.start;
         let pending = match opts.local {
             true => Vec::new(),
             false => self.precopy(s, src, opts)?,
@@ -245,9 +255,12 @@ impl Run {
         src: &mut dyn Source,
         opts: SendOptions,
     ) -> Result<Vec<MemoryRange>, MigrationError> {
+        let at = Instant::now();
         src.start_tracking()?;
         self.tracking = true;
+        self.summary.steps.tracking = at.elapsed();
         let mut ranges = src.touched()?;
+        self.summary.steps.first_table = at.elapsed() - self.summary.steps.tracking;
         let mut extra = 0;
         loop {
             let at = Instant::now();
