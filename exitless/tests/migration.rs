@@ -1,6 +1,8 @@
 //! Live migration end to end (docs/migration.md), with the bench guest's `case=snapshot
-//! dirty=1`: it writes 8 MiB, then each round exits to the VMM `iters` times and writes every
-//! page of it again, and at the end checks them all and its round counter. Migrated mid-loop
+//! dirty=2`: it writes 8 MiB, then each round exits to the VMM `iters` times, checks every
+//! page of it (the last round's value: a page the migration lost is counted, though the
+//! round rewrites it) and writes it again, and at the end checks them all and its round
+//! counter. Migrated mid-loop
 //! over `unix:` and `tcp:` (and `local`, shared memory as fds; paused, it arrives paused), it
 //! finishes on the destination with every check passing and the source process gone; a
 //! destination that dies midway leaves the source running and correct; a receiver fed
@@ -22,7 +24,7 @@ use exitless_control::api::client::Reply;
 use serde_json::{json, Value};
 
 const TICKS: u64 = 200;
-const CMDLINE: &str = "case=snapshot ticks=200 iters=200 touch_mib=8 dirty=1 hold";
+const CMDLINE: &str = "case=snapshot ticks=200 iters=200 touch_mib=8 dirty=2 hold";
 
 /// What the source runs: the guest's command line and its disks.
 struct Guest<'a> {
