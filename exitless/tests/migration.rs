@@ -2,13 +2,13 @@
 //! dirty=2`: it writes 8 MiB, then each round exits to the VMM `iters` times, checks every
 //! page of it (the last round's value: a page the migration lost is counted, though the
 //! round rewrites it) and writes it again, and at the end checks them all and its round
-//! counter. Migrated mid-loop
-//! over `unix:` and `tcp:` (and `local`, shared memory as fds; paused, it arrives paused), it
-//! finishes on the destination with every check passing and the source process gone; a
-//! destination that dies midway leaves the source running and correct; a receiver fed
-//! garbage answers an error and stays up; with its disk and entropy device busy every round
-//! (`virtio=8 blkcheck=1`), what the devices wrote arrives and every check passes; Cloud
-//! Hypervisor's `ch-remote` drives both ends.
+//! counter. Migrated mid-loop over `unix:` and `tcp:` (and `local`, shared memory as fds;
+//! paused, it arrives paused), it finishes on the destination with every check passing and
+//! the source process gone; a destination that dies midway leaves the source running and
+//! correct; a receiver fed garbage answers an error and stays up; with its disk and entropy
+//! device busy every round (`virtio=8 blkcheck=1`), what the devices wrote arrives and every
+//! check passes; Cloud Hypervisor's `ch-remote` drives both ends; a `vm.resize` sent while a
+//! migration runs waits for its end.
 
 mod common;
 
