@@ -81,6 +81,11 @@ impl Vmm {
         }
         refuse_extras(RECEIVE, &r.extra)?;
         let url = MigrationUrl::parse(&r.receiver_url).map_err(|e| failed(RECEIVE, e))?;
+        if self.verbose {
+            // The restore's moments at State (where the destination's share of the
+            // downtime goes), logged once the VM runs.
+            vmm::startup::enable();
+        }
         let like_restore = schema::RestoreConfig {
             net_fds: r.net_fds.clone(),
             ..Default::default()
@@ -116,6 +121,9 @@ impl Vmm {
                     "paused"
                 }
             );
+            if let Some(t) = vmm::startup::timeline() {
+                eprint!("exitless: {RECEIVE}: State {}", t.render());
+            }
         }
         let mut slot = VmSlot {
             api,
