@@ -1,12 +1,14 @@
 //! Live migration end to end (docs/migration.md), with the bench guest's `case=snapshot
-//! dirty=1`: it writes 8 MiB, then each round exits to the VMM `iters` times and writes every
-//! page of it again, and at the end checks them all and its round counter. Migrated mid-loop
-//! over `unix:` and `tcp:` (and `local`, shared memory as fds; paused, it arrives paused), it
-//! finishes on the destination with every check passing and the source process gone; a
-//! destination that dies midway leaves the source running and correct; a receiver fed
-//! garbage answers an error and stays up; with its disk and entropy device busy every round
-//! (`virtio=8 blkcheck=1`), what the devices wrote arrives and every check passes; Cloud
-//! Hypervisor's `ch-remote` drives both ends.
+//! dirty=2`: it writes 8 MiB, then each round exits to the VMM `iters` times, checks every
+//! page of it (the last round's value: a page the migration lost is counted, though the
+//! round rewrites it) and writes it again, and at the end checks them all and its round
+//! counter. Migrated mid-loop over `unix:` and `tcp:` (and `local`, shared memory as fds;
+//! paused, it arrives paused), it finishes on the destination with every check passing and
+//! the source process gone; a destination that dies midway leaves the source running and
+//! correct; a receiver fed garbage answers an error and stays up; with its disk and entropy
+//! device busy every round (`virtio=8 blkcheck=1`), what the devices wrote arrives and every
+//! check passes; Cloud Hypervisor's `ch-remote` drives both ends; a `vm.resize` sent while a
+//! migration runs waits for its end.
 
 mod common;
 
@@ -22,7 +24,7 @@ use exitless_control::api::client::Reply;
 use serde_json::{json, Value};
 
 const TICKS: u64 = 200;
-const CMDLINE: &str = "case=snapshot ticks=200 iters=200 touch_mib=8 dirty=1 hold";
+const CMDLINE: &str = "case=snapshot ticks=200 iters=200 touch_mib=8 dirty=2 hold";
 
 /// What the source runs: the guest's command line and its disks.
 struct Guest<'a> {
@@ -427,4 +429,70 @@ fn a_guest_tracked_by_the_dirty_ring_migrates_with_every_page() {
 #[test]
 fn a_guest_tracked_by_the_bitmap_migrates_with_every_page() {
     migrate_tracked("bitmap", "mig-bitmap", "bitmap");
+}
+
+/// A fake destination that answers Start, says so on `started`, then holds the migration
+/// (the source waits for its answer to Config) until `release` says to end it.
+fn held_destination(
+    path: &Path,
+    started: std::sync::mpsc::Sender<()>,
+    release: std::sync::mpsc::Receiver<()>,
+) -> JoinHandle<()> {
+    let listener = UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut h = [0u8; 16];
+        s.read_exact(&mut h).unwrap();
+        s.write_all(&[1u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+            .unwrap();
+        started.send(()).unwrap();
+        let _ = release.recv();
+    })
+}
+
+/// A `vm.resize` that grows memory while a migration runs (docs/migration.md, "What is
+/// refused"): the migration holds the owner thread, so the request waits for it rather than
+/// adding memory the dirty log would not track; the migration failing, the source's VM
+/// goes on and the request is served there.
+#[test]
+fn a_resize_sent_while_a_migration_runs_waits_for_its_end() {
+    let Some(t) = SnapTest::start("resize_while_migrating", "mig-resize") else {
+        return;
+    };
+    let memory = json!({"size": 256u64 << 20, "hotplug_size": 256u64 << 20});
+    let (src, serial) = source(&t, "mig-resize-src", memory, &PLAIN);
+    let path = t.scratch.join("m.sock");
+    let (started, on_start) = std::sync::mpsc::channel();
+    let (release, on_release) = std::sync::mpsc::channel();
+    let held = held_destination(&path, started, on_release);
+    let url = format!("unix:{}", path.display());
+    let mut c = src.client();
+    let sending = std::thread::spawn(move || {
+        let body = json!({ "destination_url": url }).to_string();
+        c.request("PUT", "vm.send-migration", Some(&body)).unwrap()
+    });
+    on_start.recv_timeout(Duration::from_secs(30)).unwrap();
+    let mut c = src.client();
+    let resizing = std::thread::spawn(move || {
+        let body = json!({ "desired_ram": 512u64 << 20 }).to_string();
+        c.request("PUT", "vm.resize", Some(&body)).unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !resizing.is_finished(),
+        "vm.resize answered while migrating"
+    );
+    release.send(()).unwrap();
+    held.join().unwrap();
+    let sent = sending.join().unwrap();
+    assert!(sent.status >= 400, "{} {}", sent.status, sent.body);
+    let resized = resizing.join().unwrap();
+    assert_eq!(resized.status, 204, "{}", resized.body);
+    let info = json(&ok(
+        src.client().request("GET", "vm.info", None).unwrap(),
+        "vm.info",
+    ));
+    assert_eq!(info["memory_actual_size"], 512u64 << 20, "{info}");
+    assert_eq!(info["state"], "Running", "{info}");
+    assert_finished(&wait_file(&serial, "EXITLESS DONE"));
 }

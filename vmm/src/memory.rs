@@ -5,9 +5,11 @@
 //! mapped shared (writes reach the file: a VM template's memory) or private (copy-on-write:
 //! the VMs made from it), and regions may map any file at an offset ([`create_file_region`]:
 //! a restored snapshot's memory).
-//! Where memory hot-added while the VM runs goes: [`hotplug`].
+//! Where memory hot-added while the VM runs goes: [`hotplug`]. Huge pages for memory about to
+//! be filled whole (a migration's destination): [`huge_fill`].
 
 pub mod hotplug;
+pub mod huge_fill;
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};

@@ -81,6 +81,11 @@ impl Vmm {
         }
         refuse_extras(RECEIVE, &r.extra)?;
         let url = MigrationUrl::parse(&r.receiver_url).map_err(|e| failed(RECEIVE, e))?;
+        if self.verbose {
+            // The restore's moments at State (where the destination's share of the
+            // downtime goes), logged once the VM runs.
+            vmm::startup::enable();
+        }
         let like_restore = schema::RestoreConfig {
             net_fds: r.net_fds.clone(),
             ..Default::default()
@@ -116,6 +121,9 @@ impl Vmm {
                     "paused"
                 }
             );
+            if let Some(t) = vmm::startup::timeline() {
+                eprint!("exitless: {RECEIVE}: State {}", t.render());
+            }
         }
         let mut slot = VmSlot {
             api,
@@ -201,11 +209,16 @@ impl Vmm {
 fn steps_line(t: &vmm::migration::sender::SendSteps) -> String {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     format!(
-        "setup {:.1} ms, precopy {:.1} ms, then the downtime: pause {:.1} ms, state captured \
-         {:.1} ms, last pass {:.1} ms, State {:.1} ms (the destination makes the VM), \
-         Complete {:.1} ms (it resumes the VM)",
+        "setup {:.1} ms (Start {:.1}, Config {:.1}: the destination makes guest memory), \
+         precopy {:.1} ms (dirty logs on {:.1}, first table {:.1}, then the passes), then the \
+         downtime: pause {:.1} ms, state captured {:.1} ms, last pass {:.1} ms, State {:.1} ms \
+         (the destination makes the VM), Complete {:.1} ms (it resumes the VM)",
         ms(t.setup),
+        ms(t.start),
+        ms(t.config),
         ms(t.precopy),
+        ms(t.tracking),
+        ms(t.first_table),
         ms(t.pause),
         ms(t.capture),
         ms(t.last_pass),

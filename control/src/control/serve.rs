@@ -10,7 +10,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
 use super::{Vmm, VmmExit};
-use crate::api::{ApiCall, ApiRequest, ApiResponse};
+use crate::api::{ApiCall, ApiError, ApiRequest, ApiResponse};
 use vmm::wake;
 
 /// Exit code when a stop signal (SIGINT, SIGTERM) ended the VMM, as `exitless run` gives.
@@ -64,7 +64,24 @@ pub fn serve(
         }
     };
     vmm.stop();
+    refuse_queued(calls);
     exit
+}
+
+/// Answers every request still queued when the loop ended (sent while a request that ended
+/// the VMM held the owner thread: a `vm.resize` behind a `vm.send-migration` that completed,
+/// say) with one line, at once, rather than leaving it to a closed connection.
+fn refuse_queued(calls: &Receiver<ApiCall>) {
+    while let Ok(call) = calls.try_recv() {
+        let what = request_name(&call.request);
+        let _ = call.reply.send(ApiResponse::Error(ApiError {
+            status: 503,
+            message: format!(
+                "{what}: not served: the VMM is ending (its VM shut down, or migrated away \
+                 while the request waited)"
+            ),
+        }));
+    }
 }
 
 /// The endpoint a request came from, for the log.
@@ -107,5 +124,30 @@ pub fn status(r: &ApiResponse) -> u16 {
         ApiResponse::NoContent => 204,
         ApiResponse::Json(_) => 200,
         ApiResponse::Error(e) => e.status,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_queued_when_the_loop_ends_are_answered_at_once() {
+        let (calls, requests) = std::sync::mpsc::channel();
+        let (reply, answer) = std::sync::mpsc::channel();
+        calls
+            .send(ApiCall {
+                request: ApiRequest::VmPause,
+                reply,
+            })
+            .unwrap();
+        refuse_queued(&requests);
+        match answer.try_recv() {
+            Ok(ApiResponse::Error(e)) => {
+                assert_eq!(e.status, 503);
+                assert!(e.message.starts_with("vm.pause: not served"), "{e:?}");
+            }
+            Ok(_) | Err(_) => panic!("the queued request was not refused"),
+        }
     }
 }

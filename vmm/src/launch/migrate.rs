@@ -18,6 +18,7 @@ use crate::devices::virtio::BackendLog;
 use crate::kvm::{dirty_log, state};
 use crate::memory;
 use crate::memory::hotplug::HotplugRam;
+use crate::memory::huge_fill::HugeFill;
 use crate::migration::protocol::{MemoryRange, MigrationConfig, RegionLayout};
 use crate::migration::receiver::Destination;
 use crate::migration::sender::Source;
@@ -310,13 +311,17 @@ fn add_pages(bitmap: &mut [u64], first: u64, pages: &[u64]) {
     }
 }
 
-/// Whether page `p` of region `r` is all zeros (read as the guest may be writing it: a page
-/// it writes later is in the dirty log).
+/// Whether page `p` of region `r` is all zeros, read in place a word at a time up to the
+/// first one that is not (as the guest may be writing it: a page it writes later is in the
+/// dirty log).
 fn zero_page(r: &vm_memory::GuestRegionMmap, p: u64) -> bool {
-    let mut page = [0u8; 4096];
-    r.read_slice(&mut page, MemoryRegionAddress(p * 4096))
-        .is_ok()
-        && page.iter().all(|&b| b == 0)
+    let Ok(page) = r.get_slice(MemoryRegionAddress(p * 4096), 4096) else {
+        return false;
+    };
+    let words = page.ptr_guard().as_ptr() as *const u64;
+    // SAFETY: the slice is 4096 bytes of mapped guest memory that lives as long as the
+    // region, page-aligned (u64 reads are aligned); volatile reads, as the guest may write.
+    (0..512).all(|i| unsafe { std::ptr::read_volatile(words.add(i)) } == 0)
 }
 
 /// The guest-physical ranges of the pages of `touched` (one bool a page) that `keep`.
@@ -377,6 +382,8 @@ pub struct Incoming<'a> {
     convert: &'a mut dyn FnMut(&serde_json::Value) -> Result<VmConfig, String>,
     config: Option<VmConfig>,
     mem: Option<GuestMemoryMmap>,
+    /// Huge pages asked for where whole 2 MiB chunks are filled (see `memory::huge_fill`).
+    huge: HugeFill,
     vm: Option<LaunchedVm>,
 }
 
@@ -386,6 +393,7 @@ impl<'a> Incoming<'a> {
             convert,
             config: None,
             mem: None,
+            huge: HugeFill::default(),
             vm: None,
         }
     }
@@ -482,6 +490,11 @@ impl Destination for Incoming<'_> {
     ) -> Result<(), MigrationError> {
         let r = self.mem.as_ref().and_then(|m| m.iter().nth(region));
         let r = r.ok_or_else(|| destination("memory before the config"))?;
+        if r.is_hugetlbfs() != Some(true) {
+            // Checked by the caller: the range lies inside the region.
+            self.huge
+                .cover(r.as_ptr() as usize + offset as usize, len as usize);
+        }
         let mut from = from;
         r.read_exact_volatile_from(MemoryRegionAddress(offset), &mut from, len as usize)
             .map_err(|e| MigrationError::Protocol(format!("reading guest memory: {e}")))
@@ -494,6 +507,7 @@ impl Destination for Incoming<'_> {
         let (Some(config), Some(mem)) = (self.config.as_ref(), self.mem.take()) else {
             return Err(destination("state before the config"));
         };
+        self.huge.end();
         let vm = restore_with_memory(config, mem, state, RestoreOptions::default())
             .map_err(launch_error)?;
         self.vm = Some(vm);

@@ -19,6 +19,8 @@ use super::MigrationError;
 const MAX_REQUEST_BYTES: u64 = 64 << 20;
 /// Most ranges one Memory request carries.
 const MAX_REQUEST_RANGES: usize = 4096;
+/// Where a range cut between two Memory requests is cut, where it can be (a huge page).
+const CUT_ALIGN: u64 = 2 << 20;
 
 /// What the VM being sent offers the sender.
 pub trait Source {
@@ -95,8 +97,16 @@ pub struct SendSummary {
 pub struct SendSteps {
     /// Start, MemoryFds and Config (the destination makes guest memory).
     pub setup: Duration,
+    /// Of `setup`: Start sent and answered (the destination takes the connection).
+    pub start: Duration,
+    /// Of `setup`: Config sent and answered (the destination makes guest memory).
+    pub config: Duration,
     /// The first pass and the dirty passes, the VM running.
     pub precopy: Duration,
+    /// Of `precopy`: the dirty logs switched on (KVM's, the devices', the back ends').
+    pub tracking: Duration,
+    /// Of `precopy`: the first pass's table (the pages the guest touched) built.
+    pub first_table: Duration,
     /// The vCPUs paused.
     pub pause: Duration,
     /// The state captured (vCPUs, irqchip, clock, devices).
@@ -169,6 +179,7 @@ impl Run {
             false => Vec::new(),
         };
         request(s, Request::new(Command::Start, 0), &[], "Start")?;
+        self.summary.steps.start = self.start.elapsed();
         for (slot, fd) in fds {
             s.write_all(&Request::new(Command::MemoryFd, 4).encode())
                 .and_then(|()| s.send_with_fd(&slot.to_le_bytes(), fd))
@@ -183,6 +194,7 @@ impl Run {
         )?;
         let mut step = Step(Instant::now());
         self.summary.steps.setup = step.0.duration_since(self.start);
+        self.summary.steps.config = self.summary.steps.setup - self.summary.steps.start;
         let pending = match opts.local {
             true => Vec::new(),
             false => self.precopy(s, src, opts)?,
@@ -245,9 +257,12 @@ impl Run {
         src: &mut dyn Source,
         opts: SendOptions,
     ) -> Result<Vec<MemoryRange>, MigrationError> {
+        let at = Instant::now();
         src.start_tracking()?;
         self.tracking = true;
+        self.summary.steps.tracking = at.elapsed();
         let mut ranges = src.touched()?;
+        self.summary.steps.first_table = at.elapsed() - self.summary.steps.tracking;
         let mut extra = 0;
         loop {
             let at = Instant::now();
@@ -364,7 +379,18 @@ fn batches(ranges: &[MemoryRange]) -> Vec<Vec<MemoryRange>> {
         let mut r = *r;
         while r.length > 0 {
             let room = MAX_REQUEST_BYTES - bytes;
-            let take = r.length.min(room);
+            let take = match r.length.min(room) {
+                // A cut range ends on a 2 MiB boundary where it can: the destination fills
+                // whole 2 MiB chunks with huge pages (`memory::huge_fill`), not cut ones.
+                take if take < r.length && (r.gpa + take) % CUT_ALIGN > 0 => {
+                    let aligned = (r.gpa + take) / CUT_ALIGN * CUT_ALIGN;
+                    match aligned > r.gpa {
+                        true => aligned - r.gpa,
+                        false => take,
+                    }
+                }
+                take => take,
+            };
             cur.push(MemoryRange {
                 gpa: r.gpa,
                 length: take,
@@ -374,7 +400,8 @@ fn batches(ranges: &[MemoryRange]) -> Vec<Vec<MemoryRange>> {
                 gpa: r.gpa + take,
                 length: r.length - take,
             };
-            if bytes == MAX_REQUEST_BYTES || cur.len() == MAX_REQUEST_RANGES {
+            // A range cut (by room, then alignment) ends its request.
+            if r.length > 0 || bytes == MAX_REQUEST_BYTES || cur.len() == MAX_REQUEST_RANGES {
                 out.push(std::mem::take(&mut cur));
                 bytes = 0;
             }
@@ -459,6 +486,19 @@ mod tests {
                 length: 4096
             }
         );
+        // After a page, a long range is cut on a 2 MiB boundary (the page is 4 KiB short).
+        let page = MemoryRange {
+            gpa: 0,
+            length: 4096,
+        };
+        let from = MemoryRange {
+            gpa: CUT_ALIGN,
+            length: MAX_REQUEST_BYTES,
+        };
+        let b = batches(&[page, from]);
+        assert_eq!(b[0][1].length, MAX_REQUEST_BYTES - CUT_ALIGN);
+        assert_eq!(b[1][0].gpa, MAX_REQUEST_BYTES);
+        assert_eq!(b[1][0].length, CUT_ALIGN);
         let pages: Vec<_> = (0..MAX_REQUEST_RANGES as u64 + 1)
             .map(|i| MemoryRange {
                 gpa: i * 8192,

@@ -65,14 +65,16 @@ impl MigrationUrl {
                 }
                 let listener = UnixListener::bind(path).map_err(fail)?;
                 listener.set_nonblocking(true).map_err(fail)?;
-                let accepted = until_connected(stop, || listener.accept().map(|a| a.0));
+                let accepted =
+                    until_connected(listener.as_fd(), stop, || listener.accept().map(|a| a.0));
                 let _ = std::fs::remove_file(path);
                 Stream::Unix(accepted.map_err(fail)?)
             }
             MigrationUrl::Tcp(addr) => {
                 let listener = TcpListener::bind(addr.as_str()).map_err(fail)?;
                 listener.set_nonblocking(true).map_err(fail)?;
-                let s = until_connected(stop, || listener.accept().map(|a| a.0)).map_err(fail)?;
+                let s = until_connected(listener.as_fd(), stop, || listener.accept().map(|a| a.0))
+                    .map_err(fail)?;
                 let _ = s.set_nodelay(true);
                 Stream::Tcp(s)
             }
@@ -99,8 +101,11 @@ impl MigrationUrl {
 /// How long either side waits for the other's next byte before giving up.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Polls a non-blocking `accept` (its listener set so here) until a peer connects or `stop`.
+/// Calls a non-blocking `accept` (its listener, `fd`, set so) until a peer connects or
+/// `stop`: between tries it waits in `poll` for the listener to become readable, up to 20 ms
+/// at a time (so a connection is taken as it arrives, and `stop` is asked every 20 ms).
 fn until_connected<S>(
+    fd: BorrowedFd<'_>,
     stop: &dyn Fn() -> bool,
     mut accept: impl FnMut() -> io::Result<S>,
 ) -> io::Result<S> {
@@ -113,11 +118,24 @@ fn until_connected<S>(
                         "a stop signal arrived before the source connected",
                     ));
                 }
-                std::thread::sleep(Duration::from_millis(20));
+                wait_readable(fd, 20);
             }
             other => return other,
         }
     }
+}
+
+/// Waits until `fd` is readable, at most `ms` milliseconds (an interrupted or failed wait
+/// returns early: the caller tries again).
+fn wait_readable(fd: BorrowedFd<'_>, ms: i32) {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is one valid pollfd that outlives the call, and the count says one.
+    unsafe { libc::poll(&mut p, 1, ms) };
 }
 
 /// A migration connection.
