@@ -18,6 +18,10 @@
 #
 # Usage: scripts/startup-order.py BENCH_ELF BINARY... > exitless/startup.ld
 #        (needs valgrind; BENCH_ELF from `exitless bench --export-guest FILE`)
+#        Give it the builds scripts/test.sh makes (target/shipped/exitless-vmm and exitless, from
+#        `cargo build --release [--no-default-features]` at the workspace's root): a build made
+#        otherwise (`-p exitless`, other features) unifies dependencies' features differently,
+#        and its symbols carry other hashes, so the list would miss the shipped builds' names.
 import json, os, re, socket, subprocess, sys, tempfile, time
 
 HEADER = """/* The functions a VM's start and its first moments run (bench guest, `run`), in an output
