@@ -45,25 +45,41 @@ pub fn restore(
     restore_onto(config, MemoryFrom::Dir(dir), state, opts)
 }
 
-/// What a restore makes before it needs the saved state: the KVM VM on guest memory, its
-/// memory slots and irqchip (the PIT on its own thread). A migration's destination makes it
-/// when Config arrives ([`premade_vm`]), so that State only puts state back; a snapshot's
-/// restore makes it once its memory is mapped. Dropped, the VM is gone.
+/// What a restore makes before it needs the saved state: the vCPU threads (named, pinned
+/// and filtered while the VM is made, as at a boot: see `launch`), the KVM VM on guest
+/// memory, its memory slots and irqchip (the PIT on its own thread). A migration's
+/// destination makes it when Config arrives ([`premade_vm`]), so that State only puts state
+/// back; a snapshot's restore makes it once its memory is mapped. Dropped, the VM is gone
+/// (and the threads end).
 pub struct PremadeVm {
     builder: Box<VmBuilder>,
+    threads_ahead: VcpuThreadsAhead,
 }
 
 /// Makes the VM `config` describes on `mem` (laid out as the config says), as far as it
-/// goes without the saved state.
+/// goes without the saved state: threads for vCPUs 0 to `config.cpus` (a vCPU the state
+/// has beyond them, hot-added, gets its thread at State).
 pub fn premade_vm(config: &VmConfig, mem: GuestMemoryMmap) -> Result<PremadeVm, LaunchError> {
-    crate::seccomp::prepare_malloc();
     config.validate(MAX_VCPUS)?;
+    premade_with(config, mem, 0..usize::from(config.cpus))
+}
+
+fn premade_with(
+    config: &VmConfig,
+    mem: GuestMemoryMmap,
+    ids: impl Iterator<Item = usize>,
+) -> Result<PremadeVm, LaunchError> {
+    crate::seccomp::prepare_malloc();
     if config.irqchip != IrqchipMode::Kernel {
         return Err(mismatch("only the in-kernel irqchip is restored".into()));
     }
     let kvm = kvm::open()?;
     mark(moment::KVM_OPEN);
     config.validate(kvm.get_max_vcpus())?;
+    let affinity = config.cpu_affinity.as_ref();
+    let threads_ahead =
+        VcpuThreadsAhead::spawn(ids.map(|id| (id, affinity.and_then(|a| a.host_cpu(id)))))?;
+    mark(moment::THREADS_AHEAD);
     // The config's memory and vCPU limit, which `check_fits` holds to the saved state's.
     let spec = VmSpec {
         kernel: KernelImage::File(config.kernel.clone()),
@@ -79,6 +95,7 @@ pub fn premade_vm(config: &VmConfig, mem: GuestMemoryMmap) -> Result<PremadeVm, 
     mark(moment::VM);
     Ok(PremadeVm {
         builder: Box::new(builder),
+        threads_ahead,
     })
 }
 
@@ -115,14 +132,7 @@ fn restore_onto(
     let config = &config;
     config.validate(MAX_VCPUS)?;
     check_fits(config, &state)?;
-    // Named, pinned and filtered while the VM is made, as at a boot (see `launch`).
-    let affinity = config.cpu_affinity.as_ref();
     let ids: Vec<u8> = state.vcpus.iter().map(|v| v.id).collect();
-    let threads_ahead = VcpuThreadsAhead::spawn(ids.iter().map(|&id| {
-        let id = usize::from(id);
-        (id, affinity.and_then(|a| a.host_cpu(id)))
-    }))?;
-    mark(moment::THREADS_AHEAD);
     let vcpus = state
         .vcpus
         .iter()
@@ -136,11 +146,12 @@ fn restore_onto(
         MemoryFrom::Dir(dir) => {
             let mem = restore_memory(config, dir, &state)?;
             mark(moment::MEMORY);
-            (Some(dir), premade_vm(config, mem)?)
+            let ids = ids.iter().map(|&id| usize::from(id));
+            (Some(dir), premade_with(config, mem, ids)?)
         }
         MemoryFrom::Made(vm) => (None, vm),
     };
-    let mut builder = *premade.builder;
+    let (mut builder, threads_ahead) = (*premade.builder, premade.threads_ahead);
     check_made_memory(&builder.vm().memory(), &state)?;
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
