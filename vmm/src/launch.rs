@@ -25,7 +25,7 @@ mod vhost_user_devices;
 use console::{attach_idle_flush, attach_stdin, console_output};
 pub use hotplug::HotplugDevice;
 pub use operations::OperationError;
-pub use restore::{restore, restore_with_memory, RestoreOptions};
+pub use restore::{premade_vm, restore, restore_premade, PremadeVm, RestoreOptions};
 pub use signals::{install_signal_handlers, stop_signal, take_report_request};
 pub use snapshot::SnapshotSummary;
 pub use start_up_memory::{release_unused_stack, set_heap_release};

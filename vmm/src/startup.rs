@@ -142,6 +142,8 @@ pub mod restore_moment {
     pub const ASKED: &str = "restore: asked (the snapshot's folder given)";
     pub const READ: &str = "restore: state.json and config.json read and checked";
     pub const KVM_OPEN: &str = "restore: /dev/kvm opened";
+    /// A migration's destination: the VM was made at Config (`KVM_OPEN`, `VM` before this).
+    pub const STATE: &str = "migration: State received, its VM made at Config";
     pub const THREADS_AHEAD: &str = "restore: vCPU threads started ahead";
     pub const DECODED: &str = "restore: saved KVM state decoded";
     pub const MEMORY: &str = "restore: guest memory mapped";

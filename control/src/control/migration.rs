@@ -209,10 +209,10 @@ impl Vmm {
 fn steps_line(t: &vmm::migration::sender::SendSteps) -> String {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     format!(
-        "setup {:.1} ms (Start {:.1}, Config {:.1}: the destination makes guest memory), \
-         precopy {:.1} ms (dirty logs on {:.1}, first table {:.1}, then the passes), then the \
-         downtime: pause {:.1} ms, state captured {:.1} ms, last pass {:.1} ms, State {:.1} ms \
-         (the destination makes the VM), Complete {:.1} ms (it resumes the VM)",
+        "setup {:.1} ms (Start {:.1}, Config {:.1}: the destination makes guest memory and the \
+         VM), precopy {:.1} ms (dirty logs on {:.1}, first table {:.1}, then the passes), then \
+         the downtime: pause {:.1} ms, state captured {:.1} ms, last pass {:.1} ms, State {:.1} ms \
+         (the destination puts the state back), Complete {:.1} ms (it resumes the VM)",
         ms(t.setup),
         ms(t.start),
         ms(t.config),

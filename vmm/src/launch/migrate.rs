@@ -11,7 +11,7 @@ use vm_memory::{
     MemoryRegionAddress,
 };
 
-use super::{restore_with_memory, LaunchError, LaunchedVm, RestoreOptions};
+use super::{premade_vm, restore_premade, LaunchError, LaunchedVm, PremadeVm, RestoreOptions};
 use crate::config::VmConfig;
 use crate::devices::virtio::dirty_log::shared::SharedLog;
 use crate::devices::virtio::BackendLog;
@@ -375,13 +375,16 @@ fn touched_pages(
     Ok(touched)
 }
 
-/// The receiving side: makes guest memory at Config, fills it from Memory requests, and
-/// the VM (as a restore) at State. `convert` turns the Config's VM config (Cloud
+/// The receiving side: makes guest memory and the KVM VM on it (its slots and irqchip) at
+/// Config, fills the memory from Memory requests, and puts the saved state back (as a
+/// restore: vCPUs, devices) at State. `convert` turns the Config's VM config (Cloud
 /// Hypervisor's schema) into exitless's.
 pub struct Incoming<'a> {
     convert: &'a mut dyn FnMut(&serde_json::Value) -> Result<VmConfig, String>,
     config: Option<VmConfig>,
     mem: Option<GuestMemoryMmap>,
+    /// The VM made on `mem` at Config, what does not need the saved state.
+    premade: Option<PremadeVm>,
     /// Huge pages asked for where whole 2 MiB chunks are filled (see `memory::huge_fill`).
     huge: HugeFill,
     vm: Option<LaunchedVm>,
@@ -393,6 +396,7 @@ impl<'a> Incoming<'a> {
             convert,
             config: None,
             mem: None,
+            premade: None,
             huge: HugeFill::default(),
             vm: None,
         }
@@ -462,6 +466,8 @@ impl Destination for Incoming<'_> {
                 "memory regions {sent:x?} where the config makes {made:x?}"
             )));
         }
+        // What needs no saved state is made now, not in the downtime (State).
+        self.premade = Some(premade_vm(&config, mem.clone()).map_err(launch_error)?);
         self.config = Some(config);
         self.mem = Some(mem);
         Ok(())
@@ -501,14 +507,16 @@ impl Destination for Incoming<'_> {
     }
 
     fn state(&mut self, bytes: &[u8]) -> Result<(), MigrationError> {
+        crate::startup::mark(crate::startup::restore_moment::STATE);
         let (json, data) = device_data::unframe_state(bytes).map_err(MigrationError::Protocol)?;
         let mut state = SnapshotState::parse(json)?;
         device_data::take_all(data, &mut state.devices)?;
-        let (Some(config), Some(mem)) = (self.config.as_ref(), self.mem.take()) else {
+        let (Some(config), Some(premade)) = (self.config.as_ref(), self.premade.take()) else {
             return Err(destination("state before the config"));
         };
+        self.mem = None;
         self.huge.end();
-        let vm = restore_with_memory(config, mem, state, RestoreOptions::default())
+        let vm = restore_premade(config, premade, state, RestoreOptions::default())
             .map_err(launch_error)?;
         self.vm = Some(vm);
         Ok(())

@@ -45,23 +45,77 @@ pub fn restore(
     restore_onto(config, MemoryFrom::Dir(dir), state, opts)
 }
 
-/// As [`restore`], on guest memory the caller made and filled (a migration's destination:
-/// its regions are the saved ones, checked against `state`).
-pub fn restore_with_memory(
+/// What a restore makes before it needs the saved state: the vCPU threads (named, pinned
+/// and filtered while the VM is made, as at a boot: see `launch`), the KVM VM on guest
+/// memory, its memory slots and irqchip (the PIT on its own thread). A migration's
+/// destination makes it when Config arrives ([`premade_vm`]), so that State only puts state
+/// back; a snapshot's restore makes it once its memory is mapped. Dropped, the VM is gone
+/// (and the threads end).
+pub struct PremadeVm {
+    builder: Box<VmBuilder>,
+    threads_ahead: VcpuThreadsAhead,
+}
+
+/// Makes the VM `config` describes on `mem` (laid out as the config says), as far as it
+/// goes without the saved state: threads for vCPUs 0 to `config.cpus` (a vCPU the state
+/// has beyond them, hot-added, gets its thread at State).
+pub fn premade_vm(config: &VmConfig, mem: GuestMemoryMmap) -> Result<PremadeVm, LaunchError> {
+    config.validate(MAX_VCPUS)?;
+    premade_with(config, mem, 0..usize::from(config.cpus))
+}
+
+fn premade_with(
     config: &VmConfig,
     mem: GuestMemoryMmap,
+    ids: impl Iterator<Item = usize>,
+) -> Result<PremadeVm, LaunchError> {
+    crate::seccomp::prepare_malloc();
+    if config.irqchip != IrqchipMode::Kernel {
+        return Err(mismatch("only the in-kernel irqchip is restored".into()));
+    }
+    let kvm = kvm::open()?;
+    mark(moment::KVM_OPEN);
+    config.validate(kvm.get_max_vcpus())?;
+    let affinity = config.cpu_affinity.as_ref();
+    let threads_ahead =
+        VcpuThreadsAhead::spawn(ids.map(|id| (id, affinity.and_then(|a| a.host_cpu(id)))))?;
+    mark(moment::THREADS_AHEAD);
+    // The config's memory and vCPU limit, which `check_fits` holds to the saved state's.
+    let spec = VmSpec {
+        kernel: KernelImage::File(config.kernel.clone()),
+        initrd: config.initrd.clone(),
+        cmdline: config.cmdline.clone(),
+        memory: config.memory.bytes(),
+        memory_backing: config.memory_backing(),
+        cpus: config.cpus,
+        max_cpus: config.max_vcpus.unwrap_or(config.cpus).max(config.cpus),
+        irqchip: config.irqchip,
+    };
+    let builder = VmBuilder::with_memory(kvm, spec, mem)?;
+    mark(moment::VM);
+    Ok(PremadeVm {
+        builder: Box::new(builder),
+        threads_ahead,
+    })
+}
+
+/// As [`restore`], onto the VM made on guest memory the caller made and filled (a
+/// migration's destination: its regions are the saved ones, checked against `state`).
+pub fn restore_premade(
+    config: &VmConfig,
+    vm: PremadeVm,
     state: SnapshotState,
     opts: RestoreOptions,
 ) -> Result<LaunchedVm, LaunchError> {
-    restore_onto(config, MemoryFrom::Made(mem), state, opts)
+    restore_onto(config, MemoryFrom::Made(vm), state, opts)
 }
 
 /// Where a restored VM's memory comes from.
 enum MemoryFrom<'a> {
     /// The snapshot in this directory.
     Dir(&'a Path),
-    /// Made and filled already.
-    Made(GuestMemoryMmap),
+    /// Made and filled already, the VM made on it.
+    Made(PremadeVm),
 }
 
 fn restore_onto(
@@ -78,17 +132,7 @@ fn restore_onto(
     let config = &config;
     config.validate(MAX_VCPUS)?;
     check_fits(config, &state)?;
-    let kvm = kvm::open()?;
-    mark(moment::KVM_OPEN);
-    config.validate(kvm.get_max_vcpus())?;
-    // Named, pinned and filtered while the VM is made, as at a boot (see `launch`).
-    let affinity = config.cpu_affinity.as_ref();
     let ids: Vec<u8> = state.vcpus.iter().map(|v| v.id).collect();
-    let threads_ahead = VcpuThreadsAhead::spawn(ids.iter().map(|&id| {
-        let id = usize::from(id);
-        (id, affinity.and_then(|a| a.host_cpu(id)))
-    }))?;
-    mark(moment::THREADS_AHEAD);
     let vcpus = state
         .vcpus
         .iter()
@@ -98,27 +142,17 @@ fn restore_onto(
     mark(moment::DECODED);
     // A device's bytes beyond its JSON (virtio-fs's back end state) are files of a
     // snapshot's directory; a migration refuses such devices before it sends anything.
-    let data_dir = match &from {
-        MemoryFrom::Dir(dir) => Some(*dir),
-        MemoryFrom::Made(_) => None,
+    let (data_dir, premade) = match from {
+        MemoryFrom::Dir(dir) => {
+            let mem = restore_memory(config, dir, &state)?;
+            mark(moment::MEMORY);
+            let ids = ids.iter().map(|&id| usize::from(id));
+            (Some(dir), premade_with(config, mem, ids)?)
+        }
+        MemoryFrom::Made(vm) => (None, vm),
     };
-    let mem = match from {
-        MemoryFrom::Dir(dir) => restore_memory(config, dir, &state)?,
-        MemoryFrom::Made(mem) => check_made_memory(mem, &state)?,
-    };
-    mark(moment::MEMORY);
-    let spec = VmSpec {
-        kernel: KernelImage::File(config.kernel.clone()),
-        initrd: config.initrd.clone(),
-        cmdline: config.cmdline.clone(),
-        memory: state.memory.size,
-        memory_backing: config.memory_backing(),
-        cpus: config.cpus,
-        max_cpus: state.vm.max_vcpus,
-        irqchip: config.irqchip,
-    };
-    let mut builder = VmBuilder::with_memory(kvm, spec, mem)?;
-    mark(moment::VM);
+    let (mut builder, threads_ahead) = (*premade.builder, premade.threads_ahead);
+    check_made_memory(&builder.vm().memory(), &state)?;
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
     // The same controllers at the same addresses as the saved VM's (its memory hotplug
@@ -163,10 +197,7 @@ fn restore_onto(
 }
 
 /// Memory made by the caller must be laid out as the saved regions.
-fn check_made_memory(
-    mem: GuestMemoryMmap,
-    state: &SnapshotState,
-) -> Result<GuestMemoryMmap, LaunchError> {
+fn check_made_memory(mem: &GuestMemoryMmap, state: &SnapshotState) -> Result<(), LaunchError> {
     use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
     let made: Vec<(u64, u64)> = mem.iter().map(|r| (r.start_addr().0, r.len())).collect();
     let saved: Vec<(u64, u64)> = state
@@ -180,7 +211,7 @@ fn check_made_memory(
             "guest memory has regions {made:x?}, the saved state {saved:x?}"
         )));
     }
-    Ok(mem)
+    Ok(())
 }
 
 /// The config (as Kata may have edited it) must describe the VM that was saved.

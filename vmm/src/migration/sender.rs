@@ -95,11 +95,11 @@ pub struct SendSummary {
 /// then the downtime's (pause to the destination's OK to Complete).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SendSteps {
-    /// Start, MemoryFds and Config (the destination makes guest memory).
+    /// Start, MemoryFds and Config (the destination makes guest memory and the VM on it).
     pub setup: Duration,
     /// Of `setup`: Start sent and answered (the destination takes the connection).
     pub start: Duration,
-    /// Of `setup`: Config sent and answered (the destination makes guest memory).
+    /// Of `setup`: Config sent and answered (the destination makes guest memory and the VM).
     pub config: Duration,
     /// The first pass and the dirty passes, the VM running.
     pub precopy: Duration,
@@ -113,7 +113,8 @@ pub struct SendSteps {
     pub capture: Duration,
     /// The last dirty log read and the last pass sent.
     pub last_pass: Duration,
-    /// The disk locks let go of, State sent and answered (the destination makes the VM).
+    /// The disk locks let go of, State sent and answered (the destination puts the state
+    /// back: vCPUs, devices).
     pub state: Duration,
     /// Complete sent and answered (the destination resumes the VM).
     pub complete: Duration,
