@@ -264,16 +264,7 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     let (kvm, created) = kvm_and_head_start()?;
     startup::mark(moment::KVM_OPEN);
     config.validate(kvm.get_max_vcpus())?;
-    let spec = VmSpec {
-        kernel: KernelImage::File(config.kernel.clone()),
-        initrd: config.initrd.clone(),
-        cmdline: config.cmdline.clone(),
-        memory: config.memory.bytes(),
-        memory_backing: config.memory_backing(),
-        cpus: config.cpus,
-        max_cpus: config.max_vcpus.unwrap_or(config.cpus).max(config.cpus),
-        irqchip: config.irqchip,
-    };
+    let spec = vm_spec(config);
     // The vCPU threads start, and install their seccomp filters (~0.2 ms of CPU each), while
     // the VM is created: started after it, they took the main thread's CPU while it wrote the
     // ACPI tables and loaded the kernel (0.15 -> 0.3-0.5 ms on 2 host CPUs).
@@ -329,6 +320,21 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     attach_idle_flush(&launched.event_loop, &launched.serial);
     start_up_memory::release_freed_heap();
     Ok(launched)
+}
+
+/// What the builder makes of `config`: the kernel, memory and vCPU limits a VM is made with
+/// (a boot's and a restore's alike; a restore then holds the saved state to them).
+pub(crate) fn vm_spec(config: &VmConfig) -> VmSpec {
+    VmSpec {
+        kernel: KernelImage::File(config.kernel.clone()),
+        initrd: config.initrd.clone(),
+        cmdline: config.cmdline.clone(),
+        memory: config.memory.bytes(),
+        memory_backing: config.memory_backing(),
+        cpus: config.cpus,
+        max_cpus: config.max_vcpus.unwrap_or(config.cpus).max(config.cpus),
+        irqchip: config.irqchip,
+    }
 }
 
 /// KVM, and the head start's empty VM if `main` began one (the first launch only), else

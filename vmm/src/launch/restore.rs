@@ -10,7 +10,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
 use super::console::{attach_idle_flush, attach_stdin, console_output};
 use super::{add_virtio_devices, HostParts, LaunchError, LaunchedVm};
-use crate::builder::{BuildError, KernelImage, VcpuOptions, VmBuilder, VmSpec};
+use crate::builder::{BuildError, VcpuOptions, VmBuilder};
 use crate::config::{IrqchipMode, VmConfig, MAX_VCPUS};
 use crate::kvm;
 use crate::memory::hotplug::HotplugRam;
@@ -81,16 +81,7 @@ fn premade_with(
         VcpuThreadsAhead::spawn(ids.map(|id| (id, affinity.and_then(|a| a.host_cpu(id)))))?;
     mark(moment::THREADS_AHEAD);
     // The config's memory and vCPU limit, which `check_fits` holds to the saved state's.
-    let spec = VmSpec {
-        kernel: KernelImage::File(config.kernel.clone()),
-        initrd: config.initrd.clone(),
-        cmdline: config.cmdline.clone(),
-        memory: config.memory.bytes(),
-        memory_backing: config.memory_backing(),
-        cpus: config.cpus,
-        max_cpus: config.max_vcpus.unwrap_or(config.cpus).max(config.cpus),
-        irqchip: config.irqchip,
-    };
+    let spec = super::vm_spec(config);
     let builder = VmBuilder::with_memory(kvm, spec, mem)?;
     mark(moment::VM);
     Ok(PremadeVm {

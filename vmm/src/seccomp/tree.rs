@@ -13,8 +13,9 @@
 //!
 //! The programs are built when exitless is compiled ([`Rules`] and [`Program`] are `const`):
 //! a thread installing its filter only hands the kernel a static array, with no list merged,
-//! sorted or compiled and no allocation on the way. [`program`] builds the same tree at run
-//! time from a slice, for the tests (which check both give the same instructions).
+//! sorted or compiled and no allocation on the way. The tests run the same `const` functions
+//! at run time, and `seccomp.rs`'s tests check every kind's verdicts against `seccompiler`'s
+//! program from the same lists.
 
 use seccompiler::sock_filter;
 
@@ -26,12 +27,6 @@ pub(super) enum Allowed {
     /// Its first argument's low 32 bits equal this (`socket(AF_UNIX, ...)`).
     FirstArgIs(u32),
 }
-
-/// The program does not fit BPF's 8-bit jumps (far more calls than any list has): the
-/// instructions a jump could not pass.
-#[cfg(test)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct TooLarge(pub(super) usize);
 
 // Classic BPF opcodes (linux/bpf_common.h: class | size | mode, class | op | source) and
 // seccomp's layout and actions (linux/seccomp.h, linux/audit.h).
@@ -62,62 +57,6 @@ const fn stmt(code: u16, k: u32) -> sock_filter {
 
 const fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
     sock_filter { code, jt, jf, k }
-}
-
-/// The program allowing `calls` (sorted by number, each once) and trapping every other call;
-/// another architecture's call kills the process (as `seccompiler` does): built at run time,
-/// the reference [`Program::compile`] must match.
-#[cfg(test)]
-pub(super) fn program(calls: &[(u32, Allowed)]) -> Result<Vec<sock_filter>, TooLarge> {
-    let mut out = vec![
-        stmt(BPF_LD_W_ABS, DATA_ARCH),
-        jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
-        stmt(BPF_RET_K, RET_KILL_PROCESS),
-        stmt(BPF_LD_W_ABS, DATA_NR),
-    ];
-    out.extend(node(calls)?);
-    Ok(out)
-}
-
-/// The code deciding the calls of `calls`, the call number loaded; every path ends in a
-/// return.
-#[cfg(test)]
-fn node(calls: &[(u32, Allowed)]) -> Result<Vec<sock_filter>, TooLarge> {
-    if calls.len() <= LEAF_CALLS {
-        return Ok(leaf(calls));
-    }
-    let (below, from) = calls.split_at(calls.len() / 2);
-    let below = node(below)?;
-    let skip = u8::try_from(below.len()).map_err(|_| TooLarge(below.len()))?;
-    let mut out = vec![jump(BPF_JGE_K, from[0].0, skip, 0)];
-    out.extend(below);
-    out.extend(node(from)?);
-    Ok(out)
-}
-
-/// One comparison per call, then a trap.
-#[cfg(test)]
-fn leaf(calls: &[(u32, Allowed)]) -> Vec<sock_filter> {
-    let mut out = Vec::new();
-    for &(nr, allowed) in calls {
-        match allowed {
-            Allowed::Always => {
-                out.push(jump(BPF_JEQ_K, nr, 0, 1));
-                out.push(stmt(BPF_RET_K, RET_ALLOW));
-            }
-            // The argument replaces the number in the accumulator: whatever it holds, this
-            // call's path ends here.
-            Allowed::FirstArgIs(value) => {
-                out.push(jump(BPF_JEQ_K, nr, 0, 4));
-                out.push(stmt(BPF_LD_W_ABS, DATA_ARG0));
-                out.push(jump(BPF_JEQ_K, value, 0, 1));
-                out.push(stmt(BPF_RET_K, RET_ALLOW));
-                out.push(stmt(BPF_RET_K, RET_TRAP));
-            }
-        }
-    }
-    out.push(stmt(BPF_RET_K, RET_TRAP));
-    out
 }
 
 /// The most calls a thread kind may list (the devices thread lists ~60).
@@ -251,8 +190,9 @@ impl Program {
         self.len += 1;
     }
 
-    /// As [`node`]: a leaf of up to [`LEAF_CALLS`] comparisons, else a jump over the lower
-    /// half's code to the upper half's.
+    /// The code deciding `calls` (sorted), the call number loaded: a leaf of up to
+    /// [`LEAF_CALLS`] comparisons, else a jump over the lower half's code to the upper half's;
+    /// every path ends in a return.
     const fn node(&mut self, calls: &[(u32, Allowed)]) {
         if calls.len() <= LEAF_CALLS {
             self.leaf(calls);
@@ -271,7 +211,8 @@ impl Program {
         self.node(from);
     }
 
-    /// As [`leaf`].
+    /// One comparison per call, then a trap. A condition's argument replaces the number in
+    /// the accumulator: whatever it holds, that call's path ends there.
     const fn leaf(&mut self, calls: &[(u32, Allowed)]) {
         let mut i = 0;
         while i < calls.len() {
@@ -334,13 +275,33 @@ pub(super) fn run(program: &[sock_filter], arch: u32, nr: u32, arg0: u64) -> (u3
 mod tests {
     use super::*;
 
+    /// The rules the tests compile: 60 calls out of order and twice, and a condition put on a
+    /// call listed without one.
+    fn sixty_calls_and_one_condition() -> Rules {
+        let mut rules = Rules::new();
+        for i in (0..60).rev().chain(0..60) {
+            rules = rules.allow(i * 7 + 1);
+        }
+        rules.allow(1000).allow_if_first_arg(1000, 1).allow(1000)
+    }
+
+    fn compiled(rules: &Rules) -> Vec<sock_filter> {
+        let p = Program::compile(rules);
+        p.code[..p.len()].to_vec()
+    }
+
     #[test]
-    fn listed_calls_pass_others_trap_and_paths_stay_short() {
+    fn rules_are_sorted_listed_once_and_keep_a_condition() {
         let calls: Vec<(u32, Allowed)> = (0..60u32)
             .map(|i| (i * 7 + 1, Allowed::Always))
             .chain([(1000, Allowed::FirstArgIs(1))])
             .collect();
-        let p = program(&calls).unwrap();
+        assert_eq!(sixty_calls_and_one_condition().calls(), &calls[..]);
+    }
+
+    #[test]
+    fn listed_calls_pass_others_trap_and_paths_stay_short() {
+        let p = compiled(&sixty_calls_and_one_condition());
         let mut longest = 0;
         for nr in 0..1100u32 {
             let (action, steps) = run(&p, AUDIT_ARCH_X86_64, nr, 0);
@@ -362,32 +323,20 @@ mod tests {
     }
 
     #[test]
-    fn the_const_compiler_writes_what_the_runtime_one_does() {
-        let mut rules = Rules::new();
-        // Out of order, twice, and a condition put on a call listed without one.
-        for i in (0..60).rev().chain(0..60) {
-            rules = rules.allow(i * 7 + 1);
-        }
-        rules = rules.allow(1000).allow_if_first_arg(1000, 1).allow(1000);
-        let calls: Vec<(u32, Allowed)> = (0..60u32)
-            .map(|i| (i * 7 + 1, Allowed::Always))
-            .chain([(1000, Allowed::FirstArgIs(1))])
-            .collect();
-        assert_eq!(rules.calls(), &calls[..]);
-        let compiled = Program::compile(&rules);
+    fn no_calls_trap_everything() {
         let code: [sock_filter; 5] = Program::compile(&Rules::new()).code();
-        assert_eq!(code[..], program(&[]).unwrap()[..]);
-        assert_eq!(
-            compiled.code[..compiled.len()],
-            program(&calls).unwrap()[..]
-        );
+        assert_eq!(run(&code, AUDIT_ARCH_X86_64, 0, 0).0, RET_TRAP);
+        assert_eq!(run(&code, AUDIT_ARCH_X86_64, 1000, 0).0, RET_TRAP);
     }
 
+    /// A list longer than a program may hold stops the compilation (in `const` context,
+    /// exitless's build).
     #[test]
-    fn no_calls_trap_everything_and_too_many_are_refused() {
-        let p = program(&[]).unwrap();
-        assert_eq!(run(&p, AUDIT_ARCH_X86_64, 0, 0).0, RET_TRAP);
-        let many: Vec<_> = (0..2000).map(|n| (n, Allowed::Always)).collect();
-        assert!(matches!(program(&many), Err(TooLarge(len)) if len > 255));
+    #[should_panic(expected = "longer than MAX_RULES")]
+    fn too_many_calls_are_refused() {
+        let mut rules = Rules::new();
+        for nr in 0..=MAX_RULES as libc::c_long {
+            rules = rules.allow(nr);
+        }
     }
 }
