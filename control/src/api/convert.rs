@@ -196,74 +196,28 @@ impl VmConfig {
         let mut named = c.clone();
         name_devices_as_the_api_does(&mut named);
         let c = &named;
-        let path = |p: &std::path::Path| p.display().to_string();
         VmConfig {
             cpus: CpusConfig {
                 boot_vcpus: c.cpus,
                 max_vcpus: c.max_vcpus.unwrap_or(c.cpus),
                 ..CpusConfig::default()
             },
-            memory: MemoryConfig {
-                size: match c.memory_zones.is_empty() {
-                    true => c.memory.bytes(),
-                    false => 0,
-                },
-                shared: c.shared_memory,
-                hugepages: c.hugepages,
-                hugepage_size: c.hugepage_size.map(MemorySize::bytes),
-                zones: (!c.memory_zones.is_empty())
-                    .then(|| c.memory_zones.iter().map(zone_body).collect()),
-                hotplug_size: c.hotplug_memory.map(MemorySize::bytes),
-                ..MemoryConfig::default()
-            },
+            memory: memory_body(c),
             payload: PayloadConfig {
-                kernel: Some(path(&c.kernel)),
+                kernel: Some(path_text(&c.kernel)),
                 cmdline: Some(c.cmdline.clone()),
-                initramfs: c.initrd.as_deref().map(path),
+                initramfs: c.initrd.as_deref().map(path_text),
                 ..PayloadConfig::default()
             },
-            disks: Some(
-                c.disks
-                    .iter()
-                    .map(|d| DiskConfig {
-                        path: (!d.vhost_user).then(|| path(&d.path)),
-                        readonly: d.readonly,
-                        direct: d.direct,
-                        id: d.id.clone(),
-                        extra: vhost_user_fields(d),
-                    })
-                    .collect(),
-            ),
-            net: Some(
-                c.nets
-                    .iter()
-                    .map(|n| NetConfig {
-                        tap: Some(n.tap.clone()),
-                        mac: n.mac.map(|m| m.to_string()),
-                        id: n.id.clone(),
-                        ..NetConfig::default()
-                    })
-                    .collect(),
-            ),
+            disks: Some(c.disks.iter().map(disk_body).collect()),
+            net: Some(c.nets.iter().map(net_body).collect()),
             vsock: c.vsock.as_ref().map(|v| VsockConfig {
                 cid: u64::from(v.cid),
-                socket: path(&v.socket),
+                socket: path_text(&v.socket),
                 id: v.id.clone(),
                 ..VsockConfig::default()
             }),
-            fs: (!c.fs.is_empty()).then(|| {
-                c.fs.iter()
-                    .map(|f| FsConfig {
-                        tag: f.tag.clone(),
-                        socket: path(&f.socket),
-                        num_queues: f.num_queues,
-                        queue_size: f.queue_size,
-                        id: f.id.clone(),
-                        pci_segment: 0,
-                        extra: Extra::new(),
-                    })
-                    .collect()
-            }),
+            fs: (!c.fs.is_empty()).then(|| c.fs.iter().map(fs_body).collect()),
             generic_vhost_user: (!c.generic_vhost_user.is_empty()).then(|| {
                 let body = GenericVhostUserConfig::from_config;
                 c.generic_vhost_user.iter().map(body).collect()
@@ -280,6 +234,58 @@ impl VmConfig {
             }),
             ..VmConfig::default()
         }
+    }
+}
+
+/// A host path as the API's bodies carry it.
+fn path_text(p: &std::path::Path) -> String {
+    p.display().to_string()
+}
+
+/// The memory part of a command-line VM's body: its size, or its zones.
+fn memory_body(c: &config::VmConfig) -> MemoryConfig {
+    MemoryConfig {
+        size: match c.memory_zones.is_empty() {
+            true => c.memory.bytes(),
+            false => 0,
+        },
+        shared: c.shared_memory,
+        hugepages: c.hugepages,
+        hugepage_size: c.hugepage_size.map(MemorySize::bytes),
+        zones: (!c.memory_zones.is_empty()).then(|| c.memory_zones.iter().map(zone_body).collect()),
+        hotplug_size: c.hotplug_memory.map(MemorySize::bytes),
+        ..MemoryConfig::default()
+    }
+}
+
+fn disk_body(d: &config::DiskConfig) -> DiskConfig {
+    DiskConfig {
+        path: (!d.vhost_user).then(|| path_text(&d.path)),
+        readonly: d.readonly,
+        direct: d.direct,
+        id: d.id.clone(),
+        extra: vhost_user_fields(d),
+    }
+}
+
+fn net_body(n: &config::NetConfig) -> NetConfig {
+    NetConfig {
+        tap: Some(n.tap.clone()),
+        mac: n.mac.map(|m| m.to_string()),
+        id: n.id.clone(),
+        ..NetConfig::default()
+    }
+}
+
+fn fs_body(f: &config::FsConfig) -> FsConfig {
+    FsConfig {
+        tag: f.tag.clone(),
+        socket: path_text(&f.socket),
+        num_queues: f.num_queues,
+        queue_size: f.queue_size,
+        id: f.id.clone(),
+        pci_segment: 0,
+        extra: Extra::new(),
     }
 }
 
