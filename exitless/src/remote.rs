@@ -248,94 +248,101 @@ fn file_url(dir: &std::path::Path) -> anyhow::Result<String> {
 fn request(
     command: &RemoteCommand,
 ) -> anyhow::Result<(&'static str, &'static str, Option<String>)> {
+    let (method, endpoint) = endpoint(command);
+    Ok((method, endpoint, body(command)?))
+}
+
+/// The method and endpoint of a command.
+fn endpoint(command: &RemoteCommand) -> (&'static str, &'static str) {
     use RemoteCommand as C;
-    Ok(match command {
-        C::Ping => ("GET", "vmm.ping", None),
-        C::Info => ("GET", "vm.info", None),
-        C::Counters => ("GET", "vm.counters", None),
-        C::Profile => ("GET", "vm.profile", None),
-        C::Create { file } => {
-            let body = std::fs::read_to_string(file)
-                .with_context(|| format!("Cannot read {}", file.display()))?;
-            ("PUT", "vm.create", Some(body))
-        }
-        C::Boot => ("PUT", "vm.boot", None),
-        C::Pause => ("PUT", "vm.pause", None),
-        C::Resume => ("PUT", "vm.resume", None),
-        C::Shutdown => ("PUT", "vm.shutdown", None),
-        C::Reboot => ("PUT", "vm.reboot", None),
-        C::Delete => ("PUT", "vm.delete", None),
-        C::ShutdownVmm => ("PUT", "vmm.shutdown", None),
-        C::AddDisk { spec } => ("PUT", "vm.add-disk", Some(disk_body(spec)?)),
-        C::AddNet { spec } => ("PUT", "vm.add-net", Some(net_body(spec)?)),
-        C::AddVsock { spec } => ("PUT", "vm.add-vsock", Some(vsock_body(spec)?)),
-        C::AddFs { spec } => ("PUT", "vm.add-fs", Some(fs_body(spec)?)),
-        C::RemoveDevice { id } => (
-            "PUT",
-            "vm.remove-device",
-            Some(serde_json::json!({ "id": id }).to_string()),
-        ),
-        C::PowerButton => ("PUT", "vm.power-button", None),
-        C::Nmi => ("PUT", "vm.nmi", None),
+    let put = |endpoint| ("PUT", endpoint);
+    match command {
+        C::Ping => ("GET", "vmm.ping"),
+        C::Info => ("GET", "vm.info"),
+        C::Counters => ("GET", "vm.counters"),
+        C::Profile => ("GET", "vm.profile"),
+        C::Create { .. } => put("vm.create"),
+        C::Boot => put("vm.boot"),
+        C::Pause => put("vm.pause"),
+        C::Resume => put("vm.resume"),
+        C::Shutdown => put("vm.shutdown"),
+        C::Reboot => put("vm.reboot"),
+        C::Delete => put("vm.delete"),
+        C::ShutdownVmm => put("vmm.shutdown"),
+        C::AddDisk { .. } => put("vm.add-disk"),
+        C::AddNet { .. } => put("vm.add-net"),
+        C::AddVsock { .. } => put("vm.add-vsock"),
+        C::AddFs { .. } => put("vm.add-fs"),
+        C::RemoveDevice { .. } => put("vm.remove-device"),
+        C::PowerButton => put("vm.power-button"),
+        C::Nmi => put("vm.nmi"),
+        C::ResizeDisk { .. } => put("vm.resize-disk"),
+        C::ResizeZone { .. } => put("vm.resize-zone"),
+        C::Coredump { .. } => put("vm.coredump"),
+        C::Snapshot { .. } => put("vm.snapshot"),
+        C::SendMigration { .. } => put("vm.send-migration"),
+        C::ReceiveMigration { .. } => put("vm.receive-migration"),
+        C::Restore { .. } => put("vm.restore"),
+        C::Resize { .. } => put("vm.resize"),
+    }
+}
+
+/// The body a command sends, if any.
+fn body(command: &RemoteCommand) -> anyhow::Result<Option<String>> {
+    use RemoteCommand as C;
+    let json = |v: serde_json::Value| v.to_string();
+    Ok(Some(match command {
+        C::Create { file } => std::fs::read_to_string(file)
+            .with_context(|| format!("Cannot read {}", file.display()))?,
+        C::AddDisk { spec } => disk_body(spec)?,
+        C::AddNet { spec } => net_body(spec)?,
+        C::AddVsock { spec } => vsock_body(spec)?,
+        C::AddFs { spec } => fs_body(spec)?,
+        C::RemoveDevice { id } => json(serde_json::json!({ "id": id })),
         C::ResizeDisk { disk, size } => {
-            let body = serde_json::json!({ "id": disk, "desired_size": size.bytes() });
-            ("PUT", "vm.resize-disk", Some(body.to_string()))
+            json(serde_json::json!({ "id": disk, "desired_size": size.bytes() }))
         }
         C::ResizeZone { id, size } => {
-            let body = serde_json::json!({ "id": id, "desired_ram": size.bytes() });
-            ("PUT", "vm.resize-zone", Some(body.to_string()))
+            json(serde_json::json!({ "id": id, "desired_ram": size.bytes() }))
         }
-        C::Coredump { file } => {
-            let body = serde_json::json!({ "destination_url": file_url(file)? });
-            ("PUT", "vm.coredump", Some(body.to_string()))
+        C::Coredump { file: dir } | C::Snapshot { dir } => {
+            json(serde_json::json!({ "destination_url": file_url(dir)? }))
         }
-        C::Snapshot { dir } => {
-            let body = serde_json::json!({ "destination_url": file_url(dir)? });
-            ("PUT", "vm.snapshot", Some(body.to_string()))
-        }
-        C::SendMigration { spec } => (
-            "PUT",
-            "vm.send-migration",
-            Some(remote_migration::send_body(spec)?),
-        ),
-        C::ReceiveMigration { spec } => (
-            "PUT",
-            "vm.receive-migration",
-            Some(remote_migration::receive_body(spec)?),
-        ),
+        C::SendMigration { spec } => remote_migration::send_body(spec)?,
+        C::ReceiveMigration { spec } => remote_migration::receive_body(spec)?,
         C::Restore { dir, resume } => {
-            let body = serde_json::json!({ "source_url": file_url(dir)?, "resume": resume });
-            ("PUT", "vm.restore", Some(body.to_string()))
+            json(serde_json::json!({ "source_url": file_url(dir)?, "resume": resume }))
         }
         C::Resize {
             cpus,
             memory,
             balloon,
-        } => {
-            if cpus.is_none() && memory.is_none() && balloon.is_none() {
-                anyhow::bail!("resize needs --cpus N, --memory SIZE or --balloon SIZE");
-            }
-            let balloon = balloon
-                .as_deref()
-                .map(BalloonConfig::parse_size)
-                .transpose()?;
-            let mut body = serde_json::Map::new();
-            if let Some(n) = cpus {
-                body.insert("desired_vcpus".into(), (*n).into());
-            }
-            if let Some(ram) = memory {
-                body.insert("desired_ram".into(), ram.bytes().into());
-            }
-            if let Some(bytes) = balloon {
-                body.insert("desired_balloon".into(), bytes.into());
-            }
-            (
-                "PUT",
-                "vm.resize",
-                Some(serde_json::Value::Object(body).to_string()),
-            )
-        }
-    })
+        } => resize_body(*cpus, *memory, balloon.as_deref())?,
+        _ => return Ok(None),
+    }))
+}
+
+/// `vm.resize`'s body: what is given of vCPUs, memory and the balloon.
+fn resize_body(
+    cpus: Option<u8>,
+    memory: Option<MemorySize>,
+    balloon: Option<&str>,
+) -> anyhow::Result<String> {
+    if cpus.is_none() && memory.is_none() && balloon.is_none() {
+        anyhow::bail!("resize needs --cpus N, --memory SIZE or --balloon SIZE");
+    }
+    let balloon = balloon.map(BalloonConfig::parse_size).transpose()?;
+    let mut body = serde_json::Map::new();
+    if let Some(n) = cpus {
+        body.insert("desired_vcpus".into(), n.into());
+    }
+    if let Some(ram) = memory {
+        body.insert("desired_ram".into(), ram.bytes().into());
+    }
+    if let Some(bytes) = balloon {
+        body.insert("desired_balloon".into(), bytes.into());
+    }
+    Ok(serde_json::Value::Object(body).to_string())
 }
 
 pub fn main(args: RemoteArgs) -> anyhow::Result<i32> {
