@@ -13,6 +13,7 @@ mod density;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context};
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -271,32 +272,58 @@ fn draw_panel(area: &DrawingArea<SVGBackend, Shift>, panel: &Panel) -> anyhow::R
     for (g, row) in panel.values.iter().enumerate() {
         for (v, value) in row.iter().enumerate() {
             let Some(s) = value else { continue };
-            let x0 = g as f64 + 0.1 + width * v as f64;
-            let bar = Rectangle::new(
-                [(x0, 0.0), (x0 + width * 0.9, s.median.max(0.0))],
-                panel.colours.get(v).unwrap_or(&COLOURS[v % 4]).filled(),
-            );
-            let mid = x0 + width * 0.45;
-            let range = PathElement::new(
-                vec![(mid, s.min.max(0.0)), (mid, s.max.max(0.0))],
-                BLACK.stroke_width(2),
-            );
-            chart.draw_series([bar]).map_err(draw_error)?;
-            chart.draw_series([range]).map_err(draw_error)?;
-            let label = panel
-                .labels
-                .get(g)
-                .and_then(|l| l.get(v))
-                .cloned()
-                .flatten();
-            if let Some(label) = label {
-                let at = (x0, s.max.max(s.median).max(0.0) + top * 0.02);
-                let style = TextStyle::from(("sans-serif", 12).into_font())
-                    .pos(Pos::new(HPos::Left, VPos::Bottom));
-                let text = Text::new(label, at, style);
-                chart.draw_series([text]).map_err(draw_error)?;
-            }
+            let bar = Bar {
+                group: g,
+                vmm: v,
+                width,
+                top,
+            };
+            draw_bar(&mut chart, panel, &bar, s)?;
         }
+    }
+    Ok(())
+}
+
+/// Where one VMM's bar of a group goes: its group, its place in the group, the bars' width
+/// and the panel's top value.
+struct Bar {
+    group: usize,
+    vmm: usize,
+    width: f64,
+    top: f64,
+}
+
+type PanelChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// One bar: the median, a line from min to max, the value's label above it.
+fn draw_bar(chart: &mut PanelChart, panel: &Panel, bar: &Bar, s: &Spread) -> anyhow::Result<()> {
+    let (g, v, width) = (bar.group, bar.vmm, bar.width);
+    let x0 = g as f64 + 0.1 + width * v as f64;
+    let rect = Rectangle::new(
+        [(x0, 0.0), (x0 + width * 0.9, s.median.max(0.0))],
+        panel.colours.get(v).unwrap_or(&COLOURS[v % 4]).filled(),
+    );
+    let mid = x0 + width * 0.45;
+    let range = PathElement::new(
+        vec![(mid, s.min.max(0.0)), (mid, s.max.max(0.0))],
+        BLACK.stroke_width(2),
+    );
+    chart.draw_series([rect]).map_err(draw_error)?;
+    chart.draw_series([range]).map_err(draw_error)?;
+    let label = panel
+        .labels
+        .get(g)
+        .and_then(|l| l.get(v))
+        .cloned()
+        .flatten();
+    if let Some(label) = label {
+        let at = (x0, s.max.max(s.median).max(0.0) + bar.top * 0.02);
+        let style =
+            TextStyle::from(("sans-serif", 12).into_font()).pos(Pos::new(HPos::Left, VPos::Bottom));
+        chart
+            .draw_series([Text::new(label, at, style)])
+            .map_err(draw_error)?;
     }
     Ok(())
 }
