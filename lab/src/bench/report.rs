@@ -189,7 +189,12 @@ fn render_notes(report: &BenchReport, out: &mut String) {
             let _ = writeln!(out, "note: {}/{}: {o}", row.run.case, row.run.config.name);
         }
     }
-    let d = &report.derived;
+    render_derived(&report.derived, out);
+    render_skipped_and_failed(report, out);
+}
+
+/// The figures derived across rows: the VMM's overhead per exit, the profiler's cost.
+fn render_derived(d: &Derived, out: &mut String) {
     if let Some(ns) = d.vmm_overhead_ns_per_exit {
         let _ = writeln!(
             out,
@@ -213,6 +218,10 @@ fn render_notes(report: &BenchReport, out: &mut String) {
             d.profiler_work_ns_per_exit
         );
     }
+}
+
+/// What did not run: skipped configurations (one line per reason) and failures.
+fn render_skipped_and_failed(report: &BenchReport, out: &mut String) {
     // Configurations of a case skipped for one reason share a line.
     let mut skipped: Vec<(&str, Vec<&str>, &str)> = Vec::new();
     for f in &report.skipped {
