@@ -44,7 +44,8 @@ pub enum VcpuError {
     NeverStarted,
 }
 
-/// How the VMM reads guest registers (RIP, for its messages) on each userspace exit.
+/// How the VMM reads guest registers (RIP, for its messages: read when one is printed, not per
+/// exit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum RegsAccess {
     /// Not at all: no sync regs, no ioctl (a VMM that never needs registers).
