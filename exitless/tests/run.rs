@@ -624,3 +624,41 @@ fn timing_lists_every_start_up_moment_in_order_up_to_the_first_line() {
     );
     assert!(last > 0.0, "{stderr}");
 }
+
+#[test]
+fn an_access_to_nothing_is_said_once_with_the_guest_s_rip() {
+    if !have_kvm("an_access_to_nothing_is_said_once") {
+        return;
+    }
+    // The bench guest's port loop writes to ports no device claims, thousands of times: one
+    // line says so, with the RIP read from the synced registers at that exit (not per exit).
+    let elf = common::export_guest("unmapped");
+    let out = exitless()
+        .arg("--kernel")
+        .arg(&elf)
+        .args([
+            "--cmdline",
+            "case=pio_out_cpl0 iters=2000",
+            "--timeout",
+            "30",
+        ])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&elf);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("where this VM has no device"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    let rip = said[0]
+        .split("(rip 0x")
+        .nth(1)
+        .and_then(|r| r.split(')').next());
+    let rip = rip.and_then(|r| u64::from_str_radix(r, 16).ok());
+    assert!(
+        rip.is_some_and(|r| r >= 0x10_0000),
+        "the guest's code is above 1 MiB: {stderr}"
+    );
+}

@@ -25,7 +25,8 @@ pub const SECCOMP: u16 = 1 << 0;
 /// installs for the process), and KVM_RUN's `EINTR` answered as exitless does.
 pub const KICK: u16 = 1 << 1;
 /// Sync regs: the general registers copied into kvm_run by KVM on every exit, RIP and RAX read
-/// from there on every exit (what exitless's `RegsAccess::SyncRegs` does).
+/// from there on every exit (what exitless's `RegsAccess::SyncRegs` did until issue 42's p50
+/// work; exitless now reads RIP there only for a message: docs/performance.md).
 pub const SYNC_REGS: u16 = 1 << 2;
 /// The profiler as exitless runs it by default: every exit counted, one in
 /// `vmm::profile::sample()` timed (a TSC read on each side of KVM_RUN and the vCPU profile's
