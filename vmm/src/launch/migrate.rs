@@ -181,9 +181,11 @@ impl Source for Outgoing<'_> {
                 fd_offset: memory::shared_file(r).map_or(0, |f| f.1),
             })
             .collect();
+        let vcpus = self.vm.vcpu_ids().into_iter().flat_map(u8::try_from);
         Ok(MigrationConfig {
             config: self.config.clone(),
             regions,
+            vcpus: Some(vcpus.collect()),
         })
     }
 
@@ -466,8 +468,17 @@ impl Destination for Incoming<'_> {
                 "memory regions {sent:x?} where the config makes {made:x?}"
             )));
         }
-        // What needs no saved state is made now, not in the downtime (State).
-        self.premade = Some(premade_vm(&config, mem.clone()).map_err(launch_error)?);
+        // What needs no saved state is made now, not in the downtime (State): the VM and
+        // its vCPUs, those the source has (all the config counts).
+        let ids = c.vcpus.unwrap_or_else(|| (0..config.cpus).collect());
+        if ids.len() != usize::from(config.cpus) {
+            return Err(MigrationError::Protocol(format!(
+                "vCPUs {ids:?} where the config has {}",
+                config.cpus
+            )));
+        }
+        let premade = premade_vm(&config, &ids, mem.clone()).map_err(launch_error)?;
+        self.premade = Some(premade);
         self.config = Some(config);
         self.mem = Some(mem);
         Ok(())
