@@ -234,11 +234,12 @@ fn capture_line(c: &vmm::launch::migrate::CaptureSteps) -> String {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     format!(
         "state captured: vCPUs settled {:.2} ms, devices saved {:.2} ms, vCPUs read {:.2} ms, \
-         irqchip/PIT/clock read {:.2} ms, encoded {:.2} ms",
+         irqchip/PIT/clock read {:.2} ms, encoded {:.2} ms ({} bytes)",
         ms(c.settle),
         ms(c.devices),
         ms(c.vcpus),
         ms(c.vm),
-        ms(c.encode)
+        ms(c.encode),
+        c.bytes
     )
 }

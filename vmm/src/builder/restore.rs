@@ -9,7 +9,13 @@ use kvm_ioctls::VcpuFd;
 use super::{assemble, create_vcpu_fd, join_set_up, BuildError, BuiltVm, VcpuOptions, VmBuilder};
 use crate::boot::cpuid;
 use crate::kvm::{self, KvmError};
+use crate::startup::mark;
 use crate::vm::Vm;
+
+/// The restore's moments inside the build (`-v`: the restore's timeline).
+const CHECKED: &str = "restore: vCPUs not made ahead created, the host's CPU checked";
+const VM_SET: &str = "restore: irqchip, PIT and clock set (the PIT's thread done)";
+const ASSEMBLED: &str = "restore: buses frozen";
 
 /// vCPUs of a VM to be restored, made before its saved state is known: their KVM fds
 /// (KVM_CREATE_VCPU) and the CPUID table a vCPU booted on this host sees (what the saved
@@ -37,8 +43,11 @@ impl VmBuilder {
     }
 
     /// Creates vCPUs `ids` of the VM (not configured: a restore sets their state) and reads
-    /// the CPUID a guest booted here would see through the first.
-    pub fn vcpus_ahead(&self, ids: &[u8]) -> Result<VcpusAhead, BuildError> {
+    /// the CPUID a guest booted here would see through the first. The PIT's thread is
+    /// waited for here too (its end is a thread wake-up and exit), not when the state is
+    /// set.
+    pub fn vcpus_ahead(&mut self, ids: &[u8]) -> Result<VcpusAhead, BuildError> {
+        join_set_up(self.set_up.take())?;
         let fds = ids
             .iter()
             .map(|&id| Ok((id, create_vcpu_fd(&self.vm, id)?)))
@@ -123,10 +132,13 @@ impl VmBuilder {
         if let Some(seen) = seen {
             check_cpu(&seen)?;
         }
+        mark(CHECKED);
         join_set_up(set_up)?;
         kvm::state::restore_vm(&vm.fd, vm_state)?;
+        mark(VM_SET);
         let xsave_size = kvm::state::xsave_size(&vm.fd);
         let (mut built, template) = assemble(vm, event_loop, devices, &spec, opts)?;
+        mark(ASSEMBLED);
         for ((&id, fd), state) in ids.iter().zip(fds).zip(vcpus) {
             kvm::state::restore_vcpu(&fd, state, xsave_size)?;
             built.add_vcpu(&template, fd, id)?;
@@ -185,7 +197,7 @@ mod tests {
         if std::fs::metadata("/dev/kvm").is_err() {
             return crate::test_skip::skip("vcpus_ahead", "/dev/kvm is missing");
         }
-        let b = builder(2, 3);
+        let mut b = builder(2, 3);
         let ahead = b.vcpus_ahead(&[0, 1]).unwrap();
         assert_eq!(ahead.ids(), [0, 1]);
         let vm_state = saved_vm();
@@ -204,7 +216,7 @@ mod tests {
         if std::fs::metadata("/dev/kvm").is_err() {
             return crate::test_skip::skip("vcpus_ahead", "/dev/kvm is missing");
         }
-        let b = builder(1, 2);
+        let mut b = builder(1, 2);
         let ahead = b.vcpus_ahead(&[0]).unwrap();
         let vm_state = saved_vm();
         let seen = Cell::new(0);
@@ -217,7 +229,7 @@ mod tests {
         assert!(built.vm.fd.create_vcpu(0).is_err());
         assert!(built.vm.fd.create_vcpu(1).is_err());
 
-        let b = builder(1, 1);
+        let mut b = builder(1, 1);
         let ahead = b.vcpus_ahead(&[0]).unwrap();
         let vm_state = saved_vm();
         let refuse = |_: &[kvm_cpuid_entry2]| Err(BuildError::NoPvhEntry);

@@ -28,6 +28,9 @@ use crate::snapshot::format::{
 };
 use crate::snapshot::{cpu_features, device_data, DeviceEntry, SnapshotError};
 
+/// The destination's moment State's payload is parsed and checked (`-v`).
+const PARSED: &str = "migration: State parsed (state.json checked, the devices' data taken)";
+
 const VCPU_TIME: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn launch_error(e: LaunchError) -> MigrationError {
@@ -114,6 +117,8 @@ pub struct CaptureSteps {
     pub vm: std::time::Duration,
     /// The state encoded (state.json's text and the devices' data after it).
     pub encode: std::time::Duration,
+    /// The State payload's bytes.
+    pub bytes: usize,
 }
 
 impl<'a> Outgoing<'a> {
@@ -178,6 +183,7 @@ impl Outgoing<'_> {
         let json = state.to_json()?;
         let framed = device_data::frame_state(json.as_bytes(), &state.devices);
         self.captured.encode = step();
+        self.captured.bytes = framed.len();
         Ok(framed)
     }
 
@@ -571,6 +577,7 @@ impl Destination for Incoming<'_> {
         let (json, data) = device_data::unframe_state(bytes).map_err(MigrationError::Protocol)?;
         let mut state = SnapshotState::parse(json)?;
         device_data::take_all(data, &mut state.devices)?;
+        crate::startup::mark(PARSED);
         let (Some(config), Some(premade)) = (self.config.as_ref(), self.premade.take()) else {
             return Err(destination("state before the config"));
         };

@@ -93,7 +93,7 @@ fn premade_with(
     mark(moment::THREADS_AHEAD);
     // The config's memory and vCPU limit, which `check_fits` holds to the saved state's.
     let spec = super::vm_spec(config);
-    let builder = VmBuilder::with_memory(kvm, spec, mem)?;
+    let mut builder = VmBuilder::with_memory(kvm, spec, mem)?;
     mark(moment::VM);
     let vcpus = builder.vcpus_ahead(ids)?;
     mark(VCPUS_AHEAD);
