@@ -202,7 +202,10 @@ mod tests {
         assert_eq!(ahead.ids(), [0, 1]);
         let vm_state = saved_vm();
         let checked = Cell::new(0);
-        let check = |_: &[kvm_cpuid_entry2]| Ok(checked.set(checked.get() + 1));
+        let check = |_: &[kvm_cpuid_entry2]| {
+            checked.set(checked.get() + 1);
+            Ok(())
+        };
         let opts = VcpuOptions::default();
         let e = b.build_restored_ahead(ahead, &opts, &vm_state, &[0, 2], &[], &check);
         assert!(matches!(e, Err(BuildError::VcpuNotSaved(1))));
@@ -220,7 +223,10 @@ mod tests {
         let ahead = b.vcpus_ahead(&[0]).unwrap();
         let vm_state = saved_vm();
         let seen = Cell::new(0);
-        let check = |cpuid: &[kvm_cpuid_entry2]| Ok(seen.set(cpuid.len()));
+        let check = |cpuid: &[kvm_cpuid_entry2]| {
+            seen.set(cpuid.len());
+            Ok(())
+        };
         let opts = VcpuOptions::default();
         let built = b.build_restored_ahead(ahead, &opts, &vm_state, &[0, 1], &[], &check);
         let built = built.unwrap_or_else(|e| panic!("{e}"));
