@@ -8,7 +8,7 @@
 //! correct; a receiver fed garbage answers an error and stays up; with its disk and entropy
 //! device busy every round (`virtio=8 blkcheck=1`), what the devices wrote arrives and every
 //! check passes; Cloud Hypervisor's `ch-remote` drives both ends; a `vm.resize` sent while a
-//! migration runs waits for its end.
+//! migration runs waits for its end; a VM of two vCPUs arrives with both, made at Config.
 
 mod common;
 
@@ -30,11 +30,15 @@ const CMDLINE: &str = "case=snapshot ticks=200 iters=200 touch_mib=8 dirty=2 hol
 struct Guest<'a> {
     cmdline: &'a str,
     disks: Value,
+    /// vCPUs at boot (the bench guest runs on the first; the others wait for an INIT/SIPI
+    /// it never sends).
+    cpus: u8,
 }
 
 const PLAIN: Guest<'static> = Guest {
     cmdline: CMDLINE,
     disks: Value::Null,
+    cpus: 1,
 };
 
 /// The source: an API VMM running the guest until its second round.
@@ -53,7 +57,7 @@ fn source_with(
     let bin = common::exitless_path();
     let vmm = Vmm::start_with_args(&bin, tag, std::process::Stdio::null(), args);
     let mut body = json!({
-        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+        "cpus": {"boot_vcpus": guest.cpus, "max_vcpus": guest.cpus},
         "memory": memory,
         "payload": {"kernel": t.guest, "cmdline": guest.cmdline},
         "serial": {"mode": "File", "file": serial},
@@ -195,6 +199,34 @@ fn local_migration_hands_shared_memory_over_as_fds() {
     migrate(&t, "mig-local", &url, shared, true);
 }
 
+/// A VM of two vCPUs: the destination creates both when Config arrives (the ids Config
+/// lists), outside the downtime, and puts their state back at State; the guest finishes
+/// there and the destination's VM has both.
+#[test]
+fn a_guest_of_two_vcpus_migrates_with_both_made_at_config() {
+    let Some(t) = SnapTest::start("migrated_two_vcpus", "mig-2cpu") else {
+        return;
+    };
+    let guest = Guest {
+        cmdline: CMDLINE,
+        disks: Value::Null,
+        cpus: 2,
+    };
+    let (src, serial) = source(&t, "mig-2cpu-src", memory(), &guest);
+    let url = format!("unix:{}", t.scratch.join("m.sock").display());
+    let mut dest = migrate_source(src, "mig-2cpu", &url, false);
+    let text = wait_file(&serial, "EXITLESS DONE");
+    assert_finished(&text);
+    let made = |t: &str| t.contains("vCPUs created ahead");
+    dest.stderr.wait_for(Duration::from_secs(5), made);
+    assert!(made(&dest.stderr.text), "{}", dest.stderr.text);
+    let info = json(&ok(
+        dest.client().request("GET", "vm.info", None).unwrap(),
+        "vm.info",
+    ));
+    assert_eq!(info["config"]["cpus"]["boot_vcpus"], 2, "{info}");
+}
+
 /// A fake destination that answers Start and Config, reads part of the first memory request
 /// and dies (its socket closed, as the kernel closes a killed process's).
 fn dying_destination(path: &Path) -> JoinHandle<()> {
@@ -309,6 +341,7 @@ fn a_guest_with_its_disk_busy_migrated_mid_loop_finishes_with_every_check_passin
             "case=snapshot ticks={TICKS} iters=20 touch_mib=128 virtio=4 blkcheck=16 hold"
         ),
         disks: json!([{ "path": image }]),
+        cpus: 1,
     };
     let (src, serial) = source(&t, "mig-devices-src", memory(), &guest);
     let url = format!("unix:{}", t.scratch.join("m.sock").display());
@@ -409,6 +442,7 @@ fn migrate_tracked(way: &str, tag: &str, logged: &str) {
     let guest = Guest {
         cmdline: "case=snapshot ticks=200 iters=200 touch_mib=32 dirty=2 hold",
         disks: Value::Null,
+        cpus: 1,
     };
     let args = ["--dirty-log", way];
     let (src, serial) = source_with(&t, &format!("{tag}-src"), (memory(), &guest), &args);

@@ -34,6 +34,9 @@ use crate::startup::{self, moment};
 use crate::vcpu::{regs, RegsAccess, Vcpu, VcpuError};
 use crate::vm::{SetUpTask, Vm, VmError};
 
+mod restore;
+pub use restore::VcpusAhead;
+
 /// Errors building a VM.
 #[derive(Debug, Error)]
 pub enum BuildError {
@@ -63,6 +66,11 @@ pub enum BuildError {
     PitThread,
     #[error(transparent)]
     Snapshot(#[from] crate::snapshot::SnapshotError),
+    #[error(
+        "vCPU {0} was made before the saved state came, and the saved state has no vCPU {0} \
+         (the VM's vCPUs changed meanwhile)"
+    )]
+    VcpuNotSaved(u8),
 }
 
 /// The kernel to boot.
@@ -434,76 +442,6 @@ impl VmBuilder {
         }
         built.finish(template)
     }
-
-    /// Like [`VmBuilder::build`] for a VM restored from a snapshot: guest memory already holds
-    /// the kernel and its tables, so nothing is loaded; the irqchip, PIT and clock get `vm`'s
-    /// saved state and each vCPU its own (`vcpus[i]` is vCPU `i`'s), in the order KVM needs
-    /// (see [`kvm::state::restore_vcpu`]). First `check_cpu` is shown the CPUID a vCPU booted
-    /// here would see (to refuse a host that lacks what the guest saw).
-    pub fn build_restored(
-        self,
-        opts: &VcpuOptions,
-        vm_state: &kvm::state::VmKvmState,
-        vcpus: &[kvm::state::VcpuKvmState],
-        check_cpu: &dyn Fn(&[kvm_bindings::kvm_cpuid_entry2]) -> Result<(), BuildError>,
-    ) -> Result<BuiltVm, BuildError> {
-        let ids: Vec<u8> = (0..self.spec.cpus).collect();
-        self.build_restored_ids(opts, vm_state, &ids, vcpus, check_cpu)
-    }
-
-    /// [`VmBuilder::build_restored`] for vCPUs `ids` (ascending, one per state in `vcpus`:
-    /// vCPUs added or removed while the saved VM ran leave gaps).
-    pub fn build_restored_ids(
-        self,
-        opts: &VcpuOptions,
-        vm_state: &kvm::state::VmKvmState,
-        ids: &[u8],
-        vcpus: &[kvm::state::VcpuKvmState],
-        check_cpu: &dyn Fn(&[kvm_bindings::kvm_cpuid_entry2]) -> Result<(), BuildError>,
-    ) -> Result<BuiltVm, BuildError> {
-        let VmBuilder {
-            spec,
-            vm,
-            devices,
-            event_loop,
-            set_up,
-            ..
-        } = self;
-        let fds = ids
-            .iter()
-            .map(|&id| create_vcpu_fd(&vm, id))
-            .collect::<Result<Vec<_>, _>>()?;
-        if let Some(fd) = fds.first() {
-            check_cpu(&cpuid_seen_here(&vm, fd, spec.max_cpus.max(spec.cpus))?)?;
-        }
-        join_set_up(set_up)?;
-        kvm::state::restore_vm(&vm.fd, vm_state)?;
-        let xsave_size = kvm::state::xsave_size(&vm.fd);
-        let (mut built, template) = assemble(vm, event_loop, devices, &spec, opts)?;
-        for ((&id, fd), state) in ids.iter().zip(fds).zip(vcpus) {
-            kvm::state::restore_vcpu(&fd, state, xsave_size)?;
-            built.add_vcpu(&template, fd, id)?;
-        }
-        built.finish(template)
-    }
-}
-
-/// The CPUID table a guest booted here sees, as KVM reads it back from vCPU `fd` once it is
-/// set: on some hosts more than KVM_GET_SUPPORTED_CPUID says (PVM hands the guest the host
-/// CPU's own features, which its user code meets natively).
-fn cpuid_seen_here(
-    vm: &Vm,
-    fd: &VcpuFd,
-    cpus: u8,
-) -> Result<Vec<kvm_bindings::kvm_cpuid_entry2>, BuildError> {
-    let mut cpuid = vm.supported_cpuid.get(&vm.kvm)?;
-    cpuid::fixup_cpuid(&mut cpuid, 0, cpus);
-    fd.set_cpuid2(&cpuid)
-        .map_err(|e| KvmError::Ioctl("KVM_SET_CPUID2", e))?;
-    let seen = fd
-        .get_cpuid2(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
-        .map_err(|e| KvmError::Ioctl("KVM_GET_CPUID2", e))?;
-    Ok(seen.as_slice().to_vec())
 }
 
 /// Waits for the set-up thread: the PIT is created once it returns.

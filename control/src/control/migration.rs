@@ -180,7 +180,7 @@ impl Vmm {
         let vm = slot.running()?;
         vm.check_migratable().map_err(|e| failed(SEND, e))?;
         let mut stream = url.connect().map_err(|e| failed(SEND, e))?;
-        let mut out = Outgoing { vm, config };
+        let mut out = Outgoing::new(vm, config);
         let done = sender::send(&mut stream, &mut out, opts).map_err(|e| {
             let e = ControlError::Migration(SEND, e);
             eprintln!("exitless: {e} (the VM goes on here)");
@@ -198,6 +198,7 @@ impl Vmm {
                 out.dirty_kind()
             );
             eprintln!("exitless: {SEND}: steps: {}", steps_line(&done.steps));
+            eprintln!("exitless: {SEND}: {}", capture_line(&out.captured));
         }
         slot.stop();
         self.exit = Some(VmmExit(0));
@@ -224,5 +225,21 @@ fn steps_line(t: &vmm::migration::sender::SendSteps) -> String {
         ms(t.last_pass),
         ms(t.state),
         ms(t.complete)
+    )
+}
+
+/// The state capture's steps in ms (`-v`: the source's share of the downtime before the last
+/// pass).
+fn capture_line(c: &vmm::launch::migrate::CaptureSteps) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    format!(
+        "state captured: vCPUs settled {:.2} ms, devices saved {:.2} ms, vCPUs read {:.2} ms, \
+         irqchip/PIT/clock read {:.2} ms, encoded {:.2} ms ({} bytes)",
+        ms(c.settle),
+        ms(c.devices),
+        ms(c.vcpus),
+        ms(c.vm),
+        ms(c.encode),
+        c.bytes
     )
 }

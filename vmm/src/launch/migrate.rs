@@ -28,6 +28,9 @@ use crate::snapshot::format::{
 };
 use crate::snapshot::{cpu_features, device_data, DeviceEntry, SnapshotError};
 
+/// The destination's moment State's payload is parsed and checked (`-v`).
+const PARSED: &str = "migration: State parsed (state.json checked, the devices' data taken)";
+
 const VCPU_TIME: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn launch_error(e: LaunchError) -> MigrationError {
@@ -96,6 +99,36 @@ fn backends_logging(vm: &LaunchedVm, log: BackendLog) -> Result<Vec<String>, Mig
 pub struct Outgoing<'a> {
     pub vm: &'a mut LaunchedVm,
     pub config: serde_json::Value,
+    /// Where the state's capture went, once captured (`-v`).
+    pub captured: CaptureSteps,
+}
+
+/// The steps of the state's capture, in the order they run (the source's `-v`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CaptureSteps {
+    /// The parked vCPUs finish what their last exits left pending (a run with
+    /// `immediate_exit`), so the devices are saved with every access they made.
+    pub settle: std::time::Duration,
+    /// The devices drained and their state saved (on the devices thread).
+    pub devices: std::time::Duration,
+    /// Each vCPU's state read on its own thread.
+    pub vcpus: std::time::Duration,
+    /// The irqchip, PIT and clock read.
+    pub vm: std::time::Duration,
+    /// The state encoded (state.json's text and the devices' data after it).
+    pub encode: std::time::Duration,
+    /// The State payload's bytes.
+    pub bytes: usize,
+}
+
+impl<'a> Outgoing<'a> {
+    pub fn new(vm: &'a mut LaunchedVm, config: serde_json::Value) -> Self {
+        Outgoing {
+            vm,
+            config,
+            captured: CaptureSteps::default(),
+        }
+    }
 }
 
 impl Outgoing<'_> {
@@ -127,16 +160,40 @@ impl Outgoing<'_> {
     /// The VM's state as a snapshot's state.json, memory laid out as one file would be,
     /// with the devices' data after it (`device_data::frame_state`).
     fn state(&mut self) -> Result<Vec<u8>, MigrationError> {
+        let mut at = std::time::Instant::now();
+        let mut step = move || {
+            let now = std::time::Instant::now();
+            std::mem::replace(&mut at, now).elapsed()
+        };
         let nothing: crate::vcpu::VcpuTask = Arc::new(|_, _| {});
         let running = self.vm.running().map_err(launch_error)?;
         running
             .on_each_vcpu(nothing, VCPU_TIME)
             .map_err(|e| MigrationError::Destination(e.to_string()))?;
+        self.captured.settle = step();
         let devices = self.vm.devices.snapshot_devices()?;
         let logging = backends_logging(self.vm, BackendLog::Check)?;
         check_no_device_writes(&devices, &logging)?;
+        self.captured.devices = step();
         let vcpus = self.vm.capture_vcpus().map_err(launch_error)?;
+        self.captured.vcpus = step();
         let vm = state::capture_vm(&self.vm.vm.fd).map_err(SnapshotError::Kvm)?;
+        self.captured.vm = step();
+        let mut state = self.saved_state(vcpus, &vm, devices);
+        let json = state.to_json()?;
+        let framed = device_data::frame_state(json.as_bytes(), &state.devices);
+        self.captured.encode = step();
+        self.captured.bytes = framed.len();
+        Ok(framed)
+    }
+
+    /// The state as a snapshot's state.json holds it, memory laid out as one file would be.
+    fn saved_state(
+        &self,
+        vcpus: Vec<(u8, crate::kvm::state::VcpuKvmState)>,
+        vm: &state::VmKvmState,
+        devices: std::collections::BTreeMap<String, DeviceEntry>,
+    ) -> SnapshotState {
         let max_vcpus = self.vm.template.as_ref().map_or(1, |t| t.topology_cpus());
         let mut regions = Vec::new();
         let mut offset = 0;
@@ -148,7 +205,7 @@ impl Outgoing<'_> {
             });
             offset += r.len();
         }
-        let mut state = SnapshotState {
+        SnapshotState {
             version: Version::current(),
             checksum: String::new(),
             cpu: cpu_features::features_of(&vcpus[0].1.cpuid),
@@ -156,7 +213,7 @@ impl Outgoing<'_> {
                 .iter()
                 .map(|(id, v)| VcpuState::from_kvm(*id, v))
                 .collect(),
-            vm: VmSection::from_kvm(max_vcpus, &vm),
+            vm: VmSection::from_kvm(max_vcpus, vm),
             memory: MemorySection {
                 size: offset,
                 hotplugged: self.vm.hotplug_ram.as_ref().map_or(0, HotplugRam::added),
@@ -164,9 +221,7 @@ impl Outgoing<'_> {
                 regions,
             },
             devices,
-        };
-        let json = state.to_json()?;
-        Ok(device_data::frame_state(json.as_bytes(), &state.devices))
+        }
     }
 }
 
@@ -181,9 +236,11 @@ impl Source for Outgoing<'_> {
                 fd_offset: memory::shared_file(r).map_or(0, |f| f.1),
             })
             .collect();
+        let vcpus = self.vm.vcpu_ids().into_iter().flat_map(u8::try_from);
         Ok(MigrationConfig {
             config: self.config.clone(),
             regions,
+            vcpus: Some(vcpus.collect()),
         })
     }
 
@@ -466,8 +523,17 @@ impl Destination for Incoming<'_> {
                 "memory regions {sent:x?} where the config makes {made:x?}"
             )));
         }
-        // What needs no saved state is made now, not in the downtime (State).
-        self.premade = Some(premade_vm(&config, mem.clone()).map_err(launch_error)?);
+        // What needs no saved state is made now, not in the downtime (State): the VM and
+        // its vCPUs, those the source has (all the config counts).
+        let ids = c.vcpus.unwrap_or_else(|| (0..config.cpus).collect());
+        if ids.len() != usize::from(config.cpus) {
+            return Err(MigrationError::Protocol(format!(
+                "vCPUs {ids:?} where the config has {}",
+                config.cpus
+            )));
+        }
+        let premade = premade_vm(&config, &ids, mem.clone()).map_err(launch_error)?;
+        self.premade = Some(premade);
         self.config = Some(config);
         self.mem = Some(mem);
         Ok(())
@@ -511,6 +577,7 @@ impl Destination for Incoming<'_> {
         let (json, data) = device_data::unframe_state(bytes).map_err(MigrationError::Protocol)?;
         let mut state = SnapshotState::parse(json)?;
         device_data::take_all(data, &mut state.devices)?;
+        crate::startup::mark(PARSED);
         let (Some(config), Some(premade)) = (self.config.as_ref(), self.premade.take()) else {
             return Err(destination("state before the config"));
         };

@@ -10,7 +10,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
 use super::console::{attach_idle_flush, attach_stdin, console_output};
 use super::{add_virtio_devices, HostParts, LaunchError, LaunchedVm};
-use crate::builder::{BuildError, VcpuOptions, VmBuilder};
+use crate::builder::{BuildError, VcpuOptions, VcpusAhead, VmBuilder};
 use crate::config::{IrqchipMode, VmConfig, MAX_VCPUS};
 use crate::kvm;
 use crate::memory::hotplug::HotplugRam;
@@ -47,27 +47,37 @@ pub fn restore(
 
 /// What a restore makes before it needs the saved state: the vCPU threads (named, pinned
 /// and filtered while the VM is made, as at a boot: see `launch`), the KVM VM on guest
-/// memory, its memory slots and irqchip (the PIT on its own thread). A migration's
-/// destination makes it when Config arrives ([`premade_vm`]), so that State only puts state
+/// memory, its memory slots and irqchip (the PIT on its own thread), and its vCPUs (their
+/// fds, and the CPUID this host offers, read through the first). A migration's destination
+/// makes it when Config arrives ([`premade_vm`]), so that State only checks and puts state
 /// back; a snapshot's restore makes it once its memory is mapped. Dropped, the VM is gone
 /// (and the threads end).
 pub struct PremadeVm {
     builder: Box<VmBuilder>,
     threads_ahead: VcpuThreadsAhead,
+    vcpus: VcpusAhead,
 }
 
+/// The moment the pre-made VM's vCPUs are created (`-v`: the restore's timeline).
+const VCPUS_AHEAD: &str = "restore: vCPUs created ahead (KVM_CREATE_VCPU, the host's CPUID)";
+
 /// Makes the VM `config` describes on `mem` (laid out as the config says), as far as it
-/// goes without the saved state: threads for vCPUs 0 to `config.cpus` (a vCPU the state
-/// has beyond them, hot-added, gets its thread at State).
-pub fn premade_vm(config: &VmConfig, mem: GuestMemoryMmap) -> Result<PremadeVm, LaunchError> {
+/// goes without the saved state: vCPUs `ids` (ascending, `config.cpus` of them) and their
+/// threads (a vCPU the state has beyond them, hot-added since, is made at State; one it
+/// lacks refuses the state).
+pub fn premade_vm(
+    config: &VmConfig,
+    ids: &[u8],
+    mem: GuestMemoryMmap,
+) -> Result<PremadeVm, LaunchError> {
     config.validate(MAX_VCPUS)?;
-    premade_with(config, mem, 0..usize::from(config.cpus))
+    premade_with(config, mem, ids)
 }
 
 fn premade_with(
     config: &VmConfig,
     mem: GuestMemoryMmap,
-    ids: impl Iterator<Item = usize>,
+    ids: &[u8],
 ) -> Result<PremadeVm, LaunchError> {
     crate::seccomp::prepare_malloc();
     if config.irqchip != IrqchipMode::Kernel {
@@ -77,16 +87,20 @@ fn premade_with(
     mark(moment::KVM_OPEN);
     config.validate(kvm.get_max_vcpus())?;
     let affinity = config.cpu_affinity.as_ref();
+    let threads = ids.iter().map(|&id| usize::from(id));
     let threads_ahead =
-        VcpuThreadsAhead::spawn(ids.map(|id| (id, affinity.and_then(|a| a.host_cpu(id)))))?;
+        VcpuThreadsAhead::spawn(threads.map(|id| (id, affinity.and_then(|a| a.host_cpu(id)))))?;
     mark(moment::THREADS_AHEAD);
     // The config's memory and vCPU limit, which `check_fits` holds to the saved state's.
     let spec = super::vm_spec(config);
-    let builder = VmBuilder::with_memory(kvm, spec, mem)?;
+    let mut builder = VmBuilder::with_memory(kvm, spec, mem)?;
     mark(moment::VM);
+    let vcpus = builder.vcpus_ahead(ids)?;
+    mark(VCPUS_AHEAD);
     Ok(PremadeVm {
         builder: Box::new(builder),
         threads_ahead,
+        vcpus,
     })
 }
 
@@ -137,12 +151,12 @@ fn restore_onto(
         MemoryFrom::Dir(dir) => {
             let mem = restore_memory(config, dir, &state)?;
             mark(moment::MEMORY);
-            let ids = ids.iter().map(|&id| usize::from(id));
-            (Some(dir), premade_with(config, mem, ids)?)
+            (Some(dir), premade_with(config, mem, &ids)?)
         }
         MemoryFrom::Made(vm) => (None, vm),
     };
     let (mut builder, threads_ahead) = (*premade.builder, premade.threads_ahead);
+    let ahead = premade.vcpus;
     check_made_memory(&builder.vm().memory(), &state)?;
     let serial = builder.add_console(console_output(config)?)?;
     builder.add_i8042()?;
@@ -160,7 +174,8 @@ fn restore_onto(
         ..VcpuOptions::default()
     };
     let check_cpu = |seen: &[kvm_bindings::kvm_cpuid_entry2]| check_host(seen, &state);
-    let built = builder.build_restored_ids(&vcpu_opts, &vm_state, &ids, &vcpus, &check_cpu)?;
+    let built =
+        builder.build_restored_ahead(ahead, &vcpu_opts, &vm_state, &ids, &vcpus, &check_cpu)?;
     mark(moment::VCPUS);
     let mut devices = state.devices;
     if let Some(dir) = data_dir {

@@ -275,6 +275,10 @@ pub struct RegionLayout {
 pub struct MigrationConfig {
     pub config: serde_json::Value,
     pub regions: Vec<RegionLayout>,
+    /// The ids of the VM's vCPUs, ascending (vCPUs added or removed while it ran leave
+    /// gaps): the destination creates them at Config. Without it, 0 to the config's count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<Vec<u8>>,
 }
 
 impl MigrationConfig {
@@ -307,6 +311,19 @@ impl MigrationConfig {
                 )));
             }
             last_end = end.unwrap_or(u64::MAX);
+        }
+        if let Some(ids) = &c.vcpus {
+            let max = crate::config::MAX_VCPUS;
+            let ascending = ids.windows(2).all(|w| w[0] < w[1]);
+            if ids.is_empty()
+                || ids.len() > max
+                || !ascending
+                || ids.iter().any(|&i| usize::from(i) >= max)
+            {
+                return Err(MigrationError::Protocol(format!(
+                    "a config with vCPUs {ids:?}"
+                )));
+            }
         }
         Ok(c)
     }
@@ -436,5 +453,27 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn configs_list_distinct_ascending_vcpu_ids_if_any() {
+        let with = |ids: &str| {
+            let text = format!(
+                r#"{{"config": {{}}, "regions": [{{"slot": 0, "gpa": 0, "size": 4096}}],
+                    "vcpus": {ids}}}"#
+            );
+            MigrationConfig::parse(text.as_bytes()).map(|c| c.vcpus)
+        };
+        assert_eq!(with("[0, 2, 3]").unwrap(), Some(vec![0, 2, 3]));
+        for bad in ["[]", "[1, 1]", "[2, 0]", "[254]", "[300]", "\"0\""] {
+            assert!(with(bad).is_err(), "{bad}");
+        }
+        let without = br#"{"config": {}, "regions": [{"slot": 0, "gpa": 0, "size": 4096}]}"#;
+        let c = MigrationConfig::parse(without).unwrap();
+        assert_eq!(c.vcpus, None);
+        // An encoded config without ids says nothing of them.
+        assert!(!String::from_utf8(c.encode().unwrap())
+            .unwrap()
+            .contains("vcpus"));
     }
 }

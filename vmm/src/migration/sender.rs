@@ -223,28 +223,38 @@ impl Run {
         self.capturing = true;
         let state = src.capture()?;
         self.summary.steps.capture = step.next();
+        // The last pass, State and Complete go without waiting for each answer in between
+        // (the answers are read after): the destination handles requests in order and ends
+        // the migration at the first it refuses, so it reads Complete, and resumes the VM,
+        // only once every request before it succeeded; and it does so as soon as State is
+        // put back, the Complete request already there (no round trip in the downtime).
+        let mut unanswered = 0;
         if !opts.local {
             let mut last = pending;
             last.extend(src.dirty()?);
             self.summary.last_pass_bytes = last.iter().map(|r| r.length).sum();
-            self.send_memory(s, src, &last)?;
+            unanswered = self.write_memory(s, src, &last)?.1;
             self.summary.passes += 1;
         }
         self.summary.steps.last_pass = step.next();
         self.released = true;
         src.release_files()?;
-        request(
-            s,
-            Request::new(Command::State, state.len() as u64),
-            &state,
-            "State",
-        )?;
-        self.summary.steps.state = step.next();
         let complete = match opts.running {
             true => Command::Complete,
             false => Command::CompletePaused,
         };
-        request(s, Request::new(complete, 0), &[], "Complete")?;
+        let mut requests = Vec::with_capacity(state.len() + 2 * HEADER_LEN);
+        requests.extend_from_slice(&Request::new(Command::State, state.len() as u64).encode());
+        requests.extend_from_slice(&state);
+        requests.extend_from_slice(&Request::new(complete, 0).encode());
+        s.write_all(&requests)
+            .map_err(|e| MigrationError::Io("sending a request", e))?;
+        for _ in 0..unanswered {
+            answer(s, "Memory")?;
+        }
+        answer(s, "State")?;
+        self.summary.steps.state = step.next();
+        answer(s, "Complete")?;
         self.summary.steps.complete = step.next();
         self.summary.downtime = paused_at.elapsed();
         self.summary.total = self.start.elapsed();
@@ -301,15 +311,43 @@ impl Run {
     ) -> Result<u64, MigrationError> {
         let mut sent = 0;
         for batch in batches(ranges) {
-            let table = protocol::encode_table(&batch);
-            s.write_all(&Request::new(Command::Memory, table.len() as u64).encode())
-                .and_then(|()| s.write_all(&table))
-                .map_err(|e| MigrationError::Io("sending a memory table", e))?;
-            for r in &batch {
-                src.send(r.gpa, r.length, s.fd())?;
-                sent += r.length;
-            }
+            sent += self.write_batch(s, src, &batch)?;
             answer(s, "Memory")?;
+        }
+        Ok(sent)
+    }
+
+    /// Sends `ranges` as [`Run::send_memory`] does without reading the answers; returns the
+    /// bytes sent and the requests whose answers are left to read.
+    fn write_memory(
+        &mut self,
+        s: &mut Stream,
+        src: &dyn Source,
+        ranges: &[MemoryRange],
+    ) -> Result<(u64, usize), MigrationError> {
+        let batches = batches(ranges);
+        let mut sent = 0;
+        for batch in &batches {
+            sent += self.write_batch(s, src, batch)?;
+        }
+        Ok((sent, batches.len()))
+    }
+
+    /// One Memory request: its table, then the ranges' bytes.
+    fn write_batch(
+        &mut self,
+        s: &mut Stream,
+        src: &dyn Source,
+        batch: &[MemoryRange],
+    ) -> Result<u64, MigrationError> {
+        let table = protocol::encode_table(batch);
+        s.write_all(&Request::new(Command::Memory, table.len() as u64).encode())
+            .and_then(|()| s.write_all(&table))
+            .map_err(|e| MigrationError::Io("sending a memory table", e))?;
+        let mut sent = 0;
+        for r in batch {
+            src.send(r.gpa, r.length, s.fd())?;
+            sent += r.length;
         }
         self.summary.memory_bytes += sent;
         Ok(sent)

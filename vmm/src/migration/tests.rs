@@ -47,6 +47,7 @@ impl Source for FakeSource {
                 size: SIZE as u64,
                 fd_offset: 0,
             }],
+            vcpus: None,
         })
     }
     fn memory_fds(&self) -> Result<Vec<(u32, RawFd)>, MigrationError> {

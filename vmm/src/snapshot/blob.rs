@@ -28,22 +28,28 @@ impl Blob {
 
 const DIGITS: &[u8; 16] = b"0123456789abcdef";
 
+/// Each byte's value as a hex digit, [`NOT_HEX`] for the rest.
+const VALUES: [u8; 256] = {
+    let mut t = [NOT_HEX; 256];
+    let mut i = 0;
+    while i < 16 {
+        t[DIGITS[i] as usize] = i as u8;
+        i += 1;
+    }
+    t
+};
+const NOT_HEX: u8 = 0xff;
+
 impl Serialize for Blob {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut text = String::with_capacity(self.0.len() * 2);
-        for b in &self.0 {
-            text.push(DIGITS[usize::from(b >> 4)] as char);
-            text.push(DIGITS[usize::from(b & 0xf)] as char);
+        // Written into place a pair at a time (a migration encodes this in its downtime).
+        let mut text = vec![0u8; self.0.len() * 2];
+        for (pair, b) in text.chunks_exact_mut(2).zip(&self.0) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0xf)];
         }
+        let text = String::from_utf8(text).map_err(serde::ser::Error::custom)?;
         s.serialize_str(&text)
-    }
-}
-
-fn nibble(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
     }
 }
 
@@ -53,13 +59,14 @@ pub fn parse_hex(text: &str) -> Result<Vec<u8>, String> {
     if bytes.len() % 2 != 0 {
         return Err("a hex string of odd length".into());
     }
-    bytes
+    if bytes.iter().any(|&c| VALUES[usize::from(c)] == NOT_HEX) {
+        return Err("a character that is not lower-case hex".into());
+    }
+    let value = |c: u8| VALUES[usize::from(c)];
+    Ok(bytes
         .chunks_exact(2)
-        .map(|pair| match (nibble(pair[0]), nibble(pair[1])) {
-            (Some(hi), Some(lo)) => Ok(hi << 4 | lo),
-            _ => Err("a character that is not lower-case hex".into()),
-        })
-        .collect()
+        .map(|pair| value(pair[0]) << 4 | value(pair[1]))
+        .collect())
 }
 
 impl<'de> Deserialize<'de> for Blob {
@@ -92,5 +99,18 @@ mod tests {
         for bad in ["\"abc\"", "\"zz\"", "\"AB\"", "12"] {
             assert!(serde_json::from_str::<Blob>(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn every_byte_is_two_lower_case_digits_and_reads_back() {
+        let all = Blob((0..=255).collect());
+        let text = serde_json::to_string(&all).unwrap();
+        let want: String = (0..=255u8).map(|b| format!("{b:02x}")).collect();
+        assert_eq!(text, format!("\"{want}\""));
+        assert_eq!(serde_json::from_str::<Blob>(&text).unwrap(), all);
+        assert_eq!(
+            parse_hex("0f/0").unwrap_err(),
+            "a character that is not lower-case hex"
+        );
     }
 }

@@ -230,14 +230,25 @@ fn corrupt(reason: impl Into<String>) -> SnapshotError {
 }
 
 impl SnapshotState {
-    /// The file's text, with its checksum filled in.
+    /// The file's text, with its checksum filled in: encoded once with the checksum empty,
+    /// whose CRC-32 then goes in its place (what [`written_checksum_matches`] reads back).
     pub fn to_json(&mut self) -> Result<String, SnapshotError> {
-        self.checksum = checksum_of(self)?;
-        serde_json::to_string(self).map_err(|e| SnapshotError::Encode(e.to_string()))
+        self.checksum.clear();
+        let mut text =
+            serde_json::to_string(self).map_err(|e| SnapshotError::Encode(e.to_string()))?;
+        // The first such field is the file's own: it follows `version`, exitless's strings.
+        let field = "\"checksum\":\"\"";
+        let at = text
+            .find(field)
+            .ok_or_else(|| SnapshotError::Encode("no checksum field".into()))?;
+        self.checksum = format!("crc32:{:08x}", crc32fast::hash(text.as_bytes()));
+        text.insert_str(at + field.len() - 1, &self.checksum);
+        Ok(text)
     }
 
-    /// Parses and checks `state.json`'s bytes: its version first, then its shape, its
-    /// checksum and every field.
+    /// Parses and checks `state.json`'s bytes: its version, its shape, its checksum and
+    /// every field. A file that does not parse is read for its version alone (a file of
+    /// another format need not parse as this one), which is refused first.
     pub fn parse(bytes: &[u8]) -> Result<Self, SnapshotError> {
         if bytes.len() as u64 > MAX_STATE_BYTES {
             return Err(corrupt(format!(
@@ -245,14 +256,16 @@ impl SnapshotState {
                 bytes.len()
             )));
         }
-        let version: VersionOnly = serde_json::from_slice(bytes).map_err(|e| json_error(&e))?;
-        if version.version.format != FORMAT_VERSION {
-            return Err(SnapshotError::Version {
-                found: version.version.format,
-                by: version.version.exitless,
-            });
-        }
-        let state: SnapshotState = serde_json::from_slice(bytes).map_err(|e| json_error(&e))?;
+        let state = match serde_json::from_slice::<SnapshotState>(bytes) {
+            Ok(state) => state,
+            Err(e) => {
+                let version: VersionOnly =
+                    serde_json::from_slice(bytes).map_err(|e| json_error(&e))?;
+                check_version(&version.version)?;
+                return Err(json_error(&e));
+            }
+        };
+        check_version(&state.version)?;
         if !written_checksum_matches(bytes, &state.checksum)
             && checksum_of(&state)? != state.checksum
         {
@@ -308,6 +321,17 @@ impl SnapshotState {
     }
 }
 
+/// A state of another format is refused by its version.
+fn check_version(v: &Version) -> Result<(), SnapshotError> {
+    match v.format == FORMAT_VERSION {
+        true => Ok(()),
+        false => Err(SnapshotError::Version {
+            found: v.format,
+            by: v.exitless.clone(),
+        }),
+    }
+}
+
 /// serde's message, with where in the file.
 fn json_error(e: &serde_json::Error) -> SnapshotError {
     corrupt(format!(
@@ -328,10 +352,9 @@ fn json_error(e: &serde_json::Error) -> SnapshotError {
 /// does not match and is checked by [`checksum_of`].
 fn written_checksum_matches(bytes: &[u8], checksum: &str) -> bool {
     let field = format!("\"checksum\":\"{checksum}\"");
-    let Some(at) = bytes
-        .windows(field.len())
-        .position(|w| w == field.as_bytes())
-    else {
+    // A substring search, not a comparison at every byte offset (this runs in a migration's
+    // downtime).
+    let Some(at) = std::str::from_utf8(bytes).ok().and_then(|t| t.find(&field)) else {
         return false;
     };
     let value = at + "\"checksum\":\"".len();
