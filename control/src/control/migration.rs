@@ -186,6 +186,9 @@ impl Vmm {
             eprintln!("exitless: {e} (the VM goes on here)");
             e
         })?;
+        // The guest runs on the destination now: stopping this VM and the process's end
+        // yield the CPU to it (and to everything else) on a host both share.
+        sender::step_aside();
         if verbose {
             eprintln!(
                 "exitless: {SEND}: complete in {:.1} ms, downtime {:.1} ms, {} MiB of memory \

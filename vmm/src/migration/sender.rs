@@ -120,6 +120,28 @@ pub struct SendSteps {
     pub complete: Duration,
 }
 
+/// After a completed migration the guest runs on the destination, which may share this
+/// host's CPUs: what is left here (stopping the vCPU threads, freeing guest memory, the
+/// process's end) runs on the calling thread at `SCHED_IDLE`, so that it never takes a CPU
+/// from the guest's vCPUs. Returns whether the kernel took it (a failure changes only who
+/// runs first). A raw system call: musl's `sched_setscheduler` does not set a thread's policy.
+pub fn step_aside() -> bool {
+    // The kernel's `struct sched_param` is one int, the priority (0 for SCHED_IDLE); libc's
+    // has more fields under musl.
+    let priority: libc::c_int = 0;
+    // SAFETY: sched_setscheduler(2) on the calling thread (pid 0); the kernel reads one int
+    // through the pointer, which outlives the call; it changes only this thread's scheduling.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setscheduler,
+            0,
+            libc::SCHED_IDLE,
+            &priority as *const libc::c_int,
+        )
+    };
+    r == 0
+}
+
 /// Sends the VM `src` over `s`; on failure the VM runs on as before (see the module docs).
 pub fn send(
     s: &mut Stream,
@@ -478,6 +500,21 @@ fn answer(s: &mut Stream, what: &'static str) -> Result<(), MigrationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The thread that steps aside runs at SCHED_IDLE afterwards, and only that thread.
+    #[test]
+    fn stepping_aside_idles_the_calling_thread_only() {
+        let policy = || {
+            // SAFETY: sched_getscheduler(2) on the calling thread reads its policy.
+            unsafe { libc::syscall(libc::SYS_sched_getscheduler, 0) as i32 }
+        };
+        let other = std::thread::spawn(move || {
+            assert!(step_aside(), "{}", std::io::Error::last_os_error());
+            policy()
+        });
+        assert_eq!(other.join().unwrap(), libc::SCHED_IDLE);
+        assert_ne!(policy(), libc::SCHED_IDLE);
+    }
 
     #[test]
     fn the_stop_rule_runs_passes_that_shrink_the_last_one_toward_its_target() {
