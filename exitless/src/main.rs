@@ -61,6 +61,54 @@ enum Command {
     Remote(remote::RemoteArgs),
 }
 
+/// `run` and the API server's command line alone: clap builds every subcommand's arguments
+/// before it parses, and `remote`'s (a subcommand per endpoint) were ~3% of a start's main
+/// thread (docs/performance.md).
+#[derive(Parser)]
+#[command(name = "exitless")]
+struct RunCli {
+    #[command(subcommand)]
+    command: Option<RunCommand>,
+    #[command(flatten)]
+    server: ServerOptions,
+    #[command(flatten)]
+    vm: VmOptions,
+}
+
+#[derive(Subcommand)]
+enum RunCommand {
+    Run(run::RunArgs),
+}
+
+/// The command line parsed as `run`'s or the API server's, when no word of it names another
+/// command or asks for help; `None` to parse it with more, also when this parse fails, so
+/// that an error is the whole parser's message.
+fn parse_run_only(args: &[std::ffi::OsString]) -> Option<Cli> {
+    let elsewhere = [
+        "remote",
+        "bench",
+        "compare",
+        "help",
+        "--help",
+        "-h",
+        "--version",
+        "-V",
+    ];
+    if args
+        .iter()
+        .skip(1)
+        .any(|a| elsewhere.iter().any(|w| a == w))
+    {
+        return None;
+    }
+    let cli = RunCli::try_parse_from(args).ok()?;
+    Some(Cli {
+        command: cli.command.map(|RunCommand::Run(args)| Command::Run(args)),
+        server: cli.server,
+        vm: cli.vm,
+    })
+}
+
 /// `run`, `remote` and the API server's command line without the lab's commands: clap builds
 /// every subcommand's arguments before it parses, and `bench`'s and `compare`'s many left the
 /// allocator ~28 kB more dirty heap in every VM of the default build (docs/performance.md).
@@ -120,8 +168,12 @@ fn parse_without_the_lab(args: Vec<std::ffi::OsString>) -> Option<Cli> {
 /// name, a similar argument when there is one, the usage line), exit code 2.
 fn parse_args() -> Cli {
     use clap::error::ErrorKind;
+    let args: Vec<_> = std::env::args_os().collect();
+    if let Some(cli) = parse_run_only(&args) {
+        return cli;
+    }
     #[cfg(feature = "lab")]
-    if let Some(cli) = parse_without_the_lab(std::env::args_os().collect()) {
+    if let Some(cli) = parse_without_the_lab(args) {
         return cli;
     }
     match Cli::try_parse() {
@@ -365,6 +417,44 @@ mod tests {
         ] {
             assert!(
                 parse_without_the_lab(words(whole_parser)).is_none(),
+                "{whole_parser}"
+            );
+        }
+    }
+
+    #[test]
+    fn run_and_the_api_server_parse_without_remote_and_alike() {
+        use super::parse_run_only;
+        let words = |line: &str| line.split_whitespace().map(Into::into).collect::<Vec<_>>();
+        for line in [
+            "exitless run --kernel k --memory 512M --seccomp off",
+            "exitless -v --api-socket /s run --kernel k --cmdline c",
+            "exitless --api-socket /s -vv --seccomp false",
+            "exitless run --kernel k --disk path=d --net tap=t --timing",
+        ] {
+            let mut lean = parse_run_only(&words(line)).expect(line);
+            let mut whole = Cli::try_parse_from(words(line)).unwrap();
+            let (lean_vm, lean_server) = options_for(&mut lean);
+            let (vm, server) = options_for(&mut whole);
+            assert_eq!(lean_vm.seccomp, vm.seccomp, "{line}");
+            assert_eq!(lean_server.api_socket, server.api_socket, "{line}");
+            assert_eq!(lean_server.verbose, server.verbose, "{line}");
+            assert_eq!(lean.command.is_some(), whole.command.is_some(), "{line}");
+        }
+        for whole_parser in [
+            "exitless remote --api-socket /s ping",
+            "exitless --api-socket /s remote ping",
+            "exitless bench --cases cpuid",
+            "exitless compare --api",
+            "exitless run --help",
+            "exitless help",
+            "exitless -h",
+            "exitless --version",
+            "exitless run --kernle k",
+            "exitless rnu --kernel k",
+        ] {
+            assert!(
+                parse_run_only(&words(whole_parser)).is_none(),
                 "{whole_parser}"
             );
         }
