@@ -80,6 +80,17 @@ enum RunCommand {
     Run(run::RunArgs),
 }
 
+/// The API server's command line alone (Kata's: `--api-socket S`, `-v`, `--seccomp`,
+/// `--log-file`): no subcommand's arguments built at all.
+#[derive(Parser)]
+#[command(name = "exitless")]
+struct ServerCli {
+    #[command(flatten)]
+    server: ServerOptions,
+    #[command(flatten)]
+    vm: VmOptions,
+}
+
 /// The command line parsed as `run`'s or the API server's, when no word of it names another
 /// command or asks for help; `None` to parse it with more, also when this parse fails, so
 /// that an error is the whole parser's message.
@@ -100,6 +111,14 @@ fn parse_run_only(args: &[std::ffi::OsString]) -> Option<Cli> {
         .any(|a| elsewhere.iter().any(|w| a == w))
     {
         return None;
+    }
+    if !args.iter().skip(1).any(|a| a == "run") {
+        let cli = ServerCli::try_parse_from(args).ok()?;
+        return Some(Cli {
+            command: None,
+            server: cli.server,
+            vm: cli.vm,
+        });
     }
     let cli = RunCli::try_parse_from(args).ok()?;
     Some(Cli {
@@ -430,6 +449,8 @@ mod tests {
             "exitless run --kernel k --memory 512M --seccomp off",
             "exitless -v --api-socket /s run --kernel k --cmdline c",
             "exitless --api-socket /s -vv --seccomp false",
+            "exitless --api-socket /s --log-file l --profile-sample 4",
+            "exitless --api-socket /s",
             "exitless run --kernel k --disk path=d --net tap=t --timing",
         ] {
             let mut lean = parse_run_only(&words(line)).expect(line);
@@ -452,6 +473,8 @@ mod tests {
             "exitless --version",
             "exitless run --kernle k",
             "exitless rnu --kernel k",
+            "exitless --api-socket /s extra",
+            "exitless --api-socket /s --kernel k",
         ] {
             assert!(
                 parse_run_only(&words(whole_parser)).is_none(),
