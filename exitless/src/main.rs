@@ -25,7 +25,6 @@ mod tap_check;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use options::{Seccomp, ServerOptions, VmOptions};
-use vmm::launch::head_start::Lead;
 
 /// A KVM virtual machine monitor built around the cost of VM exits.
 #[derive(Parser)]
@@ -216,17 +215,15 @@ fn parse_args() -> Cli {
     }
 }
 
-/// Whether these arguments boot a VM in this process (`run` without `--restore`, or the API
-/// server, which waits for `vm.create`), judged from the words before clap parses them, and
-/// how long the VM's head start (vmm::launch::head_start) has then. Only speculation: a wrong
-/// guess costs a thread and an unused empty VM, or the head start.
-fn boots_a_vm(args: impl Iterator<Item = std::ffi::OsString>) -> Option<Lead> {
+/// Whether these arguments boot a VM in this process from its command line (`run` without
+/// `--restore`), judged from the words before clap parses them: such a VM gets a head start
+/// (vmm::launch::head_start). Only speculation: a wrong guess costs a thread and an unused
+/// empty VM, or the head start. The API server gets none: it waits for `vm.create` and
+/// `vm.boot` anyway, and its head start cost ~0.3 ms of CPU per start for no gain in time to
+/// the first line (2026-11-29, docs/performance.md).
+fn boots_a_vm(args: impl Iterator<Item = std::ffi::OsString>) -> bool {
     let args: Vec<_> = args.collect();
     let word = |w: &str| args.iter().any(|a| a == w);
-    let prefix = |p: &str| {
-        let p = p.as_bytes();
-        args.iter().any(|a| a.as_encoded_bytes().starts_with(p))
-    };
     let elsewhere = [
         "remote",
         "bench",
@@ -237,14 +234,13 @@ fn boots_a_vm(args: impl Iterator<Item = std::ffi::OsString>) -> Option<Lead> {
         "--version",
         "-V",
     ];
-    if elsewhere.iter().any(|w| word(w)) || prefix("--restore") {
-        return None;
+    if elsewhere.iter().any(|w| word(w)) {
+        return false;
     }
-    match (word("run"), prefix("--api-socket")) {
-        (true, _) => Some(Lead::Short),
-        (false, true) => Some(Lead::Long),
-        (false, false) => None,
-    }
+    let restores = args
+        .iter()
+        .any(|a| a.as_encoded_bytes().starts_with(b"--restore"));
+    word("run") && !restores
 }
 
 /// The options that act for this command: given after its name, else before it.
@@ -326,9 +322,9 @@ fn main() {
     // The heap start-up frees goes back once the VM runs (only the binary reaches its allocator).
     #[cfg(target_env = "musl")]
     vmm::launch::set_heap_release(allocator::release_freed_heap);
-    if let Some(lead) = boots_a_vm(std::env::args_os().skip(1)) {
+    if boots_a_vm(std::env::args_os().skip(1)) {
         // Failing to start the thread only costs the head start.
-        let _ = vmm::launch::head_start::begin(lead);
+        let _ = vmm::launch::head_start::begin();
     }
     let mut cli = parse_args();
     let (vm, server) = options_for(&mut cli);
@@ -357,7 +353,7 @@ fn main() {
 
 #[cfg(test)]
 mod tests {
-    use super::{boots_a_vm, options_for, Cli, Lead, Seccomp};
+    use super::{boots_a_vm, options_for, Cli, Seccomp};
     use clap::Parser;
 
     fn options(line: &str) -> (super::VmOptions, super::ServerOptions) {
@@ -483,20 +479,17 @@ mod tests {
         }
     }
 
-    fn boots(line: &str) -> Option<Lead> {
+    fn boots(line: &str) -> bool {
         boots_a_vm(line.split_whitespace().map(std::ffi::OsString::from))
     }
 
     #[test]
     fn a_head_start_only_for_a_command_line_that_boots_a_vm() {
-        assert_eq!(boots("run --kernel k --memory 512M"), Some(Lead::Short));
-        assert_eq!(boots("--api-socket /tmp/s"), Some(Lead::Long));
-        assert_eq!(boots("-v --api-socket=/tmp/s"), Some(Lead::Long));
-        assert_eq!(
-            boots("--api-socket /tmp/s run --kernel k"),
-            Some(Lead::Short)
-        );
+        assert!(boots("run --kernel k --memory 512M"));
+        assert!(boots("--api-socket /tmp/s run --kernel k"));
         for elsewhere in [
+            "--api-socket /tmp/s",
+            "-v --api-socket=/tmp/s",
             "run --restore dir",
             "--api-socket /tmp/s run --restore=dir --paused",
             "run --help",
@@ -507,7 +500,7 @@ mod tests {
             "--version",
             "",
         ] {
-            assert_eq!(boots(elsewhere), None, "{elsewhere}");
+            assert!(!boots(elsewhere), "{elsewhere}");
         }
     }
 }
