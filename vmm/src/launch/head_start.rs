@@ -1,8 +1,8 @@
 //! The head start: a thread begun at the top of `main` when the command line boots a VM
 //! (`run`), which readies what does not depend on the VM's description while the main thread
 //! parses the command line: /dev/kvm opened, an empty VM created and KVM's capabilities
-//! probed; then the DSDT's PCI slots, the same for every VM
-//! ([`crate::devices::acpi::aml::prepare_pci_slots`]). KVM's CPUID entries are left to the
+//! probed (the DSDT's PCI slots, which it built too, are built when exitless is compiled
+//! since 2026-11-29). KVM's CPUID entries are left to the
 //! builder's set-up thread (vCPU 0's, lent before it takes its vCPU): asked here, first, they
 //! kept the main thread waiting 0.15 ms for the VM (2026-11-27). Part of the launch, which
 //! stands on both KVM and the devices: the KVM layer holds only the VM it creates
@@ -22,7 +22,6 @@ use std::sync::Mutex;
 
 use kvm_ioctls::Kvm;
 
-use crate::devices::acpi::aml::prepare_pci_slots;
 use crate::kvm::{self, CreatedVm};
 
 /// What the head start hands the first launch.
@@ -36,11 +35,8 @@ static READY: Mutex<Option<Receiver<HeadStart>>> = Mutex::new(None);
 
 /// Starts the head start's thread (it ends once its work is done).
 pub fn begin() -> io::Result<()> {
-    // A rendezvous: the thread builds the DSDT's slots once the VM is taken, as the main
-    // thread creates the VM's memory, not while it parses the command line: both allocating
-    // at once, the parse took 0.78 ms instead of 0.37 and the slots 0.67 instead of 0.12
-    // (13:55 UTC, N=31).
-    let (ready, taken) = mpsc::sync_channel(0);
+    // Room for the VM: the thread ends once it is made, taken or not.
+    let (ready, taken) = mpsc::sync_channel(1);
     std::thread::Builder::new()
         .name("head-start".into())
         .stack_size(256 * 1024)
@@ -55,10 +51,7 @@ fn run(ready: SyncSender<HeadStart>) {
             let _ = ready.send(HeadStart { kvm, vm });
         }
     }
-    // The launch waits no longer: it goes on alone if nothing was sent. A VM never taken
-    // (the command line failed before the launch) keeps this thread asleep until the end.
-    drop(ready);
-    prepare_pci_slots();
+    // The launch waits no longer: it goes on alone if nothing was sent.
 }
 
 /// The head start's KVM and VM, once the thread has them: for the first launch of the
