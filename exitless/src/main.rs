@@ -25,7 +25,6 @@ mod tap_check;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use options::{Seccomp, ServerOptions, VmOptions};
-use vmm::launch::head_start::Lead;
 
 /// A KVM virtual machine monitor built around the cost of VM exits.
 #[derive(Parser)]
@@ -59,6 +58,73 @@ enum Command {
     Compare(compare::CompareArgs),
     /// Send one request to a VMM started with --api-socket (like ch-remote).
     Remote(remote::RemoteArgs),
+}
+
+/// `run` and the API server's command line alone: clap builds every subcommand's arguments
+/// before it parses, and `remote`'s (a subcommand per endpoint) were ~3% of a start's main
+/// thread (docs/performance.md).
+#[derive(Parser)]
+#[command(name = "exitless")]
+struct RunCli {
+    #[command(subcommand)]
+    command: Option<RunCommand>,
+    #[command(flatten)]
+    server: ServerOptions,
+    #[command(flatten)]
+    vm: VmOptions,
+}
+
+#[derive(Subcommand)]
+enum RunCommand {
+    Run(run::RunArgs),
+}
+
+/// The API server's command line alone (Kata's: `--api-socket S`, `-v`, `--seccomp`,
+/// `--log-file`): no subcommand's arguments built at all.
+#[derive(Parser)]
+#[command(name = "exitless")]
+struct ServerCli {
+    #[command(flatten)]
+    server: ServerOptions,
+    #[command(flatten)]
+    vm: VmOptions,
+}
+
+/// The command line parsed as `run`'s or the API server's, when no word of it names another
+/// command or asks for help; `None` to parse it with more, also when this parse fails, so
+/// that an error is the whole parser's message.
+fn parse_run_only(args: &[std::ffi::OsString]) -> Option<Cli> {
+    let elsewhere = [
+        "remote",
+        "bench",
+        "compare",
+        "help",
+        "--help",
+        "-h",
+        "--version",
+        "-V",
+    ];
+    if args
+        .iter()
+        .skip(1)
+        .any(|a| elsewhere.iter().any(|w| a == w))
+    {
+        return None;
+    }
+    if !args.iter().skip(1).any(|a| a == "run") {
+        let cli = ServerCli::try_parse_from(args).ok()?;
+        return Some(Cli {
+            command: None,
+            server: cli.server,
+            vm: cli.vm,
+        });
+    }
+    let cli = RunCli::try_parse_from(args).ok()?;
+    Some(Cli {
+        command: cli.command.map(|RunCommand::Run(args)| Command::Run(args)),
+        server: cli.server,
+        vm: cli.vm,
+    })
 }
 
 /// `run`, `remote` and the API server's command line without the lab's commands: clap builds
@@ -120,8 +186,12 @@ fn parse_without_the_lab(args: Vec<std::ffi::OsString>) -> Option<Cli> {
 /// name, a similar argument when there is one, the usage line), exit code 2.
 fn parse_args() -> Cli {
     use clap::error::ErrorKind;
+    let args: Vec<_> = std::env::args_os().collect();
+    if let Some(cli) = parse_run_only(&args) {
+        return cli;
+    }
     #[cfg(feature = "lab")]
-    if let Some(cli) = parse_without_the_lab(std::env::args_os().collect()) {
+    if let Some(cli) = parse_without_the_lab(args) {
         return cli;
     }
     match Cli::try_parse() {
@@ -145,17 +215,15 @@ fn parse_args() -> Cli {
     }
 }
 
-/// Whether these arguments boot a VM in this process (`run` without `--restore`, or the API
-/// server, which waits for `vm.create`), judged from the words before clap parses them, and
-/// how long the VM's head start (vmm::launch::head_start) has then. Only speculation: a wrong
-/// guess costs a thread and an unused empty VM, or the head start.
-fn boots_a_vm(args: impl Iterator<Item = std::ffi::OsString>) -> Option<Lead> {
+/// Whether these arguments boot a VM in this process from its command line (`run` without
+/// `--restore`), judged from the words before clap parses them: such a VM gets a head start
+/// (vmm::launch::head_start). Only speculation: a wrong guess costs a thread and an unused
+/// empty VM, or the head start. The API server gets none: it waits for `vm.create` and
+/// `vm.boot` anyway, and its head start cost ~0.3 ms of CPU per start for no gain in time to
+/// the first line (2026-11-29, docs/performance.md).
+fn boots_a_vm(args: impl Iterator<Item = std::ffi::OsString>) -> bool {
     let args: Vec<_> = args.collect();
     let word = |w: &str| args.iter().any(|a| a == w);
-    let prefix = |p: &str| {
-        let p = p.as_bytes();
-        args.iter().any(|a| a.as_encoded_bytes().starts_with(p))
-    };
     let elsewhere = [
         "remote",
         "bench",
@@ -166,14 +234,13 @@ fn boots_a_vm(args: impl Iterator<Item = std::ffi::OsString>) -> Option<Lead> {
         "--version",
         "-V",
     ];
-    if elsewhere.iter().any(|w| word(w)) || prefix("--restore") {
-        return None;
+    if elsewhere.iter().any(|w| word(w)) {
+        return false;
     }
-    match (word("run"), prefix("--api-socket")) {
-        (true, _) => Some(Lead::Short),
-        (false, true) => Some(Lead::Long),
-        (false, false) => None,
-    }
+    let restores = args
+        .iter()
+        .any(|a| a.as_encoded_bytes().starts_with(b"--restore"));
+    word("run") && !restores
 }
 
 /// The options that act for this command: given after its name, else before it.
@@ -255,9 +322,9 @@ fn main() {
     // The heap start-up frees goes back once the VM runs (only the binary reaches its allocator).
     #[cfg(target_env = "musl")]
     vmm::launch::set_heap_release(allocator::release_freed_heap);
-    if let Some(lead) = boots_a_vm(std::env::args_os().skip(1)) {
+    if boots_a_vm(std::env::args_os().skip(1)) {
         // Failing to start the thread only costs the head start.
-        let _ = vmm::launch::head_start::begin(lead);
+        let _ = vmm::launch::head_start::begin();
     }
     let mut cli = parse_args();
     let (vm, server) = options_for(&mut cli);
@@ -286,7 +353,7 @@ fn main() {
 
 #[cfg(test)]
 mod tests {
-    use super::{boots_a_vm, options_for, Cli, Lead, Seccomp};
+    use super::{boots_a_vm, options_for, Cli, Seccomp};
     use clap::Parser;
 
     fn options(line: &str) -> (super::VmOptions, super::ServerOptions) {
@@ -370,20 +437,59 @@ mod tests {
         }
     }
 
-    fn boots(line: &str) -> Option<Lead> {
+    #[test]
+    fn run_and_the_api_server_parse_without_remote_and_alike() {
+        use super::parse_run_only;
+        let words = |line: &str| line.split_whitespace().map(Into::into).collect::<Vec<_>>();
+        for line in [
+            "exitless run --kernel k --memory 512M --seccomp off",
+            "exitless -v --api-socket /s run --kernel k --cmdline c",
+            "exitless --api-socket /s -vv --seccomp false",
+            "exitless --api-socket /s --log-file l --profile-sample 4",
+            "exitless --api-socket /s",
+            "exitless run --kernel k --disk path=d --net tap=t --timing",
+        ] {
+            let mut lean = parse_run_only(&words(line)).expect(line);
+            let mut whole = Cli::try_parse_from(words(line)).unwrap();
+            let (lean_vm, lean_server) = options_for(&mut lean);
+            let (vm, server) = options_for(&mut whole);
+            assert_eq!(lean_vm.seccomp, vm.seccomp, "{line}");
+            assert_eq!(lean_server.api_socket, server.api_socket, "{line}");
+            assert_eq!(lean_server.verbose, server.verbose, "{line}");
+            assert_eq!(lean.command.is_some(), whole.command.is_some(), "{line}");
+        }
+        for whole_parser in [
+            "exitless remote --api-socket /s ping",
+            "exitless --api-socket /s remote ping",
+            "exitless bench --cases cpuid",
+            "exitless compare --api",
+            "exitless run --help",
+            "exitless help",
+            "exitless -h",
+            "exitless --version",
+            "exitless run --kernle k",
+            "exitless rnu --kernel k",
+            "exitless --api-socket /s extra",
+            "exitless --api-socket /s --kernel k",
+        ] {
+            assert!(
+                parse_run_only(&words(whole_parser)).is_none(),
+                "{whole_parser}"
+            );
+        }
+    }
+
+    fn boots(line: &str) -> bool {
         boots_a_vm(line.split_whitespace().map(std::ffi::OsString::from))
     }
 
     #[test]
     fn a_head_start_only_for_a_command_line_that_boots_a_vm() {
-        assert_eq!(boots("run --kernel k --memory 512M"), Some(Lead::Short));
-        assert_eq!(boots("--api-socket /tmp/s"), Some(Lead::Long));
-        assert_eq!(boots("-v --api-socket=/tmp/s"), Some(Lead::Long));
-        assert_eq!(
-            boots("--api-socket /tmp/s run --kernel k"),
-            Some(Lead::Short)
-        );
+        assert!(boots("run --kernel k --memory 512M"));
+        assert!(boots("--api-socket /tmp/s run --kernel k"));
         for elsewhere in [
+            "--api-socket /tmp/s",
+            "-v --api-socket=/tmp/s",
             "run --restore dir",
             "--api-socket /tmp/s run --restore=dir --paused",
             "run --help",
@@ -394,7 +500,7 @@ mod tests {
             "--version",
             "",
         ] {
-            assert_eq!(boots(elsewhere), None, "{elsewhere}");
+            assert!(!boots(elsewhere), "{elsewhere}");
         }
     }
 }

@@ -55,7 +55,7 @@ fn an_idle_or_paused_vm_s_threads_never_wake_through_the_api() {
     );
     ok(c.request("PUT", "vm.boot", None).unwrap(), "vm.boot");
     drop(c);
-    // The guest's two lines and its halt take milliseconds; the connection thread ends.
+    // The guest's two lines and its halt take milliseconds; the connection closes.
     std::thread::sleep(Duration::from_millis(500));
     let running = wakeups(vmm.pid());
     assert!(running.contains_key("vcpu"), "{running:?}");

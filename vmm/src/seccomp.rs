@@ -41,7 +41,7 @@ pub enum ThreadKind {
     Devices,
     /// A disk's I/O thread where io_uring is unavailable.
     DiskIo,
-    /// The API's listener and connection threads: socket I/O and starting threads only.
+    /// The API's thread: socket I/O and polling only.
     Api,
 }
 
@@ -196,20 +196,18 @@ const DISK_IO: &[libc::c_long] = &[
 ];
 
 const API: &[libc::c_long] = &[
-    // std retries an accept4 that failed with EINVAL as accept(2): what the listener's accept
-    // does once the server shuts its socket down to end it.
-    libc::SYS_accept,
+    // One thread serves every connection: the listener's, the connections' and the owner
+    // thread's wake-ups polled together (musl's poll is poll(2), glibc's ppoll(2)).
     libc::SYS_accept4,
-    // A connection thread per client.
-    libc::SYS_clone,
-    libc::SYS_clone3,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    // The wake-up's eventfd.
     libc::SYS_read,
     // Requests with their file descriptors (SCM_RIGHTS).
     libc::SYS_recvmsg,
     libc::SYS_sendmsg,
+    // Replies (send(2) with MSG_NOSIGNAL).
     libc::SYS_sendto,
-    // Read timeouts (SO_RCVTIMEO).
-    libc::SYS_setsockopt,
 ];
 
 static DISABLED: AtomicBool = AtomicBool::new(false);

@@ -1,9 +1,9 @@
 //! Cloud Hypervisor's REST API over a Unix socket, so that Kata Containers' clh driver (and
 //! `ch-remote`-like tools) drive exitless unchanged. See docs/api.md.
 //!
-//! The layer is apart from the VM: [`server`] threads read HTTP ([`http`]), turn each request
-//! into a typed [`ApiRequest`] ([`route`]: paths, bodies through [`schema`], file descriptors
-//! that came with the request), and hand it with a reply channel to the thread that owns the
+//! The layer is apart from the VM: [`server`]'s thread reads HTTP ([`http`]), turns each
+//! request into a typed [`ApiRequest`] ([`route`]: paths, bodies through [`schema`], file
+//! descriptors that came with the request), and hands it with a [`Reply`] to the thread that owns the
 //! VM ([`crate::control`]); `vmm.ping` is answered by the server itself, at any time.
 
 pub mod client;
@@ -13,9 +13,12 @@ pub mod schema;
 pub mod server;
 
 use std::os::fd::OwnedFd;
+use std::sync::mpsc::{channel, Receiver, SendError, Sender};
+use std::sync::Arc;
 
 use http::{HttpError, Method};
 use serde::de::DeserializeOwned;
+use vmm_sys_util::eventfd::EventFd;
 
 /// A request for the VMM's owner thread.
 #[derive(Debug)]
@@ -76,7 +79,57 @@ pub struct ApiError {
 /// A request on its way to the owner thread, with where the answer goes.
 pub struct ApiCall {
     pub request: ApiRequest,
-    pub reply: std::sync::mpsc::Sender<ApiResponse>,
+    pub reply: Reply,
+}
+
+/// Where the owner thread's answer to one request goes: a channel, and the server's wake-up
+/// (an eventfd its thread polls beside the connections), written when the answer is sent or
+/// the call dropped unanswered, so that the server's one thread never waits on a reply.
+pub struct Reply {
+    answer: Sender<ApiResponse>,
+    ready: Option<Arc<EventFd>>,
+}
+
+impl Reply {
+    /// A reply channel with nothing to wake: its receiver is waited on.
+    pub fn channel() -> (Reply, Receiver<ApiResponse>) {
+        let (answer, receiver) = channel();
+        (
+            Reply {
+                answer,
+                ready: None,
+            },
+            receiver,
+        )
+    }
+
+    /// A reply channel whose answer (or drop) writes `ready`.
+    pub fn waking(ready: &Arc<EventFd>) -> (Reply, Receiver<ApiResponse>) {
+        let (mut reply, receiver) = Reply::channel();
+        reply.ready = Some(Arc::clone(ready));
+        (reply, receiver)
+    }
+
+    /// Sends the answer (Err: nobody waits for it any more).
+    pub fn send(&self, response: ApiResponse) -> Result<(), SendError<ApiResponse>> {
+        let sent = self.answer.send(response);
+        self.wake();
+        sent
+    }
+
+    fn wake(&self) {
+        if let Some(ready) = &self.ready {
+            // Only fails when the counter would overflow, and then the server is awake.
+            let _ = ready.write(1);
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        // An answer dropped unsent: the server sees its channel closed.
+        self.wake();
+    }
 }
 
 /// Where an HTTP request goes.

@@ -1,40 +1,46 @@
-//! The API's Unix socket: a listener thread and one thread per connection, none of which
-//! touches the VM. A connection reads requests (with the file descriptors sent with them),
-//! answers `vmm.ping` itself and hands every other request to the VM's owner thread,
-//! waiting on its own reply channel. A slow or hostile client holds only its own thread, and
-//! not for long: a request must arrive whole within [`REQUEST_TIMEOUT`] of its first byte,
-//! however slowly its bytes trickle in; a connection idle before or between requests is
-//! closed after [`IDLE_TIMEOUT`]; beyond [`MAX_CONNECTIONS`] a new connection is answered 503 and closed.
-//! When the process runs out of file descriptors, accepting pauses ([`AcceptErrors`]).
+//! The API's Unix socket, served by one thread that touches no VM: it polls the listener,
+//! every open connection and an eventfd the owner thread's answers write, and moves each
+//! connection on without blocking ([`connection`]): reading requests (with the file
+//! descriptors sent with them), answering `vmm.ping` itself, handing every other request to
+//! the VM's owner thread and writing its answer when it comes. A request waiting for the
+//! owner thread (a `vm.boot`, a migration) holds only its own connection; the others are
+//! read and answered meanwhile, and their requests for the VM queue behind it on the owner
+//! thread as they always did. A slow or hostile client holds no one up: a request must
+//! arrive whole within [`REQUEST_TIMEOUT`] of its first byte, however slowly its bytes
+//! trickle in (408 then), a reply must be taken within it too, a connection idle before or
+//! between requests is closed after [`IDLE_TIMEOUT`], and beyond [`MAX_CONNECTIONS`] a new
+//! connection is answered 503 and closed. When the process runs out of file descriptors,
+//! accepting pauses ([`AcceptErrors`]). No thread is started per connection.
 
-use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+mod connection;
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
-use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::http::{self, Body, HttpError, Parsed};
-use super::schema::VmmPingResponse;
-use super::{route, ApiCall, ApiResponse, Route};
+use super::http::{self, Body};
+use super::ApiCall;
+use connection::{Connection, Owner};
 
 /// Most connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
-/// How long a request may take to arrive, whole, once its first byte has.
+/// How long a request may take to arrive, whole, once its first byte has (and a reply to be
+/// taken, once its last byte was).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a keep-alive connection may sit idle between requests.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Most file descriptors one request may bring (Kata sends one per queue pair).
 pub const MAX_FDS: usize = 16;
-/// Stack of a connection thread: parsing and JSON need little.
-const CONNECTION_STACK: usize = 256 * 1024;
 
 /// Errors starting the server.
 #[derive(Debug, Error)]
@@ -49,17 +55,19 @@ pub enum ApiServerError {
     Thread(io::Error),
 }
 
-/// The running server; dropping it stops the listener and removes the socket file.
+/// The running server; dropping it stops its thread and removes the socket file.
 pub struct ApiServer {
     path: PathBuf,
     /// The socket file as bound (device and inode): removed at the end only if still ours.
     bound: Option<(u64, u64)>,
-    /// The listening socket (shared with the listener thread), shut down to end its accept:
-    /// whatever happened to the path, the stop does not depend on it.
+    /// The listening socket (shared with the server's thread), shut down at the end: whatever
+    /// happened to the path, the stop does not depend on it.
     socket: UnixListener,
     stop: Arc<AtomicBool>,
+    /// Wakes the server's thread: answers from the owner thread, and the stop.
+    ready: Arc<EventFd>,
     listener: Option<JoinHandle<()>>,
-    /// Requests handed to the VMM whose replies are not written yet.
+    /// Requests read whose replies are not written yet.
     answering: Arc<AtomicUsize>,
 }
 
@@ -79,7 +87,13 @@ fn bind(path: &Path) -> Result<UnixListener, ApiServerError> {
         }
         let _ = std::fs::remove_file(path);
     }
-    UnixListener::bind(path).map_err(|error| ApiServerError::Listen { path: shown, error })
+    let listen = |error| ApiServerError::Listen {
+        path: shown.clone(),
+        error,
+    };
+    let listener = UnixListener::bind(path).map_err(listen)?;
+    listener.set_nonblocking(true).map_err(listen)?;
+    Ok(listener)
 }
 
 impl ApiServer {
@@ -87,23 +101,27 @@ impl ApiServer {
     pub fn start(path: &Path, calls: Sender<ApiCall>) -> Result<ApiServer, ApiServerError> {
         let listener = bind(path)?;
         let bound = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
-        let socket = listener
-            .try_clone()
-            .map_err(|error| ApiServerError::Listen {
-                path: path.display().to_string(),
-                error,
-            })?;
+        let listen = |error| ApiServerError::Listen {
+            path: path.display().to_string(),
+            error,
+        };
+        let socket = listener.try_clone().map_err(listen)?;
+        let ready = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(listen)?);
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
         let answering = Arc::new(AtomicUsize::new(0));
-        let replies = answering.clone();
+        let (flag, replies, wake) = (stop.clone(), answering.clone(), ready.clone());
         let thread = thread::Builder::new()
             .name("api".into())
             .spawn(move || {
                 if let Err(e) = vmm::seccomp::apply(vmm::seccomp::ThreadKind::Api) {
                     eprintln!("exitless: {e}; the API is not served");
                 } else {
-                    accept_loop(&listener, &calls, &flag, &replies);
+                    let owner = Owner {
+                        calls: &calls,
+                        ready: &wake,
+                        answering: &replies,
+                    };
+                    Server::new(&listener, &flag).run(&owner);
                 }
                 // The main loop learns that requests can no longer come.
                 drop(calls);
@@ -115,6 +133,7 @@ impl ApiServer {
             bound,
             socket,
             stop,
+            ready,
             listener: Some(thread),
             answering,
         })
@@ -133,8 +152,9 @@ impl Drop for ApiServer {
             thread::sleep(Duration::from_millis(1));
         }
         self.stop.store(true, Ordering::Release);
-        // Ends the listener's accept (EINVAL on a shut-down listening socket); it sees the
-        // flag and ends. Not a connection to the path: the file may be gone or replaced.
+        let _ = self.ready.write(1);
+        // No new connection is taken. Not a connection to the path: the file may be gone or
+        // replaced.
         // SAFETY: shutdown(2) on a socket this server owns; no memory is involved.
         unsafe { libc::shutdown(self.socket.as_raw_fd(), libc::SHUT_RDWR) };
         if let Some(t) = self.listener.take() {
@@ -148,45 +168,161 @@ impl Drop for ApiServer {
     }
 }
 
-fn accept_loop(
-    listener: &UnixListener,
-    calls: &Sender<ApiCall>,
-    stop: &AtomicBool,
-    answering: &Arc<AtomicUsize>,
-) {
-    let active = Arc::new(AtomicUsize::new(0));
-    let mut errors = AcceptErrors::default();
-    for stream in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
-            return;
+/// The server's thread: the listener, the connections, and when accepting may resume.
+struct Server<'a> {
+    listener: &'a UnixListener,
+    stop: &'a AtomicBool,
+    connections: Vec<Connection>,
+    errors: AcceptErrors,
+    paused_until: Option<Instant>,
+}
+
+/// The poll set's first entries: the listener, then the wake-up; connections follow.
+const FIRST_CONNECTION: usize = 2;
+
+impl<'a> Server<'a> {
+    fn new(listener: &'a UnixListener, stop: &'a AtomicBool) -> Self {
+        Server {
+            listener,
+            stop,
+            connections: Vec::with_capacity(MAX_CONNECTIONS),
+            errors: AcceptErrors::default(),
+            paused_until: None,
         }
-        let mut stream = match stream {
-            Ok(stream) => stream,
-            Err(e) => {
-                if let Some(pause) = errors.pause(&e) {
-                    thread::sleep(pause);
+    }
+
+    /// Serves until the server is stopped or its listener fails for good.
+    fn run(&mut self, owner: &Owner) {
+        let mut polled: Vec<libc::pollfd> = Vec::with_capacity(MAX_CONNECTIONS + FIRST_CONNECTION);
+        loop {
+            let now = Instant::now();
+            if self.paused_until.is_some_and(|t| now >= t) {
+                self.paused_until = None;
+            }
+            let listening = if self.paused_until.is_none() {
+                self.listener.as_raw_fd()
+            } else {
+                -1
+            };
+            polled.clear();
+            polled.push(pollfd(listening, libc::POLLIN));
+            polled.push(pollfd(owner.ready.as_raw_fd(), libc::POLLIN));
+            for c in &self.connections {
+                let (fd, events) = c.interest();
+                polled.push(pollfd(fd, events));
+            }
+            if poll(&mut polled, self.timeout(now)) < 0 {
+                continue; // EINTR: look again
+            }
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if polled[1].revents != 0 {
+                // Drained: every answer that came is taken below.
+                let _ = owner.ready.read();
+            }
+            let now = Instant::now();
+            for (c, p) in self.connections.iter_mut().zip(&polled[FIRST_CONNECTION..]) {
+                c.advance(p.revents, owner, now);
+            }
+            self.connections.retain(|c| !c.closed());
+            if polled[0].revents != 0 && !self.accept(owner, now) {
+                return;
+            }
+        }
+    }
+
+    /// How long poll may sleep: until the nearest deadline (None: until something happens,
+    /// so an idle server makes no wake-ups).
+    fn timeout(&self, now: Instant) -> libc::c_int {
+        let nearest = self
+            .connections
+            .iter()
+            .filter_map(Connection::deadline)
+            .chain(self.paused_until)
+            .min();
+        match nearest {
+            None => -1,
+            // Rounded up, so that the deadline has passed when poll returns.
+            Some(t) => t
+                .saturating_duration_since(now)
+                .as_micros()
+                .div_ceil(1000)
+                .min(i32::MAX as u128) as libc::c_int,
+        }
+    }
+
+    /// Takes the pending connections; false when the listener is shut down or broken.
+    fn accept(&mut self, owner: &Owner, now: Instant) -> bool {
+        loop {
+            // SAFETY: accept4(2) on the listener this server owns, with no address asked; a
+            // descriptor it returns is wrapped at once, so it is closed once.
+            let fd = unsafe {
+                libc::accept4(
+                    self.listener.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                )
+            };
+            if fd < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) => return true,
+                    // Shut down (the server's end) or not a listener any more.
+                    Some(libc::EINVAL | libc::EBADF | libc::ENOTSOCK) => return false,
+                    _ => {}
+                }
+                if let Some(pause) = self.errors.pause(&e) {
+                    self.paused_until = Some(now + pause);
+                    return true;
                 }
                 continue;
             }
-        };
-        if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
-            let busy = Body::Text("Too many API connections; try again".into());
-            let _ = stream.write_all(&http::response(503, &busy, true));
-            continue;
-        }
-        active.fetch_add(1, Ordering::AcqRel);
-        let (calls, done, answering) = (calls.clone(), active.clone(), answering.clone());
-        let spawned = thread::Builder::new()
-            .name("api-conn".into())
-            .stack_size(CONNECTION_STACK)
-            .spawn(move || {
-                Connection::new(stream, calls, answering).serve();
-                done.fetch_sub(1, Ordering::AcqRel);
-            });
-        if spawned.is_err() {
-            active.fetch_sub(1, Ordering::AcqRel);
+            // SAFETY: accept4 just returned this descriptor; nothing else owns it.
+            let stream = unsafe { UnixStream::from_raw_fd(fd) };
+            if self.connections.len() >= MAX_CONNECTIONS {
+                refuse(&stream);
+                continue;
+            }
+            let mut c = Connection::new(stream, now);
+            // A request sent with the connect is read at once.
+            c.advance(libc::POLLIN, owner, now);
+            if !c.closed() {
+                self.connections.push(c);
+            }
         }
     }
+}
+
+/// Answers a connection beyond [`MAX_CONNECTIONS`] 503, as far as its socket takes it at
+/// once, and closes it.
+fn refuse(stream: &UnixStream) {
+    let busy = Body::Text("Too many API connections; try again".into());
+    let reply = http::response(503, &busy, true);
+    // SAFETY: sends from a live buffer of `reply.len()` bytes on a socket this server owns.
+    unsafe {
+        libc::send(
+            stream.as_raw_fd(),
+            reply.as_ptr().cast(),
+            reply.len(),
+            libc::MSG_NOSIGNAL,
+        )
+    };
+}
+
+fn pollfd(fd: RawFd, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+/// poll(2) over `fds`, `timeout` ms (-1: no limit); negative on failure (EINTR).
+fn poll(fds: &mut [libc::pollfd], timeout: libc::c_int) -> libc::c_int {
+    // SAFETY: `fds` is a live, writable array of `fds.len()` pollfd entries.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) }
 }
 
 /// What the accept loop does when accepting fails. Out of file descriptors (or kernel
@@ -221,155 +357,6 @@ impl AcceptErrors {
             );
         }
         Some(ACCEPT_PAUSE)
-    }
-}
-
-/// One client's connection.
-struct Connection {
-    stream: UnixStream,
-    calls: Sender<ApiCall>,
-    answering: Arc<AtomicUsize>,
-    buf: Vec<u8>,
-    fds: Vec<OwnedFd>,
-    /// When the request being read must have arrived whole (None: idle between requests).
-    due: Option<Instant>,
-}
-
-impl Connection {
-    fn new(stream: UnixStream, calls: Sender<ApiCall>, answering: Arc<AtomicUsize>) -> Self {
-        Connection {
-            stream,
-            calls,
-            answering,
-            buf: Vec::new(),
-            fds: Vec::new(),
-            due: None,
-        }
-    }
-
-    /// Answers requests until the client closes, asks to close, stalls or breaks the protocol.
-    fn serve(mut self) {
-        loop {
-            match http::parse(&self.buf) {
-                Ok(Parsed::Complete(req, used)) => {
-                    self.buf.drain(..used);
-                    // Idle, or the next request (sent ahead) is due from now.
-                    self.due = (!self.buf.is_empty()).then(|| Instant::now() + REQUEST_TIMEOUT);
-                    let fds = std::mem::take(&mut self.fds);
-                    self.answering.fetch_add(1, Ordering::AcqRel);
-                    let (status, body) = self.answer(&req, fds);
-                    let written = self.reply(status, &body, !req.keep_alive);
-                    self.answering.fetch_sub(1, Ordering::AcqRel);
-                    if written.is_err() || !req.keep_alive {
-                        return;
-                    }
-                }
-                Ok(Parsed::Partial) => match self.read_more() {
-                    Ok(true) => {}
-                    Ok(false) => return,
-                    Err(timeout) => return self.fail(&timeout),
-                },
-                Err(e) => return self.fail(&e),
-            }
-        }
-    }
-
-    fn answer(&self, req: &http::Request, fds: Vec<OwnedFd>) -> (u16, Body) {
-        match route(req, fds) {
-            Ok(Route::Ping) => {
-                let ping = serde_json::to_string(&VmmPingResponse::current()).unwrap_or_default();
-                (200, Body::Json(ping))
-            }
-            Ok(Route::Vmm(request)) => {
-                let (reply, answer) = channel();
-                let gone = (503, Body::Text("The VMM is shutting down".into()));
-                if self.calls.send(ApiCall { request, reply }).is_err() {
-                    return gone;
-                }
-                // The main loop sleeps until woken (control::serve).
-                vmm::wake::wake();
-                match answer.recv() {
-                    Ok(ApiResponse::NoContent) => (204, Body::None),
-                    Ok(ApiResponse::Json(j)) => (200, Body::Json(j)),
-                    Ok(ApiResponse::Error(e)) => (e.status, Body::Text(e.message)),
-                    Err(_) => gone,
-                }
-            }
-            Err(e) => (e.status, Body::Text(e.message)),
-        }
-    }
-
-    fn reply(&mut self, status: u16, body: &Body, close: bool) -> io::Result<()> {
-        self.stream.write_all(&http::response(status, body, close))
-    }
-
-    /// Answers a request that cannot be served and ends the connection.
-    fn fail(&mut self, e: &HttpError) {
-        let _ = self.reply(e.status, &Body::Text(e.message.clone()), true);
-    }
-
-    /// How long the next read may wait: until the request is due, or [`IDLE_TIMEOUT`]
-    /// before and between requests; Err once the request is late.
-    fn read_timeout(&self) -> Result<Duration, HttpError> {
-        let Some(due) = self.due else {
-            return Ok(IDLE_TIMEOUT);
-        };
-        match due.checked_duration_since(Instant::now()) {
-            Some(left) if !left.is_zero() => Ok(left),
-            _ => Err(HttpError::new(408, "The request did not arrive in time")),
-        }
-    }
-
-    /// Reads what the client sent next, with any descriptors: false at the client's end
-    /// (or an error), Err when a request did not arrive whole in time.
-    fn read_more(&mut self) -> Result<bool, HttpError> {
-        let timeout = self.read_timeout()?;
-        if self.stream.set_read_timeout(Some(timeout)).is_err() {
-            return Ok(false);
-        }
-        let mut chunk = [0u8; 4096];
-        let mut fds: [RawFd; MAX_FDS] = [-1; MAX_FDS];
-        let mut iov = [libc::iovec {
-            iov_base: chunk.as_mut_ptr().cast(),
-            iov_len: chunk.len(),
-        }];
-        // SAFETY: the iovec points at `chunk`, which may take any bytes; descriptors the
-        // kernel hands over are wrapped in OwnedFd below, so each is closed once.
-        let received = unsafe { self.stream.recv_with_fds(&mut iov, &mut fds) };
-        match received {
-            Ok((0, _)) => Ok(false),
-            Ok((n, count)) => {
-                for &fd in &fds[..count] {
-                    // SAFETY: the kernel just gave this process `fd`; nothing else owns it.
-                    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                    if self.fds.len() < MAX_FDS {
-                        self.fds.push(owned);
-                    }
-                }
-                self.buf.extend_from_slice(&chunk[..n]);
-                if self.due.is_none() {
-                    self.due = Some(Instant::now() + REQUEST_TIMEOUT);
-                }
-                Ok(true)
-            }
-            // More descriptors than MAX_FDS: the kernel and vmm-sys-util closed them all, and
-            // the bytes that came with them are gone, so the request cannot be answered as
-            // sent; the client hears why before the connection closes.
-            Err(e) if e.errno() == libc::ENOBUFS => Err(HttpError::new(
-                400,
-                format!(
-                    "A request may bring at most {MAX_FDS} file descriptors; \
-                     this one brought more (all closed)"
-                ),
-            )),
-            Err(e) if matches!(e.errno(), libc::EAGAIN | libc::ETIMEDOUT) => {
-                if self.buf.is_empty() {
-                    return Ok(false); // idle: just close
-                }
-                Err(HttpError::new(408, "The request did not arrive in time"))
-            }
-            Err(_) => Ok(false),
-        }
     }
 }
 

@@ -8,8 +8,8 @@
 //!                                       Shutdown --boot--> Running ...
 //! ```
 //!
-//! Only the thread that owns [`Vmm`] touches the VM: API connection threads parse and validate
-//! requests and wait for the answer on their own channel ([`serve`]). A request in the wrong
+//! Only the thread that owns [`Vmm`] touches the VM: the API's thread parses and validates
+//! requests and takes each answer from its own channel ([`serve`]). A request in the wrong
 //! state is refused with the state named; nothing is left half done.
 
 mod devices;

@@ -134,7 +134,7 @@ mod tests {
     #[test]
     fn requests_queued_when_the_loop_ends_are_answered_at_once() {
         let (calls, requests) = std::sync::mpsc::channel();
-        let (reply, answer) = std::sync::mpsc::channel();
+        let (reply, answer) = crate::api::Reply::channel();
         calls
             .send(ApiCall {
                 request: ApiRequest::VmPause,

@@ -1,11 +1,16 @@
 //! The head start: a thread begun at the top of `main` when the command line boots a VM
-//! (`run`, or `--api-socket` waiting for `vm.create`), which readies what does not depend on
-//! the VM's description while the main thread parses the command line (~0.3 ms with clap) or
-//! waits for requests: /dev/kvm opened, for the API server KVM's CPUID entries asked (first,
-//! while nothing else talks to KVM: see [`kvm::SupportedCpuid::fetch_task`]), an empty VM
-//! created and KVM's capabilities probed; then the DSDT's PCI slots, the same for every VM
-//! ([`crate::devices::acpi::aml::prepare_pci_slots`]). Part of the launch, which stands on
-//! both KVM and the devices: the KVM layer holds only the VM it creates ([`CreatedVm`]).
+//! (`run`), which readies what does not depend on the VM's description while the main thread
+//! parses the command line: /dev/kvm opened, an empty VM created and KVM's capabilities
+//! probed (the DSDT's PCI slots, which it built too, are built when exitless is compiled
+//! since 2026-11-29). KVM's CPUID entries are left to the
+//! builder's set-up thread (vCPU 0's, lent before it takes its vCPU): asked here, first, they
+//! kept the main thread waiting 0.15 ms for the VM (2026-11-27). Part of the launch, which
+//! stands on both KVM and the devices: the KVM layer holds only the VM it creates
+//! ([`CreatedVm`]).
+//!
+//! The API server has none since 2026-11-29: it waits for `vm.create` and `vm.boot` anyway,
+//! and its head start (which asked the CPUID entries too) cost ~0.3 ms of CPU per start for
+//! no gain in time to the first line (docs/performance.md).
 //!
 //! Only speculation: the first launch takes the VM ([`take_vm`]); a step that fails on the
 //! thread is left to the launch, which takes it as without a head start (so with the same
@@ -17,7 +22,6 @@ use std::sync::Mutex;
 
 use kvm_ioctls::Kvm;
 
-use crate::devices::acpi::aml::prepare_pci_slots;
 use crate::kvm::{self, CreatedVm};
 
 /// What the head start hands the first launch.
@@ -29,52 +33,25 @@ pub struct HeadStart {
 /// Where the head start's VM waits for the first launch.
 static READY: Mutex<Option<Receiver<HeadStart>>> = Mutex::new(None);
 
-/// How long the main thread is busy before it launches the VM: what the head start has time
-/// for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lead {
-    /// `run`: the command line is parsed in ~0.3 ms. KVM's CPUID entries are left to the
-    /// builder's set-up thread (vCPU 0's, lent before it takes its vCPU): asked here, first,
-    /// they kept the main thread waiting
-    /// 0.15 ms for the VM (2026-11-27 13:43 UTC, N=21).
-    Short,
-    /// The API server, which waits for `vm.create` and `vm.boot`: the CPUID entries too, and
-    /// the DSDT's slots before the VM is handed over.
-    Long,
-}
-
 /// Starts the head start's thread (it ends once its work is done).
-pub fn begin(lead: Lead) -> io::Result<()> {
-    // A rendezvous: the thread builds the DSDT's slots once the VM is taken, as the main
-    // thread creates the VM's memory, not while it parses the command line: both allocating
-    // at once, the parse took 0.78 ms instead of 0.37 and the slots 0.67 instead of 0.12
-    // (13:55 UTC, N=31).
-    let (ready, taken) = mpsc::sync_channel(0);
+pub fn begin() -> io::Result<()> {
+    // Room for the VM: the thread ends once it is made, taken or not.
+    let (ready, taken) = mpsc::sync_channel(1);
     std::thread::Builder::new()
         .name("head-start".into())
         .stack_size(256 * 1024)
-        .spawn(move || run(lead, ready))?;
+        .spawn(move || run(ready))?;
     *lock() = Some(taken);
     Ok(())
 }
 
-fn run(lead: Lead, ready: SyncSender<HeadStart>) {
+fn run(ready: SyncSender<HeadStart>) {
     if let Ok(kvm) = kvm::open() {
-        if lead == Lead::Long {
-            kvm::ask_for_next_vm(&kvm);
-        }
         if let Ok(vm) = CreatedVm::create(&kvm) {
-            if lead == Lead::Long {
-                // Not beside the boot's own work: the API server is idle now.
-                prepare_pci_slots();
-            }
             let _ = ready.send(HeadStart { kvm, vm });
         }
     }
-    // The launch waits no longer: it goes on alone if nothing was sent. A VM never taken
-    // (the API server never asked to boot one) keeps this thread asleep until the end.
-    drop(ready);
-    prepare_pci_slots();
+    // The launch waits no longer: it goes on alone if nothing was sent.
 }
 
 /// The head start's KVM and VM, once the thread has them: for the first launch of the

@@ -3,13 +3,13 @@
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::AtomicU64;
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use super::*;
 use crate::api::client::ApiClient;
-use crate::api::{ApiError, ApiRequest};
+use crate::api::{ApiError, ApiRequest, ApiResponse};
 
 /// A server on a fresh socket and a stand-in VMM: it answers each call (after `delay` for
 /// vm.boot) and counts what it got.
@@ -365,4 +365,35 @@ fn accepting_pauses_while_out_of_file_descriptors() {
     let aborted = io::Error::from_raw_os_error(libc::ECONNABORTED);
     assert_eq!(errors.pause(&aborted), None);
     assert_eq!(errors.starved, 3);
+}
+
+/// One thread serves every connection: a client that sends requests and never reads the
+/// replies fills its socket and then holds only itself; the others are answered meanwhile, and
+/// it is cut once a reply has waited REQUEST_TIMEOUT to be taken.
+#[test]
+fn a_client_that_never_reads_its_replies_holds_up_no_one() {
+    let rig = Rig::new("deaf");
+    let deaf = rig.raw();
+    let mut w = deaf.try_clone().unwrap();
+    let writer = thread::spawn(move || {
+        let ping = b"GET /api/v1/vmm.ping HTTP/1.1\r\n\r\n";
+        let mut sent = 0usize;
+        while w.write_all(ping).is_ok() {
+            sent += 1;
+        }
+        sent
+    });
+    thread::sleep(Duration::from_millis(500)); // both socket buffers full by now
+    for _ in 0..3 {
+        let waited = rig.ping();
+        assert!(waited < Duration::from_millis(1000), "ping took {waited:?}");
+    }
+    assert_eq!(
+        rig.client().request("GET", "vm.info", None).unwrap().status,
+        200
+    );
+    let sent = writer.join().unwrap();
+    assert!(sent > 100, "the writer stopped after {sent} requests");
+    drop(deaf);
+    rig.ping();
 }

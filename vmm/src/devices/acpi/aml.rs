@@ -9,13 +9,10 @@
 //!   `_EJ0` through the CPU controller, `_MAT` its MADT entry) and `CSCN`, the CPU scan;
 //! - with memory hotplug, `\_SB_.MHPC` ([`super::memory_aml`]).
 
-use std::sync::OnceLock;
-
 use acpi_tables::aml::{
     self, Acquire, And, BufferData, Device, EISAName, Field, FieldAccessType, FieldEntry,
     FieldLockRule, FieldUpdateRule, If, Interrupt, Method, MethodCall, Mutex, Name, Notify,
-    OpRegion, OpRegionSpace, Package, Path, Release, ResourceTemplate, Return, Scope, ShiftLeft,
-    Store,
+    OpRegion, OpRegionSpace, Package, Path, Release, ResourceTemplate, Return, ShiftLeft, Store,
 };
 use acpi_tables::Aml;
 
@@ -24,7 +21,6 @@ use super::cpu_hotplug::{EJECT, INSERTING, PRESENT, REMOVING};
 use super::ged::{CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED, POWER_BUTTON};
 use super::sleep::S5_SLEEP_TYPE;
 use super::{CPU_HOTPLUG_ADDR, CPU_HOTPLUG_LEN, GED_ADDR, GED_GSI, PCI_HOTPLUG_ADDR};
-use crate::devices::pci::root::SLOTS;
 
 fn encoded(parts: Vec<Vec<u8>>) -> Vec<Encoded> {
     parts.into_iter().map(Encoded).collect()
@@ -137,86 +133,14 @@ fn pci_controller() -> Vec<u8> {
     ))
 }
 
-fn slot_name(slot: usize) -> String {
-    format!("S{slot:02X}_")
-}
-
-/// The slots' part of the DSDT, the same for every VM: built once per process (0.10-0.13 ms
-/// on this host), by the head start's thread if there is one (`launch::head_start` calls
-/// this).
-static PCI_SLOTS: OnceLock<Vec<u8>> = OnceLock::new();
-
-/// Builds the slots' part now, for the VMs to come.
-pub fn prepare_pci_slots() {
-    pci_slots();
-}
+/// The slots' part of the DSDT (a device per slot in `\_SB_.PCI0`, and `PCNT`, which notifies
+/// them), the same for every VM: built when exitless is compiled (`vmm/build.rs` runs
+/// [`super::pci_slots_aml`]); built at run time it cost 0.10-0.2 ms of CPU a start, on the head
+/// start's thread or the main thread (docs/performance.md).
+static PCI_SLOTS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pci_slots.aml"));
 
 fn pci_slots() -> &'static [u8] {
-    PCI_SLOTS.get_or_init(build_pci_slots)
-}
-
-/// A device per slot in `\_SB_.PCI0` and `PCNT`, which notifies them.
-fn build_pci_slots() -> Vec<u8> {
-    let mut children: Vec<Vec<u8>> = Vec::new();
-    for slot in 1..SLOTS {
-        let adr = (slot << 16) as u32;
-        let sun = slot as u32;
-        let call = MethodCall::new("\\_SB_.PHPR.PCEJ".into(), vec![&sun, &aml::ZERO]);
-        let ej0 = Method::new("_EJ0".into(), 1, false, vec![&call]);
-        let (adr, sun) = (
-            Name::new("_ADR".into(), &adr),
-            Name::new("_SUN".into(), &sun),
-        );
-        let name: Path = slot_name(slot).as_str().into();
-        children.push(bytes(&Device::new(name, vec![&adr, &sun, &ej0])));
-    }
-    children.push(notify_slots());
-    let children = encoded(children);
-    let refs: Vec<&dyn Aml> = children.iter().map(|c| c as &dyn Aml).collect();
-    bytes(&Scope::new("\\_SB_.PCI0".into(), refs))
-}
-
-/// `DVNT(bits, event)`: notifies every slot whose bit is set; `PCNT`: slots up get 1
-/// (device check), slots to go get 3 (eject request).
-fn notify_slots() -> Vec<u8> {
-    let masks: Vec<u32> = (1..SLOTS).map(|s| 1u32 << s).collect();
-    let tests: Vec<And> = masks
-        .iter()
-        .map(|m| And::new(&aml::ZERO, &aml::Arg(0), m))
-        .collect();
-    let names: Vec<Path> = (1..SLOTS).map(|s| slot_name(s).as_str().into()).collect();
-    let notifies: Vec<Notify> = names.iter().map(|n| Notify::new(n, &aml::Arg(1))).collect();
-    let ifs: Vec<If> = tests
-        .iter()
-        .zip(&notifies)
-        .map(|(t, n)| If::new(t, vec![n as &dyn Aml]))
-        .collect();
-    let dvnt = Method::new(
-        "DVNT".into(),
-        2,
-        false,
-        ifs.iter().map(|i| i as &dyn Aml).collect(),
-    );
-    let (pciu, pcid, three) = (
-        Path::new("\\_SB_.PHPR.PCIU"),
-        Path::new("\\_SB_.PHPR.PCID"),
-        3u8,
-    );
-    let up = MethodCall::new("DVNT".into(), vec![&pciu, &aml::ONE]);
-    let down = MethodCall::new("DVNT".into(), vec![&pcid, &three]);
-    let acquire = Acquire::new("\\_SB_.PHPR.BLCK".into(), 0xffff);
-    let pseg = Path::new("\\_SB_.PHPR.PSEG");
-    let segment = Store::new(&pseg, &aml::ZERO);
-    let release = Release::new("\\_SB_.PHPR.BLCK".into());
-    let pcnt = Method::new(
-        "PCNT".into(),
-        0,
-        true,
-        vec![&acquire, &segment, &up, &down, &release],
-    );
-    let mut out = bytes(&dvnt);
-    pcnt.to_aml_bytes(&mut out);
-    out
+    PCI_SLOTS
 }
 
 fn cpu_name(id: u8) -> String {
@@ -346,6 +270,13 @@ mod tests {
 
     fn contains(haystack: &[u8], needle: &[u8]) -> bool {
         haystack.windows(needle.len()).any(|w| w == needle)
+    }
+
+    #[test]
+    fn the_pci_slots_built_at_compile_time_are_those_built_now() {
+        let now = super::super::pci_slots_aml::build(crate::devices::pci::root::SLOTS);
+        assert_eq!(pci_slots(), &now[..]);
+        assert!(contains(pci_slots(), b"S1F_") && contains(pci_slots(), b"PCNT"));
     }
 
     #[test]

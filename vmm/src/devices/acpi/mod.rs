@@ -17,6 +17,9 @@ pub mod ged;
 pub mod memory_aml;
 pub mod memory_hotplug;
 pub mod pci_hotplug;
+// Run by build.rs; here only for the test that compares its bytes with those built in.
+#[cfg(test)]
+mod pci_slots_aml;
 pub mod sleep;
 
 /// Where the controllers' registers sit (in the MMIO gap, below the I/O APIC).
