@@ -12,7 +12,7 @@ pub mod state;
 pub mod stats;
 mod supported_cpuid;
 pub use created_vm::CreatedVm;
-pub use supported_cpuid::{ask_for_next_vm, SupportedCpuid};
+pub use supported_cpuid::SupportedCpuid;
 
 use kvm_bindings::{
     kvm_enable_cap, kvm_userspace_memory_region, KVM_CAP_DISABLE_QUIRKS2, KVM_CAP_SPLIT_IRQCHIP,

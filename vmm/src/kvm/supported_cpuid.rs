@@ -2,11 +2,10 @@
 //! only while the VM can add one). On a PVM host it takes ~0.65 ms (KVM runs CPUID for every
 //! leaf, each trapping to the hypervisor below), the largest single step of creating a vCPU,
 //! so the builder hands [`SupportedCpuid::fetch_task`] to its set-up thread (the one that
-//! created the PIT: at launch, vCPU 0's thread before it takes its vCPU) while the main thread writes the ACPI tables and loads the kernel. When
-//! `main` gave the VM a head start (`launch::head_start`), its thread asked already, while
-//! nothing else talked to KVM ([`ask_for_next_vm`]).
+//! created the PIT: at launch, vCPU 0's thread before it takes its vCPU) while the main
+//! thread writes the ACPI tables and loads the kernel.
 
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
@@ -16,42 +15,11 @@ use super::KvmError;
 
 type Answer = Result<CpuId, kvm_ioctls::Error>;
 
-/// Where an answer asked before any VM exists waits for the next VM to take it.
-struct Ahead(Mutex<Option<Receiver<Answer>>>);
-
-impl Ahead {
-    /// Where the answer for the next VM is to go: that VM waits for it from now on.
-    fn expect(&self) -> SyncSender<Answer> {
-        let (answer, pending) = mpsc::sync_channel(1);
-        *lock(&self.0) = Some(pending);
-        answer
-    }
-
-    /// Asks `kvm` on this thread for the next VM.
-    fn ask(&self, kvm: &Kvm) {
-        let answer = self.expect();
-        let _ = answer.send(kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES));
-    }
-
-    fn take(&self) -> Option<Receiver<Answer>> {
-        lock(&self.0).take()
-    }
-}
-
-/// Asks `kvm`'s entries on this thread for the next VM this process creates
-/// ([`SupportedCpuid::for_new_vm`]), which waits for the answer from the start of the call.
-/// Not while a VM is being created (see [`SupportedCpuid::fetch_task`]).
-pub fn ask_for_next_vm(kvm: &Kvm) {
-    AHEAD.ask(kvm);
-}
-
-static AHEAD: Ahead = Ahead(Mutex::new(None));
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The CPUID entries KVM supports, asked ahead or at the first vCPU.
+/// The CPUID entries KVM supports, asked on a set-up thread or at the first vCPU.
 #[derive(Debug, Default)]
 pub struct SupportedCpuid {
     value: OnceLock<CpuId>,
@@ -60,17 +28,10 @@ pub struct SupportedCpuid {
 }
 
 impl SupportedCpuid {
-    /// The entries of a new VM: the answer [`ask_for_next_vm`] asked for, if any is on its
-    /// way, else asked when first needed.
+    /// The entries of a new VM: asked by a [`SupportedCpuid::fetch_task`], else when first
+    /// needed.
     pub fn for_new_vm() -> Self {
-        Self::awaiting(AHEAD.take())
-    }
-
-    fn awaiting(answer: Option<Receiver<Answer>>) -> Self {
-        Self {
-            value: OnceLock::new(),
-            pending: Mutex::new(answer),
-        }
+        Self::default()
     }
 
     /// A task that asks `kvm` and hands the answer to [`SupportedCpuid::get`], for a thread
@@ -174,34 +135,5 @@ mod tests {
         let unrun = SupportedCpuid::default();
         drop(unrun.fetch_task(&kvm));
         assert_eq!(unrun.get(&kvm).unwrap().as_slice(), direct.as_slice());
-    }
-
-    #[test]
-    fn entries_asked_before_the_vm_go_to_the_next_vm() {
-        let Ok(kvm) = Kvm::new() else {
-            crate::test_skip::skip(
-                "entries_asked_before_the_vm_go_to_the_next_vm",
-                "/dev/kvm is missing",
-            );
-            return;
-        };
-        stay_on_this_cpu();
-        let direct = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).unwrap();
-        // A slot of the test's own: VMs other tests create take from the process's.
-        let ahead = Ahead(Mutex::new(None));
-        ahead.ask(&kvm);
-        let first = SupportedCpuid::awaiting(ahead.take());
-        assert!(ahead.take().is_none(), "one VM takes the answer");
-        assert!(first.pending_lock().is_some(), "the answer is awaited");
-        assert!(
-            first.fetch_task(&Arc::new(Kvm::new().unwrap())).is_none(),
-            "no second ask while one is on its way"
-        );
-        assert_eq!(first.get(&kvm).unwrap().as_slice(), direct.as_slice());
-        assert!(first.pending_lock().is_none(), "the answer was taken");
-        // The next VM asks for itself.
-        let next = SupportedCpuid::awaiting(ahead.take());
-        assert!(next.pending_lock().is_none());
-        assert_eq!(next.get(&kvm).unwrap().as_slice(), direct.as_slice());
     }
 }
