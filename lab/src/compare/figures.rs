@@ -21,69 +21,9 @@ pub(super) fn report(
         .iter()
         .zip(pairs)
         .zip(failed)
-        .map(|((vmm, per_case), failed)| VmmReport {
-            vmm: vmm.kind.name(),
-            path: vmm.path.clone(),
-            failed,
-            not_run: plan
-                .cases
-                .iter()
-                .filter_map(|c| vmm.cannot_run(c).map(|why| format!("{c}: {why}")))
-                .collect(),
-            left_out: plan
-                .cases
-                .iter()
-                .filter_map(|c| vmm.left_out(c).map(|why| format!("{c} without {why}")))
-                .collect(),
-            cases: plan
-                .cases
-                .iter()
-                .zip(per_case)
-                .filter(|(_, p)| !p.is_empty())
-                .map(|(case, p)| figures(case, &p, extra, tsc_khz))
-                .collect(),
-        })
+        .map(|((vmm, per_case), failed)| vmm_report(plan, vmm, per_case, failed, (extra, tsc_khz)))
         .collect();
-    let base: Vec<(String, f64)> = vmms
-        .first()
-        .map(|e| {
-            e.cases
-                .iter()
-                .map(|c| (c.case.clone(), c.wall_per_iter_us.median))
-                .collect()
-        })
-        .unwrap_or_default();
-    let floor: Vec<(String, f64)> = vmms
-        .iter()
-        .find(|v| v.vmm == VmmKind::Floor.name())
-        .map(|f| {
-            f.cases
-                .iter()
-                .map(|c| (c.case.clone(), c.first_line_ms.median))
-                .collect()
-        })
-        .unwrap_or_default();
-    let ratio = |to: &[(String, f64)], case: &str, value: f64| {
-        to.iter()
-            .find(|(c, _)| c == case)
-            .filter(|(_, b)| *b > 0.0)
-            .map(|(_, b)| value / b)
-    };
-    let floor_turnaround: Vec<(String, Turnaround)> = vmms
-        .iter()
-        .find(|v| v.vmm == VmmKind::Floor.name())
-        .map(|f| {
-            f.cases
-                .iter()
-                .filter_map(|c| Some((c.case.clone(), c.turnaround_ns?)))
-                .collect()
-        })
-        .unwrap_or_default();
-    for c in vmms.iter_mut().flat_map(|v| v.cases.iter_mut()) {
-        c.wall_ratio_to_exitless = ratio(&base, &c.case, c.wall_per_iter_us.median);
-        c.first_line_ratio_to_floor = ratio(&floor, &c.case, c.first_line_ms.median);
-        c.turnaround_ratio_to_floor = turnaround_ratio(&floor_turnaround, c);
-    }
+    add_ratios(&mut vmms);
     CompareReport {
         schema: "exitless.compare/2",
         iterations: counts,
@@ -96,6 +36,70 @@ pub(super) fn report(
         vmms,
         snapshot: None,
         migrate: None,
+    }
+}
+
+/// One VMM's figures per case (`scale`: the extra iterations of a pair's longer run, and the
+/// TSC's kHz), with what it could not run or ran without.
+fn vmm_report(
+    plan: &Plan,
+    vmm: &super::Vmm,
+    per_case: Vec<Vec<Pair>>,
+    failed: Option<String>,
+    scale: (f64, u64),
+) -> VmmReport {
+    let (extra, tsc_khz) = scale;
+    VmmReport {
+        vmm: vmm.kind.name(),
+        path: vmm.path.clone(),
+        failed,
+        not_run: plan
+            .cases
+            .iter()
+            .filter_map(|c| vmm.cannot_run(c).map(|why| format!("{c}: {why}")))
+            .collect(),
+        left_out: plan
+            .cases
+            .iter()
+            .filter_map(|c| vmm.left_out(c).map(|why| format!("{c} without {why}")))
+            .collect(),
+        cases: plan
+            .cases
+            .iter()
+            .zip(per_case)
+            .filter(|(_, p)| !p.is_empty())
+            .map(|(case, p)| figures(case, &p, extra, tsc_khz))
+            .collect(),
+    }
+}
+
+/// Each case's ratios: wall time to exitless's, first line and turnaround to the floor's.
+fn add_ratios(vmms: &mut [VmmReport]) {
+    let per_case = |vmm: Option<&VmmReport>, value: fn(&CaseFigures) -> f64| {
+        vmm.map(|v| v.cases.iter().map(|c| (c.case.clone(), value(c))).collect())
+            .unwrap_or_default()
+    };
+    let floor_report = vmms.iter().find(|v| v.vmm == VmmKind::Floor.name());
+    let base: Vec<(String, f64)> = per_case(vmms.first(), |c| c.wall_per_iter_us.median);
+    let floor: Vec<(String, f64)> = per_case(floor_report, |c| c.first_line_ms.median);
+    let floor_turnaround: Vec<(String, Turnaround)> = floor_report
+        .map(|f| {
+            f.cases
+                .iter()
+                .filter_map(|c| Some((c.case.clone(), c.turnaround_ns?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let ratio = |to: &[(String, f64)], case: &str, value: f64| {
+        to.iter()
+            .find(|(c, _)| c == case)
+            .filter(|(_, b)| *b > 0.0)
+            .map(|(_, b)| value / b)
+    };
+    for c in vmms.iter_mut().flat_map(|v| v.cases.iter_mut()) {
+        c.wall_ratio_to_exitless = ratio(&base, &c.case, c.wall_per_iter_us.median);
+        c.first_line_ratio_to_floor = ratio(&floor, &c.case, c.first_line_ms.median);
+        c.turnaround_ratio_to_floor = turnaround_ratio(&floor_turnaround, c);
     }
 }
 

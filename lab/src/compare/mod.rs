@@ -300,8 +300,6 @@ pub fn run(
     stop: impl Fn() -> bool,
 ) -> Result<CompareReport, CompareError> {
     let counts = [(plan.iterations / 5).max(1), plan.iterations];
-    let mut pairs: Vec<Vec<Vec<Pair>>> = vec![vec![Vec::new(); plan.cases.len()]; plan.vmms.len()];
-    let mut failed: Vec<Option<String>> = vec![None; plan.vmms.len()];
     let tracer = Tracer::open();
     if let Err(why) = &tracer {
         progress(&format!("turnaround per exit not measured: {why}"));
@@ -327,50 +325,19 @@ pub fn run(
     };
     let mut snapshots = Snapshots::new(plan);
     let mut migrations = migrate::Migrations::new(plan);
+    let mut runs = Runs::new(plan);
     for round in 1..=plan.rounds {
         for (c, case) in plan.cases.iter().enumerate() {
             if case == snapshot::CASE {
                 snapshots.round(plan, round, &mut progress, &stop)?;
-                continue;
-            }
-            if case == migrate::CASE {
+            } else if case == migrate::CASE {
                 migrations.round(plan, round, &mut progress, &stop)?;
-                continue;
-            }
-            if (needs_tap(case) && setting.net.is_none())
-                || (needs_fs(case) && setting.fs.is_none())
-                || (vhost_blk::needs_daemon(case) && setting.blk_daemon.is_none())
-            {
-                continue;
-            }
-            for (v, vmm) in plan.vmms.iter().enumerate() {
-                if failed[v].is_some() || vmm.cannot_run(case).is_some() {
-                    continue;
-                }
-                if stop() {
-                    return Err(CompareError::Stopped);
-                }
-                progress(&format!(
-                    "round {round}/{}: {} {case}",
-                    plan.rounds,
-                    vmm.kind.name()
-                ));
-                match run_pair(&setting, vmm, case) {
-                    Ok(pair) => pairs[v][c].push(pair),
-                    Err(e) if vmm.kind == VmmKind::Exitless => {
-                        return Err(CompareError::Exitless {
-                            case: case.clone(),
-                            source: Box::new(e),
-                        })
-                    }
-                    Err(e) => {
-                        progress(&format!("{}: {case}: {e}; left out", vmm.kind.name()));
-                        failed[v] = Some(format!("{case}: {e}"));
-                    }
-                }
+            } else if setting.can_run(case) {
+                runs.round(&setting, c, round, &mut progress, &stop)?;
             }
         }
     }
+    let Runs { pairs, failed } = runs;
     let tsc_khz = tracer.as_ref().map_or_else(
         |_| vmm::profile::estimate_tsc_khz(Duration::from_millis(100)),
         |t| t.tsc_khz(),
@@ -391,6 +358,69 @@ pub fn run(
         .any(|c| c == migrate::CASE)
         .then(|| migrations.rows());
     Ok(report)
+}
+
+/// Each VMM's pairs of runs per case of the plan, and the error that left a peer out.
+struct Runs {
+    pairs: Vec<Vec<Vec<Pair>>>,
+    failed: Vec<Option<String>>,
+}
+
+impl Runs {
+    fn new(plan: &Plan) -> Self {
+        Runs {
+            pairs: vec![vec![Vec::new(); plan.cases.len()]; plan.vmms.len()],
+            failed: vec![None; plan.vmms.len()],
+        }
+    }
+
+    /// Round `round` of the plan's case `c` for every VMM still in: a peer that fails is
+    /// left out from then on; exitless failing ends the comparison.
+    fn round(
+        &mut self,
+        setting: &Setting,
+        c: usize,
+        round: u32,
+        progress: &mut impl FnMut(&str),
+        stop: &impl Fn() -> bool,
+    ) -> Result<(), CompareError> {
+        let plan = setting.plan;
+        let case = &plan.cases[c];
+        for (v, vmm) in plan.vmms.iter().enumerate() {
+            if self.failed[v].is_some() || vmm.cannot_run(case).is_some() {
+                continue;
+            }
+            if stop() {
+                return Err(CompareError::Stopped);
+            }
+            let name = vmm.kind.name();
+            progress(&format!("round {round}/{}: {name} {case}", plan.rounds));
+            match run_pair(setting, vmm, case) {
+                Ok(pair) => self.pairs[v][c].push(pair),
+                Err(e) if vmm.kind == VmmKind::Exitless => {
+                    return Err(CompareError::Exitless {
+                        case: case.clone(),
+                        source: Box::new(e),
+                    })
+                }
+                Err(e) => {
+                    progress(&format!("{name}: {case}: {e}; left out"));
+                    self.failed[v] = Some(format!("{case}: {e}"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Setting<'_> {
+    /// Whether what `case` needs of the host (a tap, virtiofsd, a vhost-user-blk daemon) is
+    /// here (a case without it was said "not run" once).
+    fn can_run(&self, case: &str) -> bool {
+        !((needs_tap(case) && self.net.is_none())
+            || (needs_fs(case) && self.fs.is_none())
+            || (vhost_blk::needs_daemon(case) && self.blk_daemon.is_none()))
+    }
 }
 
 /// The `snapshot` case's rounds so far, per VMM of the plan, and the error that stopped a
