@@ -140,57 +140,24 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
     let chart = match &args.chart {
         Some(path) => {
             ensure_writable("--chart", path)?;
-            Some((chart_program()?, path))
+            Some((chart_program()?, path.as_path()))
         }
         None => None,
     };
-    let exitless = match &args.exitless {
-        Some(path) => path.clone(),
-        None => std::env::current_exe().context("Cannot find the exitless binary")?,
-    };
-    let mut vmms = vec![Vmm::named(VmmKind::Exitless, &exitless)?];
-    let (found, missing) = peers(&args)?;
-    vmms.extend(found);
-    let workdir = std::env::temp_dir().join(format!("exitless-compare-{}", std::process::id()));
-    std::fs::create_dir_all(&workdir)
-        .with_context(|| format!("Cannot create {}", workdir.display()))?;
-    let guest = workdir.join("bench-guest.elf");
-    std::fs::write(&guest, BENCH_GUEST)
-        .with_context(|| format!("Cannot write {}", guest.display()))?;
-    // The physical-limit row, last: every VMM's start-up is also a ratio to it.
-    let floor = compare::floor::write_into(&workdir)
-        .with_context(|| format!("Cannot write the floor VMM into {}", workdir.display()))?;
-    vmms.push(Vmm::named(VmmKind::Floor, &floor)?);
-    let memory_mib = memory_mib(&args);
-    let plan = Plan {
-        vmms,
-        cases: args.cases.clone(),
-        iterations: args.iterations,
-        rounds: args.rounds,
-        memory_mib,
-        limit: Duration::from_secs(args.timeout),
-        guest,
-        workdir: workdir.clone(),
-    };
+    let (plan, missing) = plan_of(&args)?;
     vmm::launch::install_signal_handlers()?;
     if !args.density.is_empty() {
-        let density = crate::compare_density::plan(&plan, &args.density, args.idle);
-        let report = crate::compare_density::run(&density);
-        let _ = std::fs::remove_dir_all(&workdir);
-        let report = report?;
-        crate::compare_density::print(&report);
-        if let Some(path) = &args.json {
-            write_json(path, &report)?;
-        }
-        if let Some((program, path)) = chart {
-            draw_chart(&program, path, &report)?;
-        }
-        return Ok(0);
+        return density_main(&args, &plan, chart);
     }
     if args.api {
-        let reports =
-            crate::compare_api::run(&plan.vmms, &plan.guest, &workdir, memory_mib, args.rounds);
-        let _ = std::fs::remove_dir_all(&workdir);
+        let reports = crate::compare_api::run(
+            &plan.vmms,
+            &plan.guest,
+            &plan.workdir,
+            plan.memory_mib,
+            args.rounds,
+        );
+        let _ = std::fs::remove_dir_all(&plan.workdir);
         crate::compare_api::print(&reports);
         if let Some(path) = &args.json {
             write_json(path, &reports)?;
@@ -202,10 +169,63 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
         |step| eprintln!("[compare] {step}"),
         || vmm::launch::stop_signal().is_some(),
     );
-    let _ = std::fs::remove_dir_all(&workdir);
+    let _ = std::fs::remove_dir_all(&plan.workdir);
     let mut report = report?;
     report.not_run.extend(missing);
     print_table(&report);
+    if let Some(path) = &args.json {
+        write_json(path, &report)?;
+    }
+    if let Some((program, path)) = chart {
+        draw_chart(&program, path, &report)?;
+    }
+    Ok(0)
+}
+
+/// The comparison's plan: exitless, the peers found (and the lines of those missing), the
+/// floor last; the bench guest and the floor written into a work directory of this run's.
+fn plan_of(args: &CompareArgs) -> anyhow::Result<(Plan, Vec<String>)> {
+    let exitless = match &args.exitless {
+        Some(path) => path.clone(),
+        None => std::env::current_exe().context("Cannot find the exitless binary")?,
+    };
+    let mut vmms = vec![Vmm::named(VmmKind::Exitless, &exitless)?];
+    let (found, missing) = peers(args)?;
+    vmms.extend(found);
+    let workdir = std::env::temp_dir().join(format!("exitless-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&workdir)
+        .with_context(|| format!("Cannot create {}", workdir.display()))?;
+    let guest = workdir.join("bench-guest.elf");
+    std::fs::write(&guest, BENCH_GUEST)
+        .with_context(|| format!("Cannot write {}", guest.display()))?;
+    // The physical-limit row, last: every VMM's start-up is also a ratio to it.
+    let floor = compare::floor::write_into(&workdir)
+        .with_context(|| format!("Cannot write the floor VMM into {}", workdir.display()))?;
+    vmms.push(Vmm::named(VmmKind::Floor, &floor)?);
+    let plan = Plan {
+        vmms,
+        cases: args.cases.clone(),
+        iterations: args.iterations,
+        rounds: args.rounds,
+        memory_mib: memory_mib(args),
+        limit: Duration::from_secs(args.timeout),
+        guest,
+        workdir,
+    };
+    Ok((plan, missing))
+}
+
+/// `--density`: N VMs of each VMM at once, for each N.
+fn density_main(
+    args: &CompareArgs,
+    plan: &Plan,
+    chart: Option<(PathBuf, &Path)>,
+) -> anyhow::Result<i32> {
+    let density = crate::compare_density::plan(plan, &args.density, args.idle);
+    let report = crate::compare_density::run(&density);
+    let _ = std::fs::remove_dir_all(&plan.workdir);
+    let report = report?;
+    crate::compare_density::print(&report);
     if let Some(path) = &args.json {
         write_json(path, &report)?;
     }
