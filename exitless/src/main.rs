@@ -90,28 +90,23 @@ struct ServerCli {
     vm: VmOptions,
 }
 
+/// The words that ask for help or the version: the whole parser answers them.
+const HELP_WORDS: &[&str] = &["help", "--help", "-h", "--version", "-V"];
+
+/// Whether a word of the command line after the program's name is one of `words`.
+#[inline]
+fn names_any(args: &[std::ffi::OsString], words: &[&str]) -> bool {
+    args.iter().skip(1).any(|a| words.iter().any(|w| a == w))
+}
+
 /// The command line parsed as `run`'s or the API server's, when no word of it names another
 /// command or asks for help; `None` to parse it with more, also when this parse fails, so
 /// that an error is the whole parser's message.
 fn parse_run_only(args: &[std::ffi::OsString]) -> Option<Cli> {
-    let elsewhere = [
-        "remote",
-        "bench",
-        "compare",
-        "help",
-        "--help",
-        "-h",
-        "--version",
-        "-V",
-    ];
-    if args
-        .iter()
-        .skip(1)
-        .any(|a| elsewhere.iter().any(|w| a == w))
-    {
+    if names_any(args, &["remote", "bench", "compare"]) || names_any(args, HELP_WORDS) {
         return None;
     }
-    if !args.iter().skip(1).any(|a| a == "run") {
+    if !names_any(args, &["run"]) {
         let cli = ServerCli::try_parse_from(args).ok()?;
         return Some(Cli {
             command: None,
@@ -154,20 +149,7 @@ enum VmmCommand {
 /// that an error is the whole parser's message.
 #[cfg(feature = "lab")]
 fn parse_without_the_lab(args: Vec<std::ffi::OsString>) -> Option<Cli> {
-    let elsewhere = [
-        "bench",
-        "compare",
-        "help",
-        "--help",
-        "-h",
-        "--version",
-        "-V",
-    ];
-    if args
-        .iter()
-        .skip(1)
-        .any(|a| elsewhere.iter().any(|w| a == w))
-    {
+    if names_any(&args, &["bench", "compare"]) || names_any(&args, HELP_WORDS) {
         return None;
     }
     let cli = VmmCli::try_parse_from(args).ok()?;
