@@ -332,10 +332,13 @@ void bench_main(u32 start_info_addr)
     }
     if (!ran)
         puts_("EXITLESS ERROR unknown case\n");
-    puts_("EXITLESS DONE\n");
     /* `hold`: stay halted instead of ending, so that a tool can read the VM's counters
-     * (KVM's statistics, the VMM's memory) once the guest is done. */
-    if (find_arg(cmdline, "hold"))
+     * (KVM's statistics, the VMM's memory, a core dump) once the guest is done. Looked up
+     * before DONE is printed: a VM paused on that line is then already at its halt, not
+     * scanning the command line (hundreds of emulated instructions at CPL0). */
+    int hold = find_arg(cmdline, "hold") != 0;
+    puts_("EXITLESS DONE\n");
+    if (hold)
         for (;;)
             __asm__ volatile("cli; hlt");
     guest_exit(ran ? 0 : 2);

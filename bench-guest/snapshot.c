@@ -280,8 +280,9 @@ void snapshot_main(const char *cmdline)
         puts_(" hotplug_ok=");
         put_u64(snapshot_hotplug_ok());
     }
+    int hold = find_arg(cmdline, "hold") != 0; /* before DONE: see bench_main */
     puts_("\nEXITLESS DONE\n");
-    if (find_arg(cmdline, "hold"))
+    if (hold)
         for (;;)
             __asm__ volatile("cli; hlt");
     guest_exit(0);
