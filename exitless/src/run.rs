@@ -347,7 +347,10 @@ pub fn main(args: RunArgs, api_socket: Option<&Path>, verbose: bool) -> anyhow::
         return serve_api(&args, served, socket, timeout, verbose);
     }
     let mut terminal = RawTerminal::enter();
-    // From here the main thread only waits, reports and stops the VM.
+    // From here the main thread only waits, reports and stops the VM: under its filter it
+    // cannot start the devices thread when a device first needs it.
+    vm.start_devices_before_filter()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     vmm::seccomp::apply(vmm::seccomp::ThreadKind::Main)?;
     vmm::startup::mark(vmm::startup::moment::MAIN_SECCOMP);
     // After the filter, whose compilation reaches deep into the stack too.

@@ -3,7 +3,8 @@
 //! switches in /proc/PID/task/*/status over two seconds. Kernel threads in the process's
 //! thread group (KVM's kvm-nx-lpage-recovery) are KVM's and left out. Through the API (the
 //! main loop sleeps until a request, a signal or a vCPU thread ending wakes it) and under
-//! `exitless run` (its wait sleeps the same way).
+//! `exitless run` (its wait sleeps the same way). Such a VM, whose guest drives no device,
+//! has no devices thread either, and a partial console line still reaches a piped console.
 
 mod common;
 
@@ -59,6 +60,10 @@ fn an_idle_or_paused_vm_s_threads_never_wake_through_the_api() {
     std::thread::sleep(Duration::from_millis(500));
     let running = wakeups(vmm.pid());
     assert!(running.contains_key("vcpu"), "{running:?}");
+    assert!(
+        !running.contains_key("devices"),
+        "no virtio device, no console: no devices thread: {running:?}"
+    );
     assert_asleep("running, guest idle", &running);
     let mut c = vmm.client();
     ok(c.request("PUT", "vm.pause", None).unwrap(), "vm.pause");
@@ -105,10 +110,49 @@ fn an_idle_vm_s_threads_never_wake_under_run() {
     let status = child.wait().unwrap();
     let _ = std::fs::remove_file(&kernel);
     assert!(idle, "the guest never went idle: {}", out.text);
-    assert_asleep("run, guest idle", &by_name.unwrap());
+    let by_name = by_name.unwrap();
+    assert!(
+        !by_name.contains_key("devices"),
+        "whole lines only, no virtio device: no devices thread: {by_name:?}"
+    );
+    assert_asleep("run, guest idle", &by_name);
     assert_eq!(
         status.code(),
         Some(130),
         "SIGTERM wakes it and stops the VM"
     );
+}
+
+/// A line the guest leaves without its newline (a login prompt) reaches a console that takes
+/// whole lines (a pipe) while the VM runs: the main thread flushes it once it has waited, so
+/// a VM without devices in use still has no devices thread.
+#[test]
+fn a_partial_line_reaches_a_piped_console_without_a_devices_thread() {
+    if !kvm_or_skip("idle_prompt") {
+        return;
+    }
+    let kernel = export_guest("idle-prompt");
+    let mut child = exitless()
+        .args(["run", "--memory", "64M", "--cmdline", "case=prompt"])
+        .arg("--kernel")
+        .arg(&kernel)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = Stream::spawn(child.stdout.take().unwrap());
+    let shown = out.wait_for(Duration::from_secs(30), |t| t.contains("login: "));
+    let names: Vec<String> = sample(child.id()).into_values().map(|t| t.name).collect();
+    // SAFETY: kill sends SIGTERM to the child this test started; no memory is involved.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let _ = std::fs::remove_file(&kernel);
+    assert!(
+        shown,
+        "the prompt never reached the console: {:?}",
+        out.text
+    );
+    assert!(names.iter().all(|n| n != "devices"), "{names:?}");
+    assert_eq!(status.code(), Some(130));
 }

@@ -4,6 +4,12 @@
 //!
 //! Subscribers are added and removed from any other thread through an [`EventLoopHandle`]
 //! (the manager's remote endpoint); a subscriber registers its fds in `init`.
+//!
+//! The thread starts when first needed, so that a VM whose devices never need it (a guest
+//! that never drives its virtio-rng, say) never pays for it or its seccomp install: a call
+//! that waits for the loop starts it; work fired from a thread that may not start threads (a
+//! vCPU's, activating a device) asks for it and wakes the main thread ([`crate::wake`]),
+//! which starts it when it looks ([`EventLoop::run_if_wanted`]).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,6 +56,8 @@ struct LoopThread {
     pending: Mutex<Option<EventManager<Subscriber>>>,
     stop: Arc<AtomicBool>,
     started: Mutex<Option<JoinHandle<()>>>,
+    /// Set once work was fired (or the thread started): the main thread starts it then.
+    wanted: AtomicBool,
 }
 
 impl LoopThread {
@@ -59,6 +67,7 @@ impl LoopThread {
         let Some(mut manager) = lock(&self.pending).take() else {
             return Ok(());
         };
+        self.wanted.store(true, Ordering::Release);
         let flag = self.stop.clone();
         let thread = thread::Builder::new()
             .name("devices".into())
@@ -103,12 +112,17 @@ impl EventLoopHandle {
     /// Runs `work` on the loop's thread, after what was asked before it, without waiting:
     /// what a vCPU thread hands over (a device's start and reset), so that it never blocks on
     /// the device thread. On a loop not started yet ([`EventLoop::deferred`]) it waits in the
-    /// queue until the loop starts.
+    /// queue until the loop starts: the first such work wakes the main thread to start it.
     pub fn fire(
         &self,
         work: impl FnOnce(&mut dyn SubscriberOps<Subscriber = Subscriber>) + Send + 'static,
     ) -> Result<(), EventLoopError> {
-        self.endpoint.fire(work).map_err(EventLoopError::Stopped)
+        self.endpoint.fire(work).map_err(EventLoopError::Stopped)?;
+        let wanted = &self.thread.wanted;
+        if !wanted.load(Ordering::Acquire) && !wanted.swap(true, Ordering::AcqRel) {
+            crate::wake::wake();
+        }
+        Ok(())
     }
 
     /// Runs `work` on the loop's thread and waits for it to finish (not from a vCPU thread,
@@ -154,6 +168,7 @@ impl EventLoop {
                 pending: Mutex::new(Some(manager)),
                 stop: stop.clone(),
                 started: Mutex::new(None),
+                wanted: AtomicBool::new(false),
             }),
         };
         Ok(EventLoop { handle, stop })
@@ -162,6 +177,20 @@ impl EventLoop {
     /// Starts the loop's thread, unless it runs already.
     pub fn run(&self) -> Result<(), EventLoopError> {
         self.handle.thread.ensure_running()
+    }
+
+    /// Starts the loop's thread if work was fired at it: what the main thread does each time
+    /// it wakes.
+    pub fn run_if_wanted(&self) -> Result<(), EventLoopError> {
+        if self.handle.thread.wanted.load(Ordering::Acquire) {
+            self.run()?;
+        }
+        Ok(())
+    }
+
+    /// Whether the loop's thread was started.
+    pub fn is_running(&self) -> bool {
+        lock(&self.handle.thread.pending).is_none()
     }
 
     /// A handle to add and remove subscribers.
@@ -252,10 +281,38 @@ mod tests {
             })
             .unwrap();
         assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        assert!(!el.is_running());
         el.run().unwrap();
         el.run().unwrap();
         let name = rx.recv_timeout(Duration::from_secs(5)).unwrap();
         assert_eq!(name, "devices");
+        drop(el);
+    }
+
+    /// Work fired from another thread (a vCPU's) wakes the main thread, whose next look starts
+    /// the loop; before anything was fired, a look starts nothing.
+    #[test]
+    fn fired_work_wakes_the_main_thread_whose_next_look_starts_the_loop() {
+        let el = EventLoop::deferred().unwrap();
+        el.run_if_wanted().unwrap();
+        assert!(!el.is_running(), "nothing asked for the loop");
+        let (tx, rx) = channel();
+        let seen = crate::wake::generation();
+        let handle = el.handle();
+        thread::spawn(move || {
+            handle
+                .fire(move |_| {
+                    let _ = tx.send(thread::current().name().unwrap_or("").to_string());
+                })
+                .unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_ne!(crate::wake::generation(), seen, "the main thread was woken");
+        assert!(!el.is_running());
+        el.run_if_wanted().unwrap();
+        assert!(el.is_running());
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), "devices");
         drop(el);
     }
 

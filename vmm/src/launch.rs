@@ -37,6 +37,7 @@ use crate::builder::{
 use crate::config::{ConfigError, DiskConfig, VmConfig, MAX_VCPUS};
 use crate::device_manager::{DeviceManager, Notify};
 use crate::devices::serial::{SerialDevice, SerialError};
+use crate::devices::serial_idle_flush::IdleFlush;
 use crate::devices::virtio::blk::Block;
 use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
@@ -213,6 +214,8 @@ pub struct LaunchedVm {
     hotplug_ram: Option<HotplugRam>,
     /// What backs guest RAM, hot-added RAM too.
     memory_backing: Backing,
+    /// The main thread's flush of partial console lines (a console that takes whole lines).
+    idle_flush: Option<IdleFlush>,
     /// Where virtio-pmem regions go; holds their mappings until the VM ends (last: dropped
     /// after everything that could run the guest).
     pmem: pmem::PmemArea,
@@ -246,6 +249,7 @@ impl LaunchedVm {
             balloon: parts.balloon,
             hotplug_ram: parts.hotplug_ram,
             memory_backing: config.memory_backing(),
+            idle_flush: None,
             pmem: pmem::PmemArea::default(),
         };
         (launched, built.vcpus)
@@ -309,15 +313,15 @@ pub fn launch(config: &VmConfig, opts: LaunchOptions) -> Result<LaunchedVm, Laun
     launched.started = Instant::now();
     launched.running = Some(launched.vm.start_ahead(threads_ahead, vcpus)?);
     startup::mark(moment::THREADS);
-    // The guest runs: now the devices thread (with a device that waited for it at set-up,
-    // it runs already). Work a vCPU handed it in between waits in its queue.
-    launched.event_loop.run().map_err(BuildError::from)?;
-    startup::mark(moment::DEVICES_THREAD);
-    // Each waits for the devices thread: after the guest started.
-    if opts.stdin_to_serial {
+    // The devices thread starts when first needed (a device that waited for it at set-up
+    // started it already): console input, a call that waits for it, or the guest activating
+    // a virtio device (the vCPU's work waits in its queue and wakes the main thread, which
+    // starts it: `attend`). A guest that never drives a device never has it. The console's
+    // partial lines are the main thread's.
+    if opts.stdin_to_serial && console::stdin_may_have_input() {
         attach_stdin(&launched.event_loop, launched.serial.clone());
     }
-    attach_idle_flush(&launched.event_loop, &launched.serial);
+    launched.idle_flush = attach_idle_flush(&launched.serial);
     start_up_memory::release_freed_heap();
     Ok(launched)
 }
@@ -460,9 +464,9 @@ fn kernel_outside_memory(e: &BootError) -> bool {
 impl LaunchedVm {
     /// Opens KVM's stats fds (VM and each vCPU) and reads their starting values.
     fn open_stats(&mut self, vcpus: &[Vcpu]) -> Result<(), LaunchError> {
-        if let Some(stats) = &self.vm.stats {
-            if let Ok(start) = stats.read() {
-                let fd = StatsFd::open(&self.vm.fd)?;
+        // The VM's stats fd, opened with the VM, becomes the baseline's: not a second one.
+        if let Some(fd) = self.vm.stats.take() {
+            if let Ok(start) = fd.read() {
                 self.stats.push(StatsBaseline {
                     scope: "vm".into(),
                     fd,
@@ -474,6 +478,31 @@ impl LaunchedVm {
             self.open_vcpu_stats(vcpu);
         }
         Ok(())
+    }
+
+    /// Starts the devices thread now if a device may need it, for a main thread that is about
+    /// to take its seccomp filter (which does not let it start threads): `exitless run`,
+    /// where no device is added later. A VM without virtio devices still never has it.
+    pub fn start_devices_before_filter(&self) -> Result<(), LaunchError> {
+        if !self.devices.virtio_devices().is_empty() {
+            self.event_loop.run().map_err(BuildError::from)?;
+        }
+        Ok(())
+    }
+
+    /// What the main thread does each time it wakes: starts the devices thread if work was
+    /// fired at it (a vCPU activating a device), flushes a partial console line that has
+    /// waited long enough. Returns how long until a waiting line is due, to sleep at most that.
+    pub fn attend(&mut self) -> Option<Duration> {
+        if !self.event_loop.is_running() {
+            if let Err(e) = self.event_loop.run_if_wanted() {
+                eprintln!("exitless: {e}; devices are not served");
+            }
+            if self.event_loop.is_running() {
+                startup::mark(moment::DEVICES_THREAD);
+            }
+        }
+        self.idle_flush.as_mut()?.attend(Instant::now())
     }
 
     fn open_vcpu_stats(&mut self, vcpu: &Vcpu) {
@@ -525,10 +554,7 @@ impl LaunchedVm {
                 end = Some(LaunchEnd::StopRequested);
                 break;
             }
-            let next = match (left, every) {
-                (Some(l), Some(e)) => Some(l.min(e)),
-                (l, e) => l.or(e),
-            };
+            let next = [left, every, self.attend()].into_iter().flatten().min();
             wake::sleep_until_changed(seen, next);
         }
         let running = self.running.take().ok_or(LaunchError::NotRunning)?;

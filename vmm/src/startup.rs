@@ -131,7 +131,7 @@ pub mod moment {
     pub const CPUID_READY: &str = "KVM's CPUID entries in hand, PIT created";
     pub const VCPUS_CREATED: &str = "vCPUs configured (CPUID, MSRs, LAPIC, entry registers)";
     pub const THREADS: &str = "vCPUs handed to their threads (started ahead, filters on)";
-    pub const DEVICES_THREAD: &str = "devices thread started (after the vCPUs)";
+    pub const DEVICES_THREAD: &str = "devices thread started (first needed)";
     pub const MAIN_SECCOMP: &str = "main thread's seccomp filter";
     pub const FIRST_RUN: &str = "first KVM_RUN";
     pub const FIRST_LINE: &str = "guest's first serial line written";

@@ -20,6 +20,7 @@ pub mod serve;
 mod snapshot;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use thiserror::Error;
 
@@ -380,14 +381,15 @@ impl Vmm {
     }
 
     /// Work that does not come from a request: a guest that ended its VM (power-off ends the
-    /// VMM, as Cloud Hypervisor does; a reset reboots it), vCPUs the guest ejected.
-    pub fn poll(&mut self) {
-        let Some(slot) = self.slot.as_mut() else {
-            return;
-        };
+    /// VMM, as Cloud Hypervisor does; a reset reboots it), vCPUs the guest ejected, a partial
+    /// console line due. Returns how long the main thread may sleep before looking again
+    /// (`None`: until it is woken).
+    pub fn poll(&mut self) -> Option<Duration> {
+        let slot = self.slot.as_mut()?;
+        let console_due = slot.booted.as_mut().and_then(|vm| vm.attend());
         slot.complete_ejects();
         let Some(end) = slot.booted.as_mut().and_then(|vm| vm.guest_end()) else {
-            return;
+            return console_due;
         };
         slot.stop();
         match end {
@@ -404,6 +406,7 @@ impl Vmm {
                 self.exit = Some(VmmExit(exit_code(other)));
             }
         }
+        None
     }
 
     /// Stops the VM, if one runs (the VMM is ending).

@@ -50,7 +50,7 @@ pub fn serve(
             // A client gone before its answer only loses the answer.
             let _ = call.reply.send(response);
         }
-        vmm.poll();
+        let console_due = vmm.poll();
         if let Some(exit) = vmm.exit() {
             break exit;
         }
@@ -60,6 +60,7 @@ pub fn serve(
         // More requests may be queued: look again before sleeping.
         if !handled {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let left = [left, console_due].into_iter().flatten().min();
             wake::sleep_until_changed(seen, left);
         }
     };

@@ -1,34 +1,28 @@
 //! The serial device's side of the idle flush (`serial_idle_flush`): when output starts
-//! waiting for its newline, one eventfd write tells the devices thread, unless its flush
-//! timer already runs. Shared by both sides, so neither imports the other's module.
+//! waiting for its newline, the main thread is woken ([`crate::wake`]) to flush it a little
+//! later, unless a flush is already due. Shared by both sides, so neither imports the other's
+//! module.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use vmm_sys_util::eventfd::EventFd;
-
-/// The serial device's end: says that output waits, unless the flush timer already runs.
+/// The serial device's end: says that output waits, unless a flush is already due.
 pub struct PartialLineWatch {
-    timer_running: Arc<AtomicBool>,
-    wake: EventFd,
+    waiting: Arc<AtomicBool>,
 }
 
 impl PartialLineWatch {
-    /// A watch that writes `wake` when `timer_running` is not set, and sets it.
-    pub fn new(timer_running: Arc<AtomicBool>, wake: EventFd) -> Self {
-        PartialLineWatch {
-            timer_running,
-            wake,
-        }
+    /// A watch that sets `waiting` and wakes the main thread when it was not set.
+    pub fn new(waiting: Arc<AtomicBool>) -> Self {
+        PartialLineWatch { waiting }
     }
 
-    /// Called with the serial device locked, after output was left pending.
+    /// Called with the serial device locked, after output was left pending. No lock,
+    /// allocation or system call while a flush is due; one futex wake-up otherwise.
     pub fn tell(&self) {
-        // A plain load first: while the timer runs, every further byte costs no write.
-        if !self.timer_running.load(Ordering::Acquire)
-            && !self.timer_running.swap(true, Ordering::AcqRel)
-        {
-            let _ = self.wake.write(1);
+        // A plain load first: while a flush is due, every further byte costs nothing.
+        if !self.waiting.load(Ordering::Acquire) && !self.waiting.swap(true, Ordering::AcqRel) {
+            crate::wake::wake();
         }
     }
 }

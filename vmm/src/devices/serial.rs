@@ -147,7 +147,10 @@ impl SerialOutput {
             sink: Destination::new("console".into(), sink),
             log: None,
             policy: FlushPolicy::default(),
-            pending: Vec::new(),
+            // Its whole size now, on the thread that builds the VM: the guest's bytes arrive on
+            // a vCPU thread, which then never allocates (nor waits for the heap's lock while
+            // the launching thread hands start-up's memory back).
+            pending: Vec::with_capacity(PENDING_MAX),
             pending_newline: false,
             partial_watch: None,
         }
@@ -185,10 +188,12 @@ impl SerialOutput {
         self.policy == FlushPolicy::Newline
     }
 
-    /// Tells `watch` whenever output starts waiting for its newline; it is told once now, so
-    /// that what waits already is flushed too.
+    /// Tells `watch` whenever output starts waiting for its newline; it is told now if output
+    /// waits already, so that it is flushed too.
     pub fn set_partial_watch(&mut self, watch: PartialLineWatch) {
-        watch.tell();
+        if !self.pending.is_empty() {
+            watch.tell();
+        }
         self.partial_watch = Some(watch);
     }
 
@@ -523,6 +528,21 @@ mod tests {
         put(&mut dev, b"hello\r\nresult: 42\npart");
         assert_eq!(&*sink.0.lock().unwrap(), b"hello\r\nresult: 42\npart");
         assert_eq!(dev.faults(), 0);
+    }
+
+    /// The guest's bytes arrive on a vCPU thread, which must not allocate: the buffer is
+    /// whole from the start and keeps its place through any amount of output.
+    #[test]
+    fn output_never_reallocates_its_buffer() {
+        for policy in [FlushPolicy::Newline, FlushPolicy::EveryWrite] {
+            let (mut dev, sink) = device(policy);
+            let buffer = dev.output().pending.as_ptr();
+            put(&mut dev, &[b'x'; 3 * PENDING_MAX + 7]);
+            put(&mut dev, b"\nline\n");
+            assert_eq!(dev.output().pending.as_ptr(), buffer, "{policy:?}");
+            assert_eq!(dev.output().pending.capacity(), PENDING_MAX, "{policy:?}");
+            assert_eq!(sink.0.lock().unwrap().len(), 3 * PENDING_MAX + 7 + 6);
+        }
     }
 
     #[test]

@@ -1,17 +1,17 @@
 //! Output the guest left without a newline (a login prompt, a progress dot) reaches the
 //! console soon even when the console takes whole lines: when output starts waiting for its
-//! newline, the serial device tells the devices thread (one eventfd write, at most once per
-//! [`IDLE_FLUSH`]), which starts a one-shot timer that flushes what is still pending. Complete
-//! lines are written as they end; an idle console costs no wake-ups.
+//! newline, the serial device wakes the main thread (a [`PartialLineWatch`], at most once
+//! until the flush), which flushes what is still pending [`IDLE_FLUSH`] later. Complete lines
+//! are written as they end; an idle console costs no wake-ups, and the flush no thread of its
+//! own (a VM without virtio devices never starts the devices thread).
+//!
+//! [`IdleFlush`] is the main thread's part, a state machine over the time it is given: each
+//! time the main thread wakes it calls [`IdleFlush::attend`] and sleeps at most as long as
+//! that says.
 
-use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-use vmm_sys_util::timerfd::TimerFd;
+use std::time::{Duration, Instant};
 
 use super::partial_line_watch::PartialLineWatch;
 use super::serial::SerialDevice;
@@ -19,62 +19,50 @@ use super::serial::SerialDevice;
 /// How long a partial line may wait for the rest of its line.
 pub const IDLE_FLUSH: Duration = Duration::from_millis(50);
 
-/// The devices thread's end: starts the timer when told, flushes COM1's pending output when
-/// it fires.
-pub struct SerialIdleFlush {
+/// The main thread's end: notes when a partial line was told of, flushes COM1's pending output
+/// once it has waited [`IDLE_FLUSH`].
+pub struct IdleFlush {
     serial: Arc<Mutex<SerialDevice>>,
-    timer: TimerFd,
-    wake: EventFd,
-    timer_running: Arc<AtomicBool>,
+    /// Set by the watch when output starts waiting, cleared by the flush.
+    waiting: Arc<AtomicBool>,
+    /// When the flush is due, once the main thread saw `waiting`.
+    due: Option<Instant>,
 }
 
-impl SerialIdleFlush {
-    /// The flusher for `serial`, and the watch to give its output
+impl IdleFlush {
+    /// The flush of `serial`, and the watch to give its output
     /// ([`SerialOutput::set_partial_watch`](super::serial::SerialOutput::set_partial_watch)).
-    pub fn new(serial: Arc<Mutex<SerialDevice>>) -> std::io::Result<(Self, PartialLineWatch)> {
-        let wake = EventFd::new(EFD_NONBLOCK)?;
-        let timer_running = Arc::new(AtomicBool::new(false));
-        let watch = PartialLineWatch::new(timer_running.clone(), wake.try_clone()?);
-        let flush = SerialIdleFlush {
+    pub fn new(serial: Arc<Mutex<SerialDevice>>) -> (Self, PartialLineWatch) {
+        let waiting = Arc::new(AtomicBool::new(false));
+        let watch = PartialLineWatch::new(waiting.clone());
+        let flush = IdleFlush {
             serial,
-            timer: TimerFd::new()?,
-            wake,
-            timer_running,
+            waiting,
+            due: None,
         };
-        Ok((flush, watch))
+        (flush, watch)
     }
 
-    fn fire(&mut self) {
-        let _ = self.timer.wait();
+    /// What the main thread does when it wakes, at `now`: a partial line told of is due
+    /// [`IDLE_FLUSH`] after the main thread first sees it, then flushed. Returns how long until
+    /// the flush is due, if one waits (the main thread sleeps at most that long).
+    pub fn attend(&mut self, now: Instant) -> Option<Duration> {
+        if !self.waiting.load(Ordering::Acquire) {
+            self.due = None;
+            return None;
+        }
+        let due = *self.due.get_or_insert(now + IDLE_FLUSH);
+        if now < due {
+            return Some(due - now);
+        }
+        self.due = None;
         // Cleared before the flush, which takes the device's lock: output left pending after
         // the flush tells the watch again; output before it is flushed.
-        self.timer_running.store(false, Ordering::Release);
+        self.waiting.store(false, Ordering::Release);
         if let Ok(mut serial) = self.serial.lock() {
             serial.flush_output();
         }
-    }
-}
-
-impl MutEventSubscriber for SerialIdleFlush {
-    fn process(&mut self, events: Events, _ops: &mut EventOps) {
-        if events.fd() == self.timer.as_raw_fd() {
-            self.fire();
-            return;
-        }
-        let _ = self.wake.read();
-        if let Err(e) = self.timer.reset(IDLE_FLUSH, None) {
-            // Unflushed output still leaves with its newline or the VM's end.
-            eprintln!("exitless: partial console lines wait for their newline: {e}");
-        }
-    }
-
-    fn init(&mut self, ops: &mut EventOps) {
-        let fds: [RawFd; 2] = [self.timer.as_raw_fd(), self.wake.as_raw_fd()];
-        for fd in fds {
-            if let Err(e) = ops.add(Events::new_raw(fd, EventSet::IN)) {
-                eprintln!("exitless: partial console lines wait for their newline: {e:?}");
-            }
-        }
+        None
     }
 }
 
@@ -83,9 +71,7 @@ mod tests {
     use super::*;
     use crate::bus::MutBusDevice;
     use crate::devices::serial::{FlushPolicy, SerialOutput};
-    use crate::event_loop::EventLoop;
     use std::io::{self, Write};
-    use std::time::Instant;
 
     #[derive(Clone, Default)]
     struct Sink(Arc<Mutex<Vec<u8>>>);
@@ -100,44 +86,51 @@ mod tests {
         }
     }
 
+    fn put(serial: &Mutex<SerialDevice>, text: &[u8]) {
+        for b in text {
+            serial.lock().unwrap().write(0, &[*b]).unwrap();
+        }
+    }
+
     #[test]
-    fn a_partial_line_reaches_the_console_without_its_newline() {
+    fn a_partial_line_reaches_the_console_once_it_has_waited() {
         let sink = Sink::default();
         let out = SerialOutput::new(Box::new(sink.clone())).with_flush_policy(FlushPolicy::Newline);
         let irq = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
         let serial = Arc::new(Mutex::new(SerialDevice::new(irq, out)));
-        for b in b"login: " {
-            serial.lock().unwrap().write(0, &[*b]).unwrap();
-        }
+        put(&serial, b"login: ");
         assert!(sink.0.lock().unwrap().is_empty(), "held back until flushed");
-        let events = EventLoop::start().unwrap();
-        let (flush, watch) = SerialIdleFlush::new(serial.clone()).unwrap();
-        let running = flush.timer_running.clone();
-        events.handle().add(Arc::new(Mutex::new(flush))).unwrap();
+        let (mut flush, watch) = IdleFlush::new(serial.clone());
         // What waited before the watch was set is flushed too.
         serial.lock().unwrap().output_mut().set_partial_watch(watch);
-        wait_for(|| sink.0.lock().unwrap().as_slice() == b"login: ");
+        let t0 = Instant::now();
+        assert_eq!(flush.attend(t0), Some(IDLE_FLUSH));
+        let half = t0 + IDLE_FLUSH / 2;
+        assert_eq!(flush.attend(half), Some(IDLE_FLUSH / 2));
+        assert!(sink.0.lock().unwrap().is_empty(), "not due yet");
+        assert_eq!(flush.attend(t0 + IDLE_FLUSH), None);
         assert_eq!(&*sink.0.lock().unwrap(), b"login: ");
-        // Idle: the one-shot timer has fired and is not started again.
-        wait_for(|| !running.load(Ordering::Acquire));
-        std::thread::sleep(IDLE_FLUSH * 2);
-        assert!(
-            !running.load(Ordering::Acquire),
-            "an idle console starts no timer"
-        );
-        // A new partial line starts it again and is flushed; a whole line needs no timer.
-        for b in b"root\n# " {
-            serial.lock().unwrap().write(0, &[*b]).unwrap();
-        }
+        // Idle: nothing waits, nothing is due, the main thread may sleep for good.
+        assert_eq!(flush.attend(t0 + IDLE_FLUSH * 3), None);
+        // A whole line needs no flush; a new partial line is due again, IDLE_FLUSH after
+        // the main thread first sees it.
+        put(&serial, b"root\n# ");
         assert_eq!(&*sink.0.lock().unwrap(), b"login: root\n");
-        wait_for(|| sink.0.lock().unwrap().as_slice() == b"login: root\n# ");
+        let t1 = t0 + IDLE_FLUSH * 4;
+        assert_eq!(flush.attend(t1), Some(IDLE_FLUSH));
+        assert_eq!(flush.attend(t1 + IDLE_FLUSH * 2), None);
         assert_eq!(&*sink.0.lock().unwrap(), b"login: root\n# ");
     }
 
-    fn wait_for(done: impl Fn() -> bool) {
-        let start = Instant::now();
-        while !done() && start.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+    /// A partial line told of marks a flush as waiting and wakes the main thread.
+    #[test]
+    fn a_tell_marks_the_flush_waiting_and_wakes_the_main_thread() {
+        let waiting = Arc::new(AtomicBool::new(false));
+        let watch = PartialLineWatch::new(waiting.clone());
+        let seen = crate::wake::generation();
+        watch.tell();
+        let after_first = crate::wake::generation();
+        assert_ne!(after_first, seen, "the first tell wakes the main thread");
+        assert!(waiting.load(Ordering::Acquire));
     }
 }

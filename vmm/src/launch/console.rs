@@ -1,5 +1,5 @@
-//! The console's wiring at launch (and restore): where COM1's output goes, the timer that
-//! flushes partial lines, and stdin fed to COM1 from the devices event loop.
+//! The console's wiring at launch (and restore): where COM1's output goes, the main thread's
+//! flush of partial lines, and stdin fed to COM1 from the devices event loop.
 
 use std::fs::File;
 use std::io::IsTerminal;
@@ -10,7 +10,7 @@ use super::LaunchError;
 use crate::config::{SerialOutputMode, VmConfig};
 use crate::devices::console_input::ConsoleInput;
 use crate::devices::serial::{FlushPolicy, SerialDevice, SerialOutput};
-use crate::devices::serial_idle_flush::SerialIdleFlush;
+use crate::devices::serial_idle_flush::IdleFlush;
 use crate::event_loop::EventLoop;
 
 /// The console: stdout, nothing or a file (the API's serial mode), and the serial log. An
@@ -43,28 +43,30 @@ pub(super) fn console_output(config: &VmConfig) -> Result<SerialOutput, LaunchEr
     Ok(out)
 }
 
-/// Flushes partial console lines on a timer when the console takes whole lines.
-pub(super) fn attach_idle_flush(events: &EventLoop, serial: &Arc<Mutex<SerialDevice>>) {
-    let holds = serial
-        .lock()
-        .map(|s| s.output().holds_partial_lines())
-        .unwrap_or(false);
-    if !holds {
-        return;
+/// The main thread's flush of partial console lines, when the console takes whole lines.
+pub(super) fn attach_idle_flush(serial: &Arc<Mutex<SerialDevice>>) -> Option<IdleFlush> {
+    let mut device = serial.lock().ok()?;
+    if !device.output().holds_partial_lines() {
+        return None;
     }
-    let added = SerialIdleFlush::new(serial.clone())
-        .map_err(|e| e.to_string())
-        .and_then(|(flush, watch)| {
-            let flush = Arc::new(Mutex::new(flush));
-            events.handle().add(flush).map_err(|e| e.to_string())?;
-            if let Ok(mut serial) = serial.lock() {
-                serial.output_mut().set_partial_watch(watch);
-            }
-            Ok(())
-        });
-    if let Err(e) = added {
-        eprintln!("exitless: partial console lines wait for their newline: {e}");
+    let (flush, watch) = IdleFlush::new(serial.clone());
+    device.output_mut().set_partial_watch(watch);
+    Some(flush)
+}
+
+/// Whether stdin may give the guest anything: it is open and not /dev/null (what launchers
+/// give a VMM whose console nobody types into), so that such a VM needs no devices thread for
+/// it.
+pub(super) fn stdin_may_have_input() -> bool {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes one `stat` into `st`, which is that size; fd 0 is only read.
+    if unsafe { libc::fstat(0, st.as_mut_ptr()) } != 0 {
+        return false;
     }
+    // SAFETY: fstat succeeded, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    let is_char = st.st_mode & libc::S_IFMT == libc::S_IFCHR;
+    !(is_char && st.st_rdev == libc::makedev(1, 3))
 }
 
 /// Feeds stdin to COM1 from the device event loop until stdin ends (the VM keeps running).

@@ -26,6 +26,10 @@ impl LaunchedVm {
     /// Adds `device` as a PCI function named `id` and tells the guest (ACPI); returns its
     /// bdf (`0000:00:SS.0`).
     pub fn hot_add(&mut self, id: &str, device: HotplugDevice<'_>) -> Result<String, LaunchError> {
+        // A VM booted without virtio devices may not have started the devices thread.
+        self.event_loop
+            .run()
+            .map_err(crate::builder::BuildError::from)?;
         let mut socket = None;
         let model: Box<dyn VirtioDevice> = match device {
             HotplugDevice::Disk(d) => {

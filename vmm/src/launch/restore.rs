@@ -198,7 +198,7 @@ fn restore_onto(
     if opts.stdin_to_serial {
         attach_stdin(&launched.event_loop, launched.serial.clone());
     }
-    attach_idle_flush(&launched.event_loop, &launched.serial);
+    launched.idle_flush = attach_idle_flush(&launched.serial);
     Ok(launched)
 }
 
