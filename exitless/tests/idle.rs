@@ -27,6 +27,20 @@ fn wakeups(pid: u32) -> BTreeMap<String, u64> {
     a.by_name
 }
 
+/// `exitless run` of the bench guest with `cmdline`, its console a pipe, stdin /dev/null.
+fn run_guest(kernel: &std::path::Path, cmdline: &str) -> (std::process::Child, Stream) {
+    let mut child = exitless()
+        .args(["run", "--memory", "64M", "--cmdline", cmdline, "--kernel"])
+        .arg(kernel)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = Stream::spawn(child.stdout.take().unwrap());
+    (child, out)
+}
+
 fn assert_asleep(what: &str, by_name: &BTreeMap<String, u64>) {
     let woke: Vec<_> = by_name.iter().filter(|(_, n)| **n > 0).collect();
     assert!(
@@ -84,22 +98,7 @@ fn an_idle_vm_s_threads_never_wake_under_run() {
         return;
     }
     let kernel = export_guest("idle-run");
-    let mut child = exitless()
-        .args([
-            "run",
-            "--memory",
-            "64M",
-            "--cmdline",
-            "case=idle",
-            "--kernel",
-        ])
-        .arg(&kernel)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = Stream::spawn(child.stdout.take().unwrap());
+    let (mut child, mut out) = run_guest(&kernel, "case=idle");
     let idle = out.wait_for(Duration::from_secs(30), |t| t.contains("EXITLESS DONE"));
     if idle {
         std::thread::sleep(Duration::from_millis(500));
@@ -132,16 +131,7 @@ fn a_partial_line_reaches_a_piped_console_without_a_devices_thread() {
         return;
     }
     let kernel = export_guest("idle-prompt");
-    let mut child = exitless()
-        .args(["run", "--memory", "64M", "--cmdline", "case=prompt"])
-        .arg("--kernel")
-        .arg(&kernel)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = Stream::spawn(child.stdout.take().unwrap());
+    let (mut child, mut out) = run_guest(&kernel, "case=prompt");
     let shown = out.wait_for(Duration::from_secs(30), |t| t.contains("login: "));
     let names: Vec<String> = sample(child.id()).into_values().map(|t| t.name).collect();
     // SAFETY: kill sends SIGTERM to the child this test started; no memory is involved.
