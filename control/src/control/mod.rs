@@ -217,8 +217,13 @@ impl Vmm {
         }
     }
 
-    /// Carries out one request.
+    /// Carries out one request. The running VM is attended first, as [`Vmm::poll`] does (its
+    /// devices thread started if a device asked for it): a caller that drives the VMM with
+    /// requests alone still gets its devices served.
     pub fn handle(&mut self, request: ApiRequest) -> ApiResponse {
+        if let Some(vm) = self.slot.as_mut().and_then(|s| s.booted.as_mut()) {
+            vm.attend();
+        }
         match request {
             ApiRequest::VmCreate(config) => done(self.create(*config)),
             ApiRequest::VmBoot => done(self.boot()),
@@ -382,8 +387,9 @@ impl Vmm {
 
     /// Work that does not come from a request: a guest that ended its VM (power-off ends the
     /// VMM, as Cloud Hypervisor does; a reset reboots it), vCPUs the guest ejected, a partial
-    /// console line due. Returns how long the main thread may sleep before looking again
-    /// (`None`: until it is woken).
+    /// console line due, the devices thread a device asked for (a vCPU may not start it).
+    /// Returns how long the main thread may sleep before looking again (`None`: until it is
+    /// woken). [`serve`] calls it each time it wakes; a caller of its own must too.
     pub fn poll(&mut self) -> Option<Duration> {
         let slot = self.slot.as_mut()?;
         let console_due = slot.booted.as_mut().and_then(|vm| vm.attend());
