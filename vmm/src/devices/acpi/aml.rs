@@ -1,137 +1,15 @@
-//! The hotplug controllers' part of the DSDT, through `acpi_tables`' AML:
+//! The hotplug controllers' part of the DSDT:
 //!
-//! - `\_SB_.GED_` (ACPI0013) with its interrupt and `_EVT`, which reads the GED register and
-//!   calls the CPU, PCI and (with memory hotplug) memory scans;
-//! - `\_SB_.PHPR`, the PCI hotplug controller's registers, `PCEJ` (eject) and `PSCN` (scan);
+//! - the GED, the power button and `\_S5_`, the PCI hotplug controller and `\_SB_.CPUS` with
+//!   a device per possible CPU ([`super::hotplug_aml`]);
 //! - in `\_SB_.PCI0`, a device per slot (`Sxx_`: `_ADR`, `_SUN`, `_EJ0`) and `PCNT`, which
 //!   notifies slots that came up (1, device check) and that are to go (3, eject request);
-//! - `\_SB_.CPUS` (ACPI0010) with a device per possible CPU (ACPI0007: `_UID`, `_STA` and
-//!   `_EJ0` through the CPU controller, `_MAT` its MADT entry) and `CSCN`, the CPU scan;
 //! - with memory hotplug, `\_SB_.MHPC` ([`super::memory_aml`]).
+//!
+//! What a VM of at most [`PREBUILT_VCPUS`] vCPUs without memory hotplug needs was built when
+//! exitless was compiled (`vmm/build.rs`); other VMs build their own at run time.
 
-use acpi_tables::aml::{
-    self, Acquire, And, BufferData, Device, EISAName, Field, FieldAccessType, FieldEntry,
-    FieldLockRule, FieldUpdateRule, If, Interrupt, Method, MethodCall, Mutex, Name, Notify,
-    OpRegion, OpRegionSpace, Package, Path, Release, ResourceTemplate, Return, ShiftLeft, Store,
-};
-use acpi_tables::Aml;
-
-use super::aml_encoding::{bytes, Encoded};
-use super::cpu_hotplug::{EJECT, INSERTING, PRESENT, REMOVING};
-use super::ged::{CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED, POWER_BUTTON};
-use super::sleep::S5_SLEEP_TYPE;
-use super::{CPU_HOTPLUG_ADDR, CPU_HOTPLUG_LEN, GED_ADDR, GED_GSI, PCI_HOTPLUG_ADDR};
-
-fn encoded(parts: Vec<Vec<u8>>) -> Vec<Encoded> {
-    parts.into_iter().map(Encoded).collect()
-}
-
-/// The GED: its interrupt, its register and `_EVT` (which scans memory slots too if
-/// `memory` is set).
-fn ged(memory: bool) -> Vec<u8> {
-    let irq = Interrupt::new(true, true, false, false, GED_GSI);
-    let crs = ResourceTemplate::new(vec![&irq]);
-    let region = OpRegion::new(
-        "GDST".into(),
-        OpRegionSpace::SystemMemory,
-        &(GED_ADDR as usize),
-        &1usize,
-    );
-    let field = Field::new(
-        "GDST".into(),
-        FieldAccessType::Byte,
-        FieldLockRule::NoLock,
-        FieldUpdateRule::WriteAsZeroes,
-        vec![FieldEntry::Named(*b"GDAT", 8)],
-    );
-    let cpu = And::new(&aml::ZERO, &aml::Local(0), &CPU_CHANGED);
-    let pci = And::new(&aml::ZERO, &aml::Local(0), &PCI_CHANGED);
-    let cscn = MethodCall::new("\\_SB_.CPUS.CSCN".into(), vec![]);
-    let pscn = MethodCall::new("\\_SB_.PHPR.PSCN".into(), vec![]);
-    let gdat = Path::new("GDAT");
-    let read = Store::new(&aml::Local(0), &gdat);
-    let (if_cpu, if_pci) = (If::new(&cpu, vec![&cscn]), If::new(&pci, vec![&pscn]));
-    let mem = And::new(&aml::ZERO, &aml::Local(0), &MEMORY_CHANGED);
-    let mscn = MethodCall::new("\\_SB_.MHPC.MSCN".into(), vec![]);
-    let if_mem = If::new(&mem, vec![&mscn]);
-    let button = And::new(&aml::ZERO, &aml::Local(0), &POWER_BUTTON);
-    let pwrb = Path::new("\\_SB_.PWRB");
-    let press = Notify::new(&pwrb, &0x80u8);
-    let if_button = If::new(&button, vec![&press]);
-    let mut body: Vec<&dyn Aml> = vec![&read, &if_cpu, &if_pci, &if_button];
-    if memory {
-        body.push(&if_mem);
-    }
-    let evt = Method::new("_EVT".into(), 1, true, body);
-    let hid = Name::new("_HID".into(), &"ACPI0013");
-    let (uid, crs) = (
-        Name::new("_UID".into(), &aml::ZERO),
-        Name::new("_CRS".into(), &crs),
-    );
-    bytes(&Device::new(
-        "\\_SB_.GED_".into(),
-        vec![&hid, &uid, &crs, &region, &field, &evt],
-    ))
-}
-
-/// The power button (`\_SB_.PWRB`, PNP0C0C, notified 0x80 by `_EVT` when pressed) and
-/// `\_S5_`, the sleep type a guest writes to the sleep control register to power off
-/// ([`super::sleep`]).
-fn power() -> Vec<u8> {
-    let hid = Name::new("_HID".into(), &EISAName::new("PNP0C0C"));
-    let uid = Name::new("_UID".into(), &aml::ZERO);
-    let mut out = bytes(&Device::new("\\_SB_.PWRB".into(), vec![&hid, &uid]));
-    let s5 = Package::new(vec![&S5_SLEEP_TYPE]);
-    out.extend(bytes(&Name::new("_S5_".into(), &s5)));
-    out
-}
-
-/// The PCI hotplug controller: registers, eject and scan.
-fn pci_controller() -> Vec<u8> {
-    let region = OpRegion::new(
-        "PCST".into(),
-        OpRegionSpace::SystemMemory,
-        &(PCI_HOTPLUG_ADDR as usize),
-        &16usize,
-    );
-    let field = Field::new(
-        "PCST".into(),
-        FieldAccessType::DWord,
-        FieldLockRule::NoLock,
-        FieldUpdateRule::WriteAsZeroes,
-        vec![
-            FieldEntry::Named(*b"PCIU", 32),
-            FieldEntry::Named(*b"PCID", 32),
-            FieldEntry::Named(*b"B0EJ", 32),
-            FieldEntry::Named(*b"PSEG", 32),
-        ],
-    );
-    let (pseg, b0ej) = (Path::new("PSEG"), Path::new("B0EJ"));
-    let acquire = Acquire::new("BLCK".into(), 0xffff);
-    let segment = Store::new(&pseg, &aml::Arg(1));
-    let eject = ShiftLeft::new(&b0ej, &aml::ONE, &aml::Arg(0));
-    let release = Release::new("BLCK".into());
-    let done = Return::new(&aml::ZERO);
-    let pcej = Method::new(
-        "PCEJ".into(),
-        2,
-        true,
-        vec![&acquire, &segment, &eject, &release, &done],
-    );
-    let hid = EISAName::new("PNP0A06");
-    let lock = Mutex::new("BLCK".into(), 0);
-    let scan = MethodCall::new("\\_SB_.PCI0.PCNT".into(), vec![]);
-    let pscn = Method::new("PSCN".into(), 0, true, vec![&scan]);
-    let (hid, uid) = (
-        Name::new("_HID".into(), &hid),
-        Name::new("_UID".into(), &"PCI Hotplug Controller"),
-    );
-    let sta = Name::new("_STA".into(), &0x0bu8);
-    bytes(&Device::new(
-        "\\_SB_.PHPR".into(),
-        vec![&hid, &uid, &sta, &lock, &region, &field, &pcej, &pscn],
-    ))
-}
+use super::hotplug_aml::{cpus, ged, pci_controller, power};
 
 /// The slots' part of the DSDT (a device per slot in `\_SB_.PCI0`, and `PCNT`, which notifies
 /// them), the same for every VM: built when exitless is compiled (`vmm/build.rs` runs
@@ -143,116 +21,41 @@ fn pci_slots() -> &'static [u8] {
     PCI_SLOTS
 }
 
-fn cpu_name(id: u8) -> String {
-    format!("C{id:03X}")
-}
+/// The largest `max_vcpus` whose CPU part was built when exitless was compiled.
+pub const PREBUILT_VCPUS: u8 = 8;
 
-/// `\_SB_.CPUS`: the CPU controller's registers, `CSTS` (a CPU's `_STA`), `CEJ0` (eject),
-/// `CSCN` (the scan) and a device per possible CPU.
-fn cpus(max: u8) -> Vec<u8> {
-    let region = OpRegion::new(
-        "PRST".into(),
-        OpRegionSpace::SystemMemory,
-        &(CPU_HOTPLUG_ADDR as usize),
-        &(CPU_HOTPLUG_LEN as usize),
-    );
-    let field = Field::new(
-        "PRST".into(),
-        FieldAccessType::Byte,
-        FieldLockRule::NoLock,
-        FieldUpdateRule::WriteAsZeroes,
-        vec![
-            FieldEntry::Named(*b"CSEL", 32),
-            FieldEntry::Named(*b"CSTA", 8),
-        ],
-    );
-    let (csta, csel, lock) = (Path::new("CSTA"), Path::new("CSEL"), "CPLK");
-    let present = And::new(&aml::ZERO, &csta, &PRESENT);
-    let (acquire, release) = (Acquire::new(lock.into(), 0xffff), Release::new(lock.into()));
-    let select = Store::new(&csel, &aml::Arg(0));
-    let absent = Store::new(&aml::Local(0), &aml::ZERO);
-    let on = Store::new(&aml::Local(0), &0x0fu8);
-    let if_present = If::new(&present, vec![&on]);
-    let result = Return::new(&aml::Local(0));
-    let sta = Method::new(
-        "CSTS".into(),
-        1,
-        true,
-        vec![&acquire, &select, &absent, &if_present, &release, &result],
-    );
-    let eject = Store::new(&csta, &EJECT);
-    let ej0 = Method::new(
-        "CEJ0".into(),
-        1,
-        true,
-        vec![&acquire, &select, &eject, &release],
-    );
-    let cid = EISAName::new("PNP0A05");
-    let mut children = vec![
-        bytes(&Name::new("_HID".into(), &"ACPI0010")),
-        bytes(&Name::new("_CID".into(), &cid)),
-        bytes(&Mutex::new(lock.into(), 0)),
-        bytes(&region),
-        bytes(&field),
-        bytes(&sta),
-        bytes(&ej0),
-        cpu_scan(max),
-    ];
-    children.extend((0..max).map(cpu_device));
-    let children = encoded(children);
-    let refs: Vec<&dyn Aml> = children.iter().map(|c| c as &dyn Aml).collect();
-    bytes(&Device::new("\\_SB_.CPUS".into(), refs))
-}
+/// The GED (without memory hotplug), the power button and the PCI hotplug controller, as
+/// `vmm/build.rs` built them; built at run time with `\_SB_.CPUS` they cost ~0.06 ms of a
+/// start on the main thread (docs/performance.md).
+static CONTROLLERS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hotplug_controllers.aml"));
 
-/// `CSCN`: for each CPU, an insert is notified (1) and acknowledged, a removal request
-/// notified (3, eject request) and acknowledged.
-fn cpu_scan(max: u8) -> Vec<u8> {
-    let (csta, csel) = (Path::new("CSTA"), Path::new("CSEL"));
-    let inserting = And::new(&aml::ZERO, &aml::Local(0), &INSERTING);
-    let removing = And::new(&aml::ZERO, &aml::Local(0), &REMOVING);
-    let mut body: Vec<Vec<u8>> = vec![bytes(&Acquire::new("CPLK".into(), 0xffff))];
-    for id in 0..max {
-        let name: Path = cpu_name(id).as_str().into();
-        let (check, eject) = (Notify::new(&name, &aml::ONE), Notify::new(&name, &3u8));
-        let ack_insert = Store::new(&csta, &INSERTING);
-        let ack_remove = Store::new(&csta, &REMOVING);
-        body.push(bytes(&Store::new(&csel, &id)));
-        body.push(bytes(&Store::new(&aml::Local(0), &csta)));
-        body.push(bytes(&If::new(&inserting, vec![&check, &ack_insert])));
-        body.push(bytes(&If::new(&removing, vec![&eject, &ack_remove])));
-    }
-    body.push(bytes(&Release::new("CPLK".into())));
-    let body = encoded(body);
-    let refs: Vec<&dyn Aml> = body.iter().map(|c| c as &dyn Aml).collect();
-    bytes(&Method::new("CSCN".into(), 0, true, refs))
-}
-
-/// One CPU: `_STA` and `_EJ0` through the controller, `_MAT` its MADT Local APIC entry.
-fn cpu_device(id: u8) -> Vec<u8> {
-    let uid = u32::from(id);
-    let sta_call = MethodCall::new("CSTS".into(), vec![&uid]);
-    let sta_value = Return::new(&sta_call);
-    let sta = Method::new("_STA".into(), 0, false, vec![&sta_value]);
-    let ej0_call = MethodCall::new("CEJ0".into(), vec![&uid]);
-    let ej0 = Method::new("_EJ0".into(), 1, false, vec![&ej0_call]);
-    // Type 0 (Processor Local APIC), length 8, UID, APIC ID, flags: enabled.
-    let entry = BufferData::new(vec![0, 8, id, id, 1, 0, 0, 0]);
-    let mat_value = Return::new(&entry);
-    let mat = Method::new("_MAT".into(), 0, false, vec![&mat_value]);
-    let (hid, uid) = (
-        Name::new("_HID".into(), &"ACPI0007"),
-        Name::new("_UID".into(), &uid),
-    );
-    bytes(&Device::new(
-        cpu_name(id).as_str().into(),
-        vec![&hid, &uid, &sta, &mat, &ej0],
-    ))
-}
+/// `\_SB_.CPUS` for 1..=[`PREBUILT_VCPUS`] vCPUs, as `vmm/build.rs` built it.
+static CPUS: [&[u8]; PREBUILT_VCPUS as usize] = [
+    include_bytes!(concat!(env!("OUT_DIR"), "/cpus_1.aml")),
+    include_bytes!(concat!(env!("OUT_DIR"), "/cpus_2.aml")),
+    include_bytes!(concat!(env!("OUT_DIR"), "/cpus_3.aml")),
+    include_bytes!(concat!(env!("OUT_DIR"), "/cpus_4.aml")),
+    include_bytes!(concat!(env!("OUT_DIR"), "/cpus_5.aml")),
+    include_bytes!(concat!(env!("OUT_DIR"), "/cpus_6.aml")),
+    include_bytes!(concat!(env!("OUT_DIR"), "/cpus_7.aml")),
+    include_bytes!(concat!(env!("OUT_DIR"), "/cpus_8.aml")),
+];
 
 /// Everything the hotplug controllers add to the DSDT, for a VM of up to `max_vcpus` and
 /// `memory_slots` memory hotplug slots (0: no memory hotplug); the PCI parts go after
 /// `\_SB_.PCI0` (its slots are added to it by scope).
 pub fn dsdt_aml(max_vcpus: u8, memory_slots: usize) -> Vec<u8> {
+    let prebuilt_cpus = usize::from(max_vcpus)
+        .checked_sub(1)
+        .and_then(|i| CPUS.get(i));
+    match prebuilt_cpus {
+        Some(cpus) if memory_slots == 0 => [CONTROLLERS, pci_slots(), cpus].concat(),
+        _ => built_now(max_vcpus, memory_slots),
+    }
+}
+
+/// What [`dsdt_aml`] gives, built now.
+fn built_now(max_vcpus: u8, memory_slots: usize) -> Vec<u8> {
     let mut out = ged(memory_slots > 0);
     out.extend(power());
     out.extend(pci_controller());
@@ -267,9 +70,23 @@ pub fn dsdt_aml(max_vcpus: u8, memory_slots: usize) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::devices::acpi::GED_ADDR;
 
     fn contains(haystack: &[u8], needle: &[u8]) -> bool {
         haystack.windows(needle.len()).any(|w| w == needle)
+    }
+
+    #[test]
+    fn the_parts_built_at_compile_time_are_those_built_now() {
+        for vcpus in 1..=PREBUILT_VCPUS {
+            assert_eq!(dsdt_aml(vcpus, 0), built_now(vcpus, 0), "{vcpus} vCPUs");
+            assert_eq!(CPUS[usize::from(vcpus) - 1], &cpus(vcpus)[..]);
+        }
+        let with_memory = dsdt_aml(2, 4);
+        assert_eq!(with_memory, built_now(2, 4));
+        assert!(contains(&with_memory, b"MHPC"));
+        let beyond = dsdt_aml(PREBUILT_VCPUS + 1, 0);
+        assert!(contains(&beyond, b"C008") && !contains(&beyond, b"C009"));
     }
 
     #[test]

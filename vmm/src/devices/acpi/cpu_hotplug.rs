@@ -18,10 +18,7 @@ use crate::snapshot::{from_state, to_state, Snapshottable};
 pub const CSEL: u64 = 0x0;
 pub const CSTA: u64 = 0x4;
 pub const CCNT: u64 = 0x8;
-pub const PRESENT: u8 = 1 << 0;
-pub const INSERTING: u8 = 1 << 1;
-pub const REMOVING: u8 = 1 << 2;
-pub const EJECT: u8 = 1 << 3;
+pub use super::layout::{EJECT, INSERTING, PRESENT, REMOVING};
 
 /// The controller's state, by CPU id.
 #[derive(Debug)]

@@ -9,12 +9,8 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::bus::{BusDevice, DeviceEvent};
 use crate::snapshot::{from_state, to_state, Snapshottable};
 
-/// Notification bits.
-pub const CPU_CHANGED: u8 = 1 << 0;
-pub const PCI_CHANGED: u8 = 1 << 1;
-pub const MEMORY_CHANGED: u8 = 1 << 2;
-/// The power button was pressed (`vm.power-button`): `_EVT` notifies `\_SB_.PWRB`.
-pub const POWER_BUTTON: u8 = 1 << 3;
+/// Notification bits (the power button's is pressed by `vm.power-button`).
+pub use super::layout::{CPU_CHANGED, MEMORY_CHANGED, PCI_CHANGED, POWER_BUTTON};
 
 /// The GED: its pending bits and the eventfd KVM turns into its interrupt (an irqfd).
 #[derive(Debug)]

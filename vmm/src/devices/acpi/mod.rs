@@ -14,6 +14,8 @@ pub mod aml;
 mod aml_encoding;
 pub mod cpu_hotplug;
 pub mod ged;
+mod hotplug_aml;
+pub mod layout;
 pub mod memory_aml;
 pub mod memory_hotplug;
 pub mod pci_hotplug;
@@ -22,16 +24,10 @@ pub mod pci_hotplug;
 mod pci_slots_aml;
 pub mod sleep;
 
-/// Where the controllers' registers sit (in the MMIO gap, below the I/O APIC).
-pub const GED_ADDR: u64 = 0xfeb0_0000;
-pub const GED_LEN: u64 = 0x10;
-pub const PCI_HOTPLUG_ADDR: u64 = 0xfeb0_1000;
-pub const PCI_HOTPLUG_LEN: u64 = 0x10;
-pub const CPU_HOTPLUG_ADDR: u64 = 0xfeb0_2000;
-pub const CPU_HOTPLUG_LEN: u64 = 0x10;
-pub const MEMORY_HOTPLUG_ADDR: u64 = 0xfeb0_3000;
-/// The GED's interrupt: ISA IRQ 5 (free on this platform), edge, active high.
-pub const GED_GSI: u32 = 5;
+pub use layout::{
+    CPU_HOTPLUG_ADDR, CPU_HOTPLUG_LEN, GED_ADDR, GED_GSI, GED_LEN, MEMORY_HOTPLUG_ADDR,
+    PCI_HOTPLUG_ADDR, PCI_HOTPLUG_LEN,
+};
 
 /// What the guest ejected: the VM's owner completes the removal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use crate::bus::{BusDevice, DeviceEvent};
 pub const SLEEP_PORT: u16 = 0x600;
 pub const SLEEP_LEN: u64 = 1;
 /// `\_S5_`'s sleep type (SLP_TYPa): what the DSDT says and a guest writes back.
-pub const S5_SLEEP_TYPE: u8 = 5;
+pub use super::layout::S5_SLEEP_TYPE;
 /// SLP_TYP is bits 2..=4 of the control register, SLP_EN bit 5.
 const SLEEP_TYPE_SHIFT: u8 = 2;
 const SLEEP_TYPE_MASK: u8 = 0x7;
