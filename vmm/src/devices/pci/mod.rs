@@ -8,6 +8,7 @@
 
 pub mod acpi;
 pub mod config;
+pub mod host_bridge_aml;
 pub mod msix;
 pub mod root;
 
